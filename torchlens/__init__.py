@@ -1,0 +1,38 @@
+"""torchlens: record every tensor operation of an eager PyTorch forward pass.
+
+The flow of data is the layout of the package::
+
+    model, args, kwargs
+       -> capture session   (torchlens.capture: a TorchFunctionMode + module hooks,
+                             active only inside the call)
+       -> Trace             (torchlens.trace: ordered Ops, graph edges, module calls,
+                             payloads, RNG snapshots)
+       -> validate / save / load / draw
+
+Example:
+    >>> import torch
+    >>> import torchlens as tl
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+    >>> trace = tl.trace(model, torch.randn(2, 4))
+    >>> [op.func_name for op in trace]
+    ['linear', 'relu', 'linear']
+    >>> trace["linear_2"].module, trace["linear_2"].parents
+    ('2', ('relu_1', '2.weight', '2.bias'))
+
+Importing torchlens changes nothing in torch: interception exists only while a capture runs.
+"""
+
+from torchlens import errors
+from torchlens._version import __version__
+from torchlens.capture import trace
+from torchlens.trace import ModuleCall, Op, Source, Trace
+
+__all__ = [
+    "__version__",
+    "errors",
+    "trace",
+    "Trace",
+    "Op",
+    "Source",
+    "ModuleCall",
+]

@@ -1,0 +1,344 @@
+"""The mutable recorder behind a capture: ops, sources, module calls and payloads.
+
+The capture mode and module hooks feed a :class:`TraceBuilder`; :meth:`TraceBuilder.finish`
+freezes what was recorded into a :class:`~torchlens.trace.Trace`. The builder is the only
+place that knows which live tensor is which record:
+
+* every tensor it has seen maps (by identity, checked through a weak reference) to the label
+  of the record that produced its current value and the version counter at that moment;
+* a tensor whose version counter moved without the builder seeing the write (a view written
+  in place, a buffer updated inside ``batch_norm``) gets a ``refresh`` op, so no edge ever
+  points at a stale value;
+* payloads are saved as detached aliases, and cloned only just before something writes into
+  their storage, so a saved value is always the value at the time it was produced.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchlens.trace import ArgRef, MemoryPayloadStore, ModuleCall, Op, Source, Trace
+
+__all__ = ["TraceBuilder", "REFRESH_FUNC_NAME"]
+
+Tensor = torch.Tensor
+REFRESH_FUNC_NAME = "refresh"  # a value changed by a write the capture could not attribute
+
+
+def _version(tensor: Tensor) -> int | None:
+    try:
+        return tensor._version
+    except RuntimeError:  # inference tensors carry no version counter
+        return None
+
+
+def _storage_key(tensor: Tensor) -> tuple[str, int] | None:
+    try:
+        return (str(tensor.device), tensor.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):  # sparse, nested, meta, functional tensors
+        return None
+
+
+class TraceBuilder:
+    """Records one forward pass; see the module docstring for the invariants it keeps.
+
+    Args:
+        save_payloads: keep a value for each op and source (``False`` for
+            ``structure_only=True``).
+        payload_filter: when given, only ops for which it returns True keep a value.
+    """
+
+    def __init__(
+        self,
+        *,
+        save_payloads: bool = True,
+        payload_filter: Callable[[Op], bool] | None = None,
+    ) -> None:
+        self.ops: list[Op] = []
+        self.sources: list[Source] = []
+        self.store = MemoryPayloadStore(
+            default_missing=None
+            if save_payloads
+            else (
+                "structure_only",
+                "this trace was captured with structure_only=True, so it holds no "
+                "values; trace again without structure_only to read activations",
+            )
+        )
+        self.save_payloads = save_payloads
+        self.payload_filter = payload_filter
+        self.paused = False  # set while capture is suspended (reference runs)
+        self.module_stack: list[tuple[str, int]] = []
+        self.module_calls: list[ModuleCall] = []
+        self.input_labels: list[str] = []
+        self._records: dict[str, Op | Source] = {}
+        # id(tensor) -> (weak reference, label of its current value, version at that time)
+        self._live: dict[int, tuple[weakref.ref, str, int | None]] = {}
+        self._owned: dict[int, tuple[str, str, Tensor]] = {}  # id -> (kind, address, tensor)
+        self._name_counts: dict[str, int] = defaultdict(int)
+        self._aliases: dict[tuple[str, int], list[str]] = defaultdict(list)
+        self._last_writer: dict[tuple[str, int], str] = {}
+        self._call_count = 0
+        self._module_call_counts: dict[int, int] = defaultdict(int)
+        self._open_calls: list[ModuleCall] = []
+
+    # -- sources --------------------------------------------------------------------------
+    def register_model(self, model: Any) -> None:
+        """Know the model's parameters and buffers, so they are named by their address."""
+        if not isinstance(model, nn.Module):
+            return
+        for address, param in model.named_parameters():
+            self._owned.setdefault(id(param), ("parameter", address, param))
+        for address, buffer in model.named_buffers():
+            self._owned.setdefault(id(buffer), ("buffer", address, buffer))
+
+    def add_input(self, path: str, tensor: Tensor) -> str:
+        """Record a tensor passed to the traced callable; returns its label."""
+        known = self._current_label(tensor)
+        if known is not None:  # the same tensor passed twice is one source
+            return known
+        label = self._new_label("input")
+        self._add_source(label, "input", path, tensor)
+        self.input_labels.append(label)
+        return label
+
+    def _add_source(self, label: str, kind: str, path: str, tensor: Tensor) -> Source:
+        source = Source(
+            label=label,
+            kind=kind,
+            path=path,
+            shape=tuple(tensor.shape),
+            dtype=tensor.dtype,
+            device=tensor.device,
+            requires_grad=tensor.requires_grad,
+            _store=self.store,
+        )
+        self.sources.append(source)
+        self._records[label] = source
+        if self.save_payloads:
+            # buffers are often updated in place by C++ kernels (batch norm statistics),
+            # out of the capture's sight: copy them now rather than alias them
+            self._save(label, tensor, copy=kind == "buffer")
+        self._remember(tensor, label)
+        return source
+
+    # -- identity -------------------------------------------------------------------------
+    def _remember(self, tensor: Tensor, label: str) -> None:
+        self._live[id(tensor)] = (weakref.ref(tensor), label, _version(tensor))
+
+    def _current_label(self, tensor: Tensor) -> str | None:
+        entry = self._live.get(id(tensor))
+        if entry is None or entry[0]() is not tensor:
+            return None
+        return entry[1]
+
+    def label_of(self, tensor: Tensor) -> str:
+        """The label of the record holding ``tensor``'s current value, creating a source
+        (parameter, buffer or constant) or a ``refresh`` op when needed."""
+        entry = self._live.get(id(tensor))
+        if entry is not None and entry[0]() is tensor:
+            label = entry[1]
+            if entry[2] == _version(tensor):
+                return label
+            return self._refresh(tensor, label)
+        owned = self._owned.get(id(tensor))
+        if owned is not None and owned[2] is tensor:
+            kind, address, _ = owned
+            label = address if address not in self._records else self._new_label(address)
+            self._add_source(label, kind, address, tensor)
+            return label
+        label = self._new_label("constant")
+        self._add_source(label, "constant", "closure", tensor)
+        return label
+
+    def _refresh(self, tensor: Tensor, stale_label: str) -> str:
+        """Record that ``tensor`` changed behind the capture's back (see module docstring)."""
+        parents = [stale_label]
+        key = _storage_key(tensor)
+        writer = self._last_writer.get(key) if key is not None else None
+        if writer is not None and writer != stale_label:
+            parents.append(writer)
+        refs = [ArgRef(label, str(i)) for i, label in enumerate(parents)]
+        op = self._new_op(REFRESH_FUNC_NAME, None, (), {}, refs, tensor, 0, False)
+        op.meta["reason"] = "value changed in place through another tensor"
+        self._call_count += 1
+        return op.label
+
+    # -- ops ------------------------------------------------------------------------------
+    def protect(self, target: Tensor) -> None:
+        """Clone every saved alias of ``target``'s storage before it is written in place."""
+        key = _storage_key(target)
+        if key is None:
+            return
+        for label in self._aliases.pop(key, ()):
+            value = self.store.values.get(label)
+            if value is not None:
+                self.store.set(label, value.clone(), _version(value))
+
+    def record_call(
+        self,
+        name: str,
+        func: Callable[..., Any],
+        args_template: tuple,
+        kwargs_template: dict,
+        parent_args: list[ArgRef],
+        outputs: list[Tensor],
+        *,
+        inplace: bool,
+        rng_state: dict[str, Tensor] | None = None,
+    ) -> list[Op]:
+        """Record the outputs of one function call as ops; returns them."""
+        self._call_count += 1
+        multi = len(outputs) > 1
+        base = self._new_label(name)
+        ops = []
+        for output_index, tensor in enumerate(outputs):
+            label = f"{base}:{output_index}" if multi else base
+            op = self._new_op(
+                name, func, args_template, kwargs_template, parent_args, tensor,
+                output_index, inplace, label=label,
+            )  # fmt: skip
+            op.rng_state = rng_state
+            if inplace:
+                key = _storage_key(tensor)
+                if key is not None:
+                    self._last_writer[key] = op.label
+            ops.append(op)
+        return ops
+
+    def _new_op(
+        self,
+        name: str,
+        func: Callable[..., Any] | None,
+        args_template: tuple,
+        kwargs_template: dict,
+        parent_args: list[ArgRef],
+        tensor: Tensor,
+        output_index: int,
+        inplace: bool,
+        label: str | None = None,
+    ) -> Op:
+        label = label or self._new_label(name)
+        parents = tuple(dict.fromkeys(ref.label for ref in parent_args))
+        stack = tuple(self.module_stack)
+        op = Op(
+            label=label,
+            index=len(self.ops),
+            func_name=name,
+            call_index=self._call_count,
+            output_index=output_index,
+            parents=parents,
+            parent_args=tuple(parent_args),
+            module=stack[-1][0] if stack else "",
+            module_stack=stack,
+            shape=tuple(tensor.shape),
+            dtype=tensor.dtype,
+            device=tensor.device,
+            requires_grad=tensor.requires_grad,
+            is_inplace=inplace,
+            func=func,
+            args_template=args_template,
+            kwargs_template=kwargs_template,
+            _store=self.store,
+        )
+        for parent in parents:
+            self._records[parent].children.append(label)
+        self.ops.append(op)
+        self._records[label] = op
+        if self.save_payloads and (self.payload_filter is None or self.payload_filter(op)):
+            self._save(label, tensor, copy=False)
+        elif self.save_payloads:
+            self.store.mark_missing(
+                label, "not_saved", f"{label!r} was not selected by save=; trace again "
+                "with a selector that matches it to keep its value",
+            )  # fmt: skip
+        self._remember(tensor, label)
+        return op
+
+    def _save(self, label: str, tensor: Tensor, copy: bool) -> None:
+        value = tensor.detach()
+        if copy:
+            value = value.clone()
+        else:
+            key = _storage_key(value)
+            if key is None:
+                value = value.clone()
+            else:
+                self._aliases[key].append(label)
+        self.store.set(label, value, _version(value))
+
+    def _new_label(self, name: str) -> str:
+        self._name_counts[name] += 1
+        label = f"{name}_{self._name_counts[name]}"
+        while label in self._records:  # a parameter address can look like an op label
+            self._name_counts[name] += 1
+            label = f"{name}_{self._name_counts[name]}"
+        return label
+
+    # -- module calls ---------------------------------------------------------------------
+    def enter_module(self, module: nn.Module, address: str, inputs: Iterable[Tensor]) -> None:
+        """A module's forward starts: push it on the module stack."""
+        self._module_call_counts[id(module)] += 1
+        call_index = self._module_call_counts[id(module)]
+        labels = tuple(self.label_of(t) for t in inputs)
+        self.module_stack.append((address, call_index))
+        call = ModuleCall(address, call_index, type(module).__name__, labels)
+        self.module_calls.append(call)
+        self._open_calls.append(call)
+
+    def exit_module(self, outputs: Iterable[Tensor]) -> None:
+        """A module's forward returned: pop it and note what it returned."""
+        if not self._open_calls:
+            return
+        call = self._open_calls.pop()
+        self.module_stack.pop()
+        call.outputs = tuple(self.label_of(t) for t in outputs)
+
+    # -- finish ---------------------------------------------------------------------------
+    def finish(
+        self,
+        root_type: str,
+        output: Any,
+        output_tensors: list[Tensor],
+        rng_state: dict[str, Any] | None,
+        meta: dict[str, Any],
+        keep_safe: Iterable[Tensor] = (),
+    ) -> Trace:
+        """Freeze the recording into a :class:`Trace`.
+
+        Saved aliases of ``keep_safe`` tensors (the inputs and outputs, which the caller keeps
+        and may edit) are cloned so later edits cannot reach the trace.
+        """
+        output_labels = [self.label_of(t) for t in output_tensors]
+        for tensor in keep_safe:
+            self.protect(tensor)
+        root = ModuleCall("", 1, root_type, tuple(self.input_labels), tuple(output_labels))
+        calls = [root, *self.module_calls]
+        by_frame = {(c.address, c.call_index): [] for c in self.module_calls}
+        for op in self.ops:
+            for frame in op.module_stack:
+                by_frame.setdefault(frame, []).append(op.label)
+        root.ops = tuple(op.label for op in self.ops)
+        for call in self.module_calls:
+            call.ops = tuple(by_frame[(call.address, call.call_index)])
+        trace = Trace(
+            ops=self.ops,
+            sources=self.sources,
+            modules=calls,
+            input_labels=list(self.input_labels),
+            output_labels=output_labels,
+            output=output,
+            store=self.store,
+            rng_state=rng_state,
+            meta=meta,
+        )
+        self._live.clear()
+        self._owned.clear()
+        self._aliases.clear()
+        return trace

@@ -1,0 +1,92 @@
+"""The function mode that sees every torch call of the forward and records it.
+
+Inside ``__torch_function__`` torch has already popped this mode, so the call itself and
+all the bookkeeping below run on plain torch: a ``F.linear`` is recorded once, as ``linear``,
+not as the kernels it calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from torchlens.capture import rng
+from torchlens.capture.builder import TraceBuilder
+from torchlens.capture.naming import func_info
+from torchlens.capture.special import SPECIAL_OUTPUTS
+from torchlens.capture.tree import fill, flatten, flatten_call
+from torchlens.trace import ArgRef, Op
+
+__all__ = ["CaptureMode", "OpHook"]
+
+Tensor = torch.Tensor
+
+# Called after each recorded op with the op and its live output; may return a replacement
+# tensor (interventions) or raise to halt the forward (stop_after).
+OpHook = Callable[[Op, Tensor], "Tensor | None"]
+
+
+class CaptureMode(TorchFunctionMode):
+    """Records each tensor-producing call into a :class:`TraceBuilder`."""
+
+    def __init__(self, builder: TraceBuilder, op_hooks: tuple[OpHook, ...] = ()) -> None:
+        super().__init__()
+        self.builder = builder
+        self.op_hooks = op_hooks
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        info = func_info(func)
+        if info.never_tensor:
+            return func(*args, **kwargs)
+        leaves, args_template, kwargs_template = flatten_call(args, kwargs)
+        builder = self.builder
+        parent_args = [ArgRef(builder.label_of(t), pos) for pos, t in leaves]
+        targets = _inplace_targets(info.inplace, args, kwargs)
+        for target in targets:
+            builder.protect(target)
+        rng_state = rng.snapshot() if info.stochastic else None
+
+        result = func(*args, **kwargs)
+
+        special = SPECIAL_OUTPUTS.get(info.name)
+        outputs = special(args, result) if special else flatten(result)[0]
+        if not outputs:
+            return result
+        tensors = [t for _, t in outputs]
+        ops = builder.record_call(
+            info.name, func, args_template, kwargs_template, parent_args, tensors,
+            inplace=bool(targets), rng_state=rng_state,
+        )  # fmt: skip
+        if self.op_hooks:
+            result = self._run_hooks(ops, tensors, result)
+        return result
+
+    def _run_hooks(self, ops: list[Op], tensors: list[Tensor], result: Any) -> Any:
+        replaced = False
+        for i, op in enumerate(ops):
+            for hook in self.op_hooks:
+                new = hook(op, tensors[i])
+                if new is not None and new is not tensors[i]:
+                    tensors[i] = new
+                    replaced = True
+        if not replaced:
+            return result
+        if len(ops) == 1 and isinstance(result, Tensor):
+            return tensors[0]
+        _, template = flatten(result)
+        return fill(template, tensors)
+
+
+def _inplace_targets(inplace: bool, args: tuple, kwargs: dict) -> list[Tensor]:
+    """The tensors a call writes into: ``out=``, ``inplace=True`` or an in-place method."""
+    out = kwargs.get("out")
+    if out is not None:
+        return [out] if isinstance(out, Tensor) else [t for t in out if isinstance(t, Tensor)]
+    if inplace or kwargs.get("inplace") is True:
+        if args and isinstance(args[0], Tensor):
+            return [args[0]]
+    return []

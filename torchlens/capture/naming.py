@@ -1,0 +1,118 @@
+"""What a torch function is called in a trace, and what kind of call it is.
+
+Every function the capture mode sees is looked up once and cached as a :class:`FuncInfo`:
+its readable name (``Tensor.__iadd__`` is ``add_``, ``Tensor.__getitem__`` is ``getitem``),
+whether it writes into an existing tensor, whether it draws random numbers, and whether it
+can only return non-tensors (``x.shape``, ``x.size()``), in which case it is never an op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["FuncInfo", "func_info", "STOCHASTIC_FUNCS", "TENSOR_PROPERTIES"]
+
+# Dunder methods whose readable name differs from the stripped dunder.
+_DUNDER_NAMES = {
+    "getitem": "getitem",
+    "setitem": "setitem",
+    "truediv": "div",
+    "rtruediv": "rdiv",
+    "floordiv": "floor_divide",
+    "rfloordiv": "rfloor_divide",
+    "mod": "remainder",
+    "rmod": "rremainder",
+    "and": "bitwise_and",
+    "rand": "bitwise_and",
+    "or": "bitwise_or",
+    "ror": "bitwise_or",
+    "xor": "bitwise_xor",
+    "rxor": "bitwise_xor",
+    "invert": "bitwise_not",
+    "lshift": "bitwise_left_shift",
+    "rshift": "bitwise_right_shift",
+    "radd": "add",
+    "rmul": "mul",
+    "rmatmul": "matmul",
+    "rsub": "rsub",
+    "rpow": "rpow",
+}
+_INPLACE_DUNDERS = {
+    "iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "imatmul",
+    "iand", "ior", "ixor", "ilshift", "irshift",
+}  # fmt: skip
+
+# Tensor properties that compute a new tensor; every other property read is not an op.
+TENSOR_PROPERTIES = frozenset({"T", "mT", "H", "mH", "real", "imag"})
+
+# Calls that never return a tensor: skipped before any bookkeeping, for speed.
+_NEVER_TENSOR_METHODS = frozenset({
+    "size", "dim", "ndimension", "numel", "nelement", "item", "tolist", "stride",
+    "storage_offset", "is_contiguous", "element_size", "data_ptr", "is_floating_point",
+    "is_complex", "is_signed", "get_device", "untyped_storage", "storage", "numpy",
+    "is_nonzero", "is_same_size", "has_names", "register_hook", "dim_order", "is_set_to",
+    "is_pinned", "is_shared", "is_inference", "is_conj", "is_neg", "nbytes", "itemsize",
+})  # fmt: skip
+_NEVER_TENSOR_DUNDERS = frozenset({
+    "len", "bool", "format", "repr", "hash", "int", "float", "complex", "index",
+    "reduce_ex", "contains", "iter", "reversed", "array", "dlpack", "dlpack_device",
+})  # fmt: skip
+
+# Functions that draw from a random generator: capture snapshots the RNG state before them
+# so per-op replay reproduces their output. Names are the readable names defined above.
+STOCHASTIC_FUNCS = frozenset({
+    "dropout", "dropout_", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
+    "alpha_dropout_", "feature_alpha_dropout", "feature_alpha_dropout_", "feature_dropout",
+    "feature_dropout_", "native_dropout", "rrelu", "rrelu_", "gumbel_softmax",
+    "rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm",
+    "bernoulli", "bernoulli_", "multinomial", "normal", "normal_", "uniform_", "poisson",
+    "exponential_", "geometric_", "log_normal_", "cauchy_", "random_",
+    "multi_head_attention_forward", "scaled_dot_product_attention",
+    "lstm", "gru", "rnn_tanh", "rnn_relu", "lstm_cell", "gru_cell",
+})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class FuncInfo:
+    """What the capture mode needs to know about one torch function."""
+
+    name: str  # readable name used in labels
+    inplace: bool  # writes into its first tensor argument by definition
+    never_tensor: bool  # can only return non-tensors: pass straight through
+    stochastic: bool  # may draw random numbers
+
+
+_CACHE: dict[Any, FuncInfo] = {}
+
+
+def func_info(func: Callable[..., Any]) -> FuncInfo:
+    """The cached :class:`FuncInfo` of ``func``."""
+    try:
+        return _CACHE[func]
+    except (KeyError, TypeError):
+        pass
+    info = _describe(func)
+    try:
+        _CACHE[func] = info
+    except TypeError:  # unhashable callables are described afresh each time
+        pass
+    return info
+
+
+def _describe(func: Callable[..., Any]) -> FuncInfo:
+    raw = getattr(func, "__name__", None) or type(func).__name__
+    if raw == "__get__":  # a property read such as x.T or x.shape
+        prop = getattr(getattr(func, "__self__", None), "__name__", "")
+        return FuncInfo(prop, False, prop not in TENSOR_PROPERTIES, False)
+    if raw.startswith("__") and raw.endswith("__"):
+        stem = raw[2:-2]
+        if stem in _INPLACE_DUNDERS:
+            name = _DUNDER_NAMES.get(stem[1:], stem[1:]) + "_"
+            return FuncInfo(name, True, False, False)
+        name = _DUNDER_NAMES.get(stem, stem)
+        return FuncInfo(name, stem == "setitem", stem in _NEVER_TENSOR_DUNDERS, False)
+    inplace = raw.endswith("_") and not raw.startswith("_")
+    never = raw in _NEVER_TENSOR_METHODS
+    return FuncInfo(raw, inplace, never, raw in STOCHASTIC_FUNCS)

@@ -1,0 +1,55 @@
+"""Refuse callables whose operations capture cannot see: compiled, scripted, exported."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchlens.errors import UnsupportedModelError
+
+__all__ = ["check_traceable"]
+
+_ADVICE = "trace the eager source module instead"
+
+
+def check_traceable(model: Any) -> None:
+    """Raise :class:`UnsupportedModelError` if ``model`` cannot be traced eagerly."""
+    kind = type(model)
+    names = {f"{c.__module__}.{c.__qualname__}" for c in kind.__mro__}
+    if any(n.endswith("ExportedProgram") and n.startswith("torch.export") for n in names):
+        raise UnsupportedModelError(
+            "a torch.export ExportedProgram runs a captured graph, not eager Python, so "
+            f"its operations cannot be recorded; {_ADVICE} (the module you exported)",
+            code="exported_program",
+        )
+    if "torch._dynamo.eval_frame.OptimizedModule" in names or hasattr(
+        model, "_torchdynamo_orig_callable"
+    ):
+        raise UnsupportedModelError(
+            "this callable was wrapped by torch.compile, whose compiled graphs hide the "
+            f"individual operations; {_ADVICE} (e.g. model._orig_mod)",
+            code="compiled_module",
+        )
+    if isinstance(model, (torch.jit.ScriptModule, torch.jit.ScriptFunction)):
+        raise UnsupportedModelError(
+            "TorchScript modules and functions run in the TorchScript interpreter, where "
+            f"torch function modes cannot see their operations; {_ADVICE}",
+            code="torchscript_module",
+        )
+    if isinstance(model, nn.Module):
+        for address, sub in model.named_modules():
+            if isinstance(sub, torch.jit.ScriptModule):
+                raise UnsupportedModelError(
+                    f"submodule {address!r} is a TorchScript module whose operations cannot "
+                    f"be recorded; {_ADVICE} (the eager version of {address!r})",
+                    code="torchscript_module",
+                )
+        return
+    if not callable(model):
+        raise UnsupportedModelError(
+            f"expected an nn.Module or a function, got {kind.__name__}; pass the model "
+            "(or a function of tensors) as the first argument",
+            code="not_callable",
+        )

@@ -1,0 +1,49 @@
+"""Snapshots of the random number generators, so that replay draws the same numbers.
+
+A snapshot holds the CPU generator's state and, when CUDA has been initialised, the state
+of every CUDA generator. :func:`restored` puts a snapshot in place for the duration of a block
+and then gives the caller back exactly the state it had before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+__all__ = ["snapshot", "restore", "restored"]
+
+RngSnapshot = dict[str, torch.Tensor]
+
+
+def snapshot(include_cuda: bool = True) -> RngSnapshot:
+    """The current state of the CPU generator and, if initialised, the CUDA generators."""
+    state: RngSnapshot = {"cpu": torch.get_rng_state()}
+    if include_cuda and torch.cuda.is_available() and torch.cuda.is_initialized():
+        for index in range(torch.cuda.device_count()):
+            state[f"cuda:{index}"] = torch.cuda.get_rng_state(index)
+    return state
+
+
+def restore(state: RngSnapshot) -> None:
+    """Put ``state`` in place on every generator it names."""
+    for key, value in state.items():
+        if key == "cpu":
+            torch.set_rng_state(value)
+        elif key.startswith("cuda:") and torch.cuda.is_available():
+            torch.cuda.set_rng_state(value, int(key.split(":", 1)[1]))
+
+
+@contextmanager
+def restored(state: RngSnapshot | None) -> Iterator[None]:
+    """Run a block with ``state`` in place; the caller's own state comes back afterwards."""
+    if state is None:
+        yield
+        return
+    saved = snapshot()
+    restore(state)
+    try:
+        yield
+    finally:
+        restore(saved)

@@ -1,0 +1,90 @@
+"""A capture session: the function mode plus module hooks, alive only inside ``with``.
+
+Everything a session installs is removed in ``__exit__``, whatever the forward did. A
+thread-local marker refuses a second capture started from inside a running one, and
+:func:`suspended` lets code (such as ``reference_output``) run the model on pristine torch
+in the middle of a capture.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import torch
+from torch.overrides import _get_current_function_mode_stack
+
+from torchlens.capture.builder import TraceBuilder
+from torchlens.capture.hooks import install_module_hooks
+from torchlens.capture.mode import CaptureMode, OpHook
+from torchlens.errors import ReentrantCaptureError
+
+__all__ = ["CaptureSession", "active_session", "suspended"]
+
+_local = threading.local()
+
+
+def active_session() -> CaptureSession | None:
+    """The capture session running in this thread, if any."""
+    return getattr(_local, "session", None)
+
+
+class CaptureSession:
+    """Install capture on ``model`` for the duration of a ``with`` block."""
+
+    def __init__(
+        self, model: Any, builder: TraceBuilder, op_hooks: tuple[OpHook, ...] = ()
+    ) -> None:
+        self.model = model
+        self.builder = builder
+        self.mode = CaptureMode(builder, op_hooks)
+        self._stack = ExitStack()
+
+    def __enter__(self) -> CaptureSession:
+        if active_session() is not None:
+            raise ReentrantCaptureError(
+                "tl.trace was called from inside a forward that is already being traced; "
+                "trace the outer model once, or call tl.trace after the outer capture ends",
+            )
+        with ExitStack() as stack:
+            _local.session = self
+            stack.callback(_clear_session)
+            for handle in install_module_hooks(self.model, self.builder):
+                stack.callback(handle.remove)
+            stack.enter_context(self.mode)
+            self._stack = stack.pop_all()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+
+def _clear_session() -> None:
+    _local.session = None
+
+
+@contextmanager
+def suspended() -> Iterator[None]:
+    """Run a block with this thread's capture (function mode and hooks) switched off."""
+    session = active_session()
+    if session is None:
+        yield
+        return
+    popped = []
+    if any(m is session.mode for m in _get_current_function_mode_stack()):
+        while torch._C._len_torch_function_stack() > 0:
+            mode = torch._C._pop_torch_function_stack()
+            popped.append(mode)
+            if mode is session.mode:
+                break
+    session.builder.paused = True
+    _local.session = None
+    try:
+        yield
+    finally:
+        _local.session = session
+        session.builder.paused = False
+        for mode in reversed(popped):
+            torch._C._push_on_torch_function_stack(mode)

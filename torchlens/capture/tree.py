@@ -1,0 +1,153 @@
+"""Find tensors inside nested arguments and outputs, and put values back in their place.
+
+A *template* is the structure with each tensor replaced by an :class:`ArgSlot`; filling it
+with other tensors rebuilds the structure. Lists, tuples, namedtuples, dicts (including
+``OrderedDict`` subclasses such as Hugging Face's ``ModelOutput``) and dataclasses are walked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["ArgSlot", "flatten", "flatten_call", "fill"]
+
+Tensor = torch.Tensor
+
+
+class ArgSlot:
+    """Placeholder for the ``index``-th tensor of a flattened structure."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __repr__(self) -> str:
+        return f"ArgSlot({self.index})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ArgSlot) and other.index == self.index
+
+    def __hash__(self) -> int:
+        return hash(("ArgSlot", self.index))
+
+
+def flatten(obj: Any, prefix: str = "") -> tuple[list[tuple[str, Tensor]], Any]:
+    """Tensors in ``obj`` with their paths, and ``obj``'s template.
+
+    Example:
+        >>> leaves, template = flatten((torch.ones(1), {"a": torch.zeros(1)}))
+        >>> [path for path, _ in leaves], template
+        (['0', '1.a'], (ArgSlot(0), {'a': ArgSlot(1)}))
+    """
+    leaves: list[tuple[str, Tensor]] = []
+    template = _walk(obj, prefix, leaves)
+    return leaves, template
+
+
+def flatten_call(args: tuple, kwargs: dict) -> tuple[list[tuple[str, Tensor]], tuple, dict]:
+    """Tensors in a call's arguments with their positions, and both templates."""
+    leaves: list[tuple[str, Tensor]] = []
+    args_template = tuple([_walk(arg, str(i), leaves) for i, arg in enumerate(args)])
+    kwargs_template = {key: _walk(value, key, leaves) for key, value in kwargs.items()}
+    return leaves, args_template, kwargs_template
+
+
+def _walk(obj: Any, path: str, leaves: list[tuple[str, Tensor]]) -> Any:
+    if isinstance(obj, Tensor):
+        leaves.append((path, obj))
+        return ArgSlot(len(leaves) - 1)
+    kind = type(obj)
+    if kind is tuple or kind is list:
+        items = [_walk(item, _join(path, i), leaves) for i, item in enumerate(obj)]
+        return tuple(items) if kind is tuple else items
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple, return_types
+        items = [_walk(item, _join(path, i), leaves) for i, item in enumerate(obj)]
+        return _rebuild_namedtuple(kind, items)
+    if isinstance(obj, (list, tuple)):
+        items = [_walk(item, _join(path, i), leaves) for i, item in enumerate(obj)]
+        return _rebuild_sequence(kind, items)
+    if isinstance(obj, dict):
+        walked = {key: _walk(value, _join(path, key), leaves) for key, value in obj.items()}
+        return _rebuild_mapping(obj, walked)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        walked = {
+            f.name: _walk(getattr(obj, f.name), _join(path, f.name), leaves)
+            for f in dataclasses.fields(obj)
+        }
+        return _TemplateDataclass(kind, walked)
+    return obj
+
+
+def fill(template: Any, values: Sequence[Any]) -> Any:
+    """Rebuild a structure from its template, slot ``i`` taking ``values[i]``."""
+    return _fill(template, values)
+
+
+def _fill(template: Any, values: Sequence[Any]) -> Any:
+    kind = type(template)
+    if kind is ArgSlot:
+        return values[template.index]
+    if kind is tuple:
+        return tuple(_fill(item, values) for item in template)
+    if kind is list:
+        return [_fill(item, values) for item in template]
+    if kind is _TemplateDataclass:
+        return template.build(lambda t: _fill(t, values))
+    if isinstance(template, tuple) and hasattr(template, "_fields"):
+        return kind(*(_fill(item, values) for item in template))
+    if isinstance(template, (list, tuple)):
+        return _rebuild_sequence(kind, [_fill(item, values) for item in template])
+    if isinstance(template, dict):
+        return _rebuild_mapping(template, {k: _fill(v, values) for k, v in template.items()})
+    return template
+
+
+class _TemplateDataclass:
+    """A dataclass instance waiting for its fields (dataclasses may forbid placeholders)."""
+
+    __slots__ = ("cls", "fields")
+
+    def __init__(self, cls: type, fields: dict[str, Any]) -> None:
+        self.cls = cls
+        self.fields = fields
+
+    def build(self, fill_one: Callable[[Any], Any]) -> Any:
+        values = {name: fill_one(value) for name, value in self.fields.items()}
+        init = {f.name: values[f.name] for f in dataclasses.fields(self.cls) if f.init}
+        obj = self.cls(**init)
+        for name, value in values.items():
+            if name not in init:
+                object.__setattr__(obj, name, value)
+        return obj
+
+
+def _rebuild_namedtuple(kind: type, items: list[Any]) -> Any:
+    return kind(*items)
+
+
+def _rebuild_sequence(kind: type, items: list[Any]) -> Any:
+    try:
+        return kind(items)
+    except TypeError:
+        return tuple(items)
+
+
+def _rebuild_mapping(original: dict, walked: dict) -> Any:
+    kind = type(original)
+    if kind is dict:
+        return walked
+    try:
+        return kind(walked)
+    except TypeError:  # e.g. dataclass-based ModelOutput subclasses with required fields
+        obj = kind.__new__(kind)
+        dict.update(obj, walked)
+        return obj
+
+
+def _join(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)

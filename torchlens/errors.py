@@ -1,0 +1,95 @@
+"""Typed errors: one root, a stable ``code`` on each, and a fix in every message.
+
+Codes are part of the public contract: tests and users match on ``err.code``, never on
+message text. Add new errors here rather than raising bare built-ins from the package.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "TorchLensError",
+    "UnsupportedModelError",
+    "InvalidArgumentError",
+    "CaptureError",
+    "PayloadUnavailableError",
+    "LookupFailedError",
+    "CapabilityUnsupportedError",
+    "ReentrantCaptureError",
+]
+
+
+class TorchLensError(Exception):
+    """Root of every error torchlens raises on purpose.
+
+    Attributes:
+        code: a stable, machine-readable identifier such as ``"compiled_module"``.
+    """
+
+    code: str = "torchlens_error"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+    def __reduce__(self):  # keep code across pickling (multiprocessing, pytest-xdist)
+        return (_rebuild_error, (type(self), str(self), self.code))
+
+
+def _rebuild_error(cls: type[TorchLensError], message: str, code: str) -> TorchLensError:
+    err = cls.__new__(cls)
+    TorchLensError.__init__(err, message, code=code)
+    return err
+
+
+class UnsupportedModelError(TorchLensError, TypeError):
+    """The callable cannot be traced eagerly (compiled, scripted or exported artifacts).
+
+    Codes: ``compiled_module``, ``torchscript_module``, ``exported_program``,
+    ``not_callable``.
+    """
+
+    code = "unsupported_model"
+
+
+class InvalidArgumentError(TorchLensError, ValueError):
+    """An argument to a torchlens function has the wrong type or value."""
+
+    code = "invalid_argument"
+
+
+class CaptureError(TorchLensError, RuntimeError):
+    """Capture could not record the forward pass faithfully."""
+
+    code = "capture_failed"
+
+
+class PayloadUnavailableError(TorchLensError, LookupError):
+    """An op's saved value (``op.out``) cannot be given.
+
+    Codes: ``structure_only`` (traced with ``structure_only=True``), ``not_saved`` (excluded
+    by ``save=``), ``payload_overwritten`` (the tensor was modified in place after capture).
+    """
+
+    code = "payload_unavailable"
+
+
+class LookupFailedError(TorchLensError, KeyError):
+    """A label, index or name does not exist in a trace; the message lists close names."""
+
+    code = "not_found"
+
+    def __str__(self) -> str:  # KeyError would otherwise print the repr of the message
+        return str(self.args[0]) if self.args else ""
+
+
+class CapabilityUnsupportedError(TorchLensError, NotImplementedError):
+    """A backend was asked for a capability its "Can and cannot" table marks unsupported."""
+
+    code = "capability_unsupported"
+
+
+class ReentrantCaptureError(TorchLensError, RuntimeError):
+    """``tl.trace`` was called while a capture is already running in this thread."""
+
+    code = "reentrant_capture"

@@ -1,0 +1,349 @@
+"""The data model: a finished :class:`Trace` of :class:`Op` s, :class:`Source` s and module calls.
+
+Everything here is plain data built by ``torchlens.capture`` and read by replay, io and viz.
+Payloads (saved activations) live in a :class:`PayloadStore`, not on the records, so a trace
+holds no reference cycle and dropping it frees its tensors at once.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Union
+
+import torch
+
+from torchlens._table import format_table
+from torchlens.errors import LookupFailedError, PayloadUnavailableError
+
+__all__ = [
+    "ArgRef",
+    "ModuleCall",
+    "Op",
+    "PayloadStore",
+    "MemoryPayloadStore",
+    "Source",
+    "Trace",
+]
+
+
+class PayloadStore(Protocol):
+    """Where saved values live: in memory during capture, lazily on disk after ``tl.load``."""
+
+    def get(self, label: str) -> torch.Tensor:
+        """The saved value of ``label``; raises :class:`PayloadUnavailableError` if absent."""
+
+    def has(self, label: str) -> bool:
+        """Whether a value for ``label`` can be given."""
+
+
+class MemoryPayloadStore:
+    """Payloads held in memory, with the reason each missing one is missing.
+
+    Values are detached tensors. ``versions`` holds each value's version counter at the time
+    it was saved, so a value modified in place after capture is reported, never served.
+    """
+
+    def __init__(self, default_missing: tuple[str, str] | None = None) -> None:
+        self.values: dict[str, torch.Tensor] = {}
+        self.versions: dict[str, int] = {}
+        self.missing: dict[str, tuple[str, str]] = {}  # label -> (code, message)
+        self.default_missing = default_missing or ("not_saved", "no value was saved")
+
+    def get(self, label: str) -> torch.Tensor:
+        value = self.values.get(label)
+        if value is None:
+            code, message = self.missing.get(label, self.default_missing)
+            raise PayloadUnavailableError(message, code=code)
+        saved_version = self.versions.get(label)
+        if saved_version is not None and _version_of(value) != saved_version:
+            raise PayloadUnavailableError(
+                f"the value saved for {label!r} was modified in place after capture; "
+                "clone the model's outputs before editing them, or trace again",
+                code="payload_overwritten",
+            )
+        return value
+
+    def has(self, label: str) -> bool:
+        return label in self.values
+
+    def set(self, label: str, value: torch.Tensor, version: int | None) -> None:
+        self.values[label] = value
+        if version is not None:
+            self.versions[label] = version
+
+    def mark_missing(self, label: str, code: str, message: str) -> None:
+        self.values.pop(label, None)
+        self.missing[label] = (code, message)
+
+
+def _version_of(tensor: torch.Tensor) -> int | None:
+    """A tensor's version counter; ``None`` for inference tensors, which have none."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return None
+
+
+@dataclass(frozen=True)
+class ArgRef:
+    """One tensor argument of a call: which record fed it and where it went.
+
+    ``position`` is a path into the call's arguments: ``"0"`` is the first positional
+    argument, ``"1.2"`` the third element of the second, ``"weight"`` a keyword.
+    """
+
+    label: str  # the parent op or source
+    position: str  # where in the call's arguments it was passed
+
+
+@dataclass(eq=False)
+class Source:
+    """A tensor that entered the forward from outside: input, parameter, buffer or constant."""
+
+    label: str  # "input_1", a parameter/buffer address like "0.weight", or "constant_1"
+    kind: str  # "input" | "parameter" | "buffer" | "constant"
+    path: str  # where it came from: "args[0]", "kwargs['mask']", the address, or "closure"
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    requires_grad: bool
+    children: list[str] = field(default_factory=list)  # labels of ops that consumed it
+    _store: PayloadStore | None = field(default=None, repr=False)
+
+    @property
+    def out(self) -> torch.Tensor:
+        """The source's value when it was first used in the forward."""
+        return _payload(self._store, self.label)
+
+    @property
+    def has_out(self) -> bool:
+        """Whether :attr:`out` can be given."""
+        return self._store is not None and self._store.has(self.label)
+
+
+@dataclass(eq=False)
+class Op:
+    """One tensor produced by one function call during the forward pass."""
+
+    label: str  # unique and stable across identical runs, e.g. "linear_2" or "split_1:0"
+    index: int  # position in execution order, 0-based
+    func_name: str  # "linear", "relu", "add", "getitem", "setitem", ...
+    call_index: int  # which function call produced it; outputs of one call share it
+    output_index: int  # which output of that call (0 for single-output calls)
+    parents: tuple[str, ...]  # labels of the ops/sources it read, first-use order, unique
+    parent_args: tuple[ArgRef, ...]  # every tensor argument, in argument order
+    module: str  # innermost module address; "" for code of the traced callable itself
+    module_stack: tuple[tuple[str, int], ...]  # (address, call number), outermost first
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    requires_grad: bool
+    is_inplace: bool  # the call wrote into an existing tensor (relu_, +=, x[0] = y, out=)
+    children: list[str] = field(default_factory=list)  # labels of ops that consumed it
+    func: Callable[..., Any] | None = field(default=None, repr=False)  # for replay
+    args_template: tuple = field(default=(), repr=False)  # args, tensors as ArgSlot
+    kwargs_template: dict = field(default_factory=dict, repr=False)
+    rng_state: dict[str, torch.Tensor] | None = field(default=None, repr=False)
+    meta: dict[str, Any] = field(default_factory=dict, repr=False)  # free-form annotations
+    _store: PayloadStore | None = field(default=None, repr=False)
+
+    @property
+    def out(self) -> torch.Tensor:
+        """The value this op produced, as it was at that moment.
+
+        Raises:
+            PayloadUnavailableError: with code ``structure_only``, ``not_saved`` or
+                ``payload_overwritten`` when no faithful value can be given.
+        """
+        return _payload(self._store, self.label)
+
+    @property
+    def has_out(self) -> bool:
+        """Whether :attr:`out` can be given."""
+        return self._store is not None and self._store.has(self.label)
+
+    @property
+    def address(self) -> str:
+        """The innermost module call as ``"address:call"``, e.g. ``"layers.0:2"``."""
+        if not self.module_stack:
+            return ""
+        address, call = self.module_stack[-1]
+        return f"{address}:{call}"
+
+
+def _payload(store: PayloadStore | None, label: str) -> torch.Tensor:
+    if store is None:
+        raise PayloadUnavailableError(
+            f"no payload store is attached to {label!r}", code="not_saved"
+        )
+    return store.get(label)
+
+
+@dataclass(eq=False)
+class ModuleCall:
+    """One call of one module during the forward, with the records that went in and out."""
+
+    address: str  # "" for the traced model itself
+    call_index: int  # 1 for the first call of this module, 2 for the second, ...
+    module_type: str  # class name, e.g. "Linear"
+    inputs: tuple[str, ...]  # labels of tensors passed to forward
+    outputs: tuple[str, ...] = ()  # labels of tensors it returned
+    ops: tuple[str, ...] = ()  # labels of ops run inside it, nested calls included
+
+    @property
+    def name(self) -> str:
+        """``"address:call"``, the way module calls are written in summaries."""
+        return f"{self.address or '<root>'}:{self.call_index}"
+
+
+Record = Union[Op, Source]
+
+
+class Trace:
+    """A finished recording of one forward pass.
+
+    Iterating yields ops in execution order; ``trace["linear_2"]`` and ``trace[3]`` look up
+    ops (labels of sources work too); ``len(trace)`` counts ops.
+
+    Example:
+        >>> import torch, torchlens as tl
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+        >>> [op.func_name for op in tl.trace(model, torch.randn(2, 4))]
+        ['linear', 'relu']
+    """
+
+    def __init__(
+        self,
+        ops: list[Op],
+        sources: list[Source],
+        modules: list[ModuleCall],
+        input_labels: list[str],
+        output_labels: list[str],
+        output: Any,
+        store: PayloadStore,
+        rng_state: dict[str, Any] | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        self.ops = ops
+        self.sources = sources
+        self.modules = modules
+        self.input_labels = input_labels
+        self.output_labels = output_labels
+        self.output = output  # what the model returned (None when the forward was halted)
+        self.store = store
+        self.rng_state = rng_state
+        self.meta: dict[str, Any] = dict(meta or {})
+        self._by_label: dict[str, Record] = {s.label: s for s in sources}
+        self._by_label.update((op.label, op) for op in ops)
+
+    # -- container protocol ---------------------------------------------------------------
+    def __iter__(self) -> Iterator[Op]:
+        return iter(self.ops)
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def __contains__(self, label: object) -> bool:
+        return label in self._by_label
+
+    def __getitem__(self, key: int | slice | str) -> Any:
+        if isinstance(key, (int, slice)):
+            return self.ops[key]
+        if isinstance(key, str):
+            record = self._by_label.get(key)
+            if record is None:
+                raise LookupFailedError(_not_found_message(key, self._by_label))
+            return record
+        raise LookupFailedError(
+            f"trace keys are labels (str) or positions (int), got {type(key).__name__}",
+            code="bad_key",
+        )
+
+    def get(self, label: str, default: Any = None) -> Record | Any:
+        """The op or source with ``label``, or ``default``."""
+        return self._by_label.get(label, default)
+
+    # -- views ----------------------------------------------------------------------------
+    @property
+    def labels(self) -> list[str]:
+        """Op labels in execution order."""
+        return [op.label for op in self.ops]
+
+    @property
+    def inputs(self) -> list[Source]:
+        """The input sources, in the order the arguments were given."""
+        return [self._by_label[label] for label in self.input_labels]
+
+    @property
+    def outputs(self) -> list[Record]:
+        """The records the model returned, in the order of its flattened output."""
+        return [self._by_label[label] for label in self.output_labels]
+
+    @property
+    def parameters(self) -> dict[str, Source]:
+        """Parameter sources that the forward read, by address."""
+        return {s.label: s for s in self.sources if s.kind == "parameter"}
+
+    @property
+    def buffers(self) -> dict[str, Source]:
+        """Buffer sources that the forward read, by address."""
+        return {s.label: s for s in self.sources if s.kind == "buffer"}
+
+    @property
+    def structure_only(self) -> bool:
+        """Whether the trace was captured without payloads."""
+        return bool(self.meta.get("structure_only", False))
+
+    def module_calls(self, address: str) -> list[ModuleCall]:
+        """Every call of the module at ``address``, in call order."""
+        calls = [m for m in self.modules if m.address == address]
+        if not calls:
+            known = {m.address: m for m in self.modules}
+            raise LookupFailedError(_not_found_message(address, known, what="module"))
+        return calls
+
+    # -- printing -------------------------------------------------------------------------
+    def summary(self) -> str:
+        """A table of ops: label, function, module call, shape, dtype."""
+        rows = [
+            (
+                op.label,
+                op.func_name,
+                op.address or "-",
+                _shape_text(op.shape),
+                _dtype_text(op.dtype),
+            )
+            for op in self.ops
+        ]
+        table = format_table(("op", "function", "module call", "shape", "dtype"), rows)
+        head = (
+            f"Trace: {len(self.ops)} ops, {len(self.sources)} sources "
+            f"({len(self.inputs)} inputs), {len(self.modules)} module calls"
+        )
+        outputs = ", ".join(self.output_labels) or "-"
+        return f"{head}\n{table}\noutputs: {outputs}"
+
+    def __str__(self) -> str:
+        return self.summary()
+
+    def __repr__(self) -> str:
+        return (
+            f"<Trace: {len(self.ops)} ops, {len(self.sources)} sources, "
+            f"{len(self.modules)} module calls>"
+        )
+
+
+def _not_found_message(key: str, known: Mapping[str, Any], what: str = "label") -> str:
+    close = difflib.get_close_matches(key, list(known), n=5, cutoff=0.5)
+    hint = f"; close {what}s: {', '.join(close)}" if close else ""
+    return f"no {what} {key!r} in this trace{hint}"
+
+
+def _shape_text(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(str(d) for d in shape) + ")"
+
+
+def _dtype_text(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
