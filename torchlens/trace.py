@@ -198,7 +198,7 @@ class ModuleCall:
         return f"{self.address or '<root>'}:{self.call_index}"
 
 
-Record = Union[Op, Source]
+Record = Op | Source
 
 
 class Trace:

@@ -179,7 +179,8 @@ class TraceBuilder:
         for label in self._aliases.pop(key, ()):
             value = self.store.values.get(label)
             if value is not None:
-                self.store.set(label, value.clone(), _version(value))
+                copy = value.clone()
+                self.store.set(label, copy, _version(copy))
 
     def record_call(
         self,
