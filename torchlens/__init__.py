@@ -22,7 +22,7 @@ Example:
 Importing torchlens changes nothing in torch: interception exists only while a capture runs.
 """
 
-from torchlens import errors
+from torchlens import backends, errors, report
 from torchlens._version import __version__
 from torchlens.capture import trace
 from torchlens.trace import ModuleCall, Op, Source, Trace
@@ -30,6 +30,8 @@ from torchlens.trace import ModuleCall, Op, Source, Trace
 __all__ = [
     "__version__",
     "errors",
+    "backends",
+    "report",
     "trace",
     "Trace",
     "Op",

@@ -15,6 +15,9 @@ __all__ = [
     "LookupFailedError",
     "CapabilityUnsupportedError",
     "ReentrantCaptureError",
+    "IntermediateDerivedGradsUnsupportedError",
+    "UnknownBackendError",
+    "TraceFileError",
 ]
 
 
@@ -93,3 +96,33 @@ class ReentrantCaptureError(TorchLensError, RuntimeError):
     """``tl.trace`` was called while a capture is already running in this thread."""
 
     code = "reentrant_capture"
+
+
+class IntermediateDerivedGradsUnsupportedError(CapabilityUnsupportedError):
+    """Intermediate *derived* gradients were requested from a backend that records true ones.
+
+    The torch backend captures real gradients through autograd hooks instead: trace with
+    ``save_grads=True``, call ``trace.backward()``, and read ``op.grad``.
+    """
+
+    code = "intermediate_derived_grads_unsupported"
+
+
+class UnknownBackendError(LookupFailedError):
+    """No backend is registered under the requested name; the message lists the known ones."""
+
+    code = "unknown_backend"
+
+
+class TraceFileError(TorchLensError, OSError):
+    """A saved trace cannot be written or read back faithfully; nothing from it is run.
+
+    Codes: ``not_a_trace`` (no torchlens trace at the path), ``incomplete`` (a save or a
+    streamed capture did not finish), ``corrupt_manifest`` (``manifest.json`` is missing,
+    truncated or malformed), ``corrupt_payload`` (a payload file is missing, truncated or its
+    bytes changed), ``format_version`` (written by an incompatible torchlens),
+    ``unsafe_path`` (the manifest points outside the trace directory), ``path_exists``
+    (saving over a directory that is not a torchlens trace).
+    """
+
+    code = "trace_file"

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from torchlens._version import __version__
+from torchlens.capabilities import refuse_unsupported
 from torchlens.capture import rng
 from torchlens.capture.builder import TraceBuilder
 from torchlens.capture.refusals import check_traceable
@@ -43,6 +44,7 @@ def trace(
     kwargs: Mapping[str, Any] | None = None,
     *,
     structure_only: bool = False,
+    intermediate_derived_grads: bool = False,
 ) -> Trace:
     """Run ``model(*args, **kwargs)`` once and record every tensor operation.
 
@@ -53,6 +55,8 @@ def trace(
         kwargs: keyword arguments for the call.
         structure_only: record the graph and metadata only, keeping no values; reading
             ``op.out`` then raises :class:`~torchlens.errors.PayloadUnavailableError`.
+        intermediate_derived_grads: refused for torch (see ``torchlens.capabilities``);
+            torch records true gradients through ``save_grads=True`` instead.
 
     Returns:
         The :class:`~torchlens.trace.Trace`: ops in execution order with their edges, module
@@ -61,6 +65,7 @@ def trace(
     Raises:
         UnsupportedModelError: for ``torch.compile``d, TorchScript or exported models.
         ReentrantCaptureError: when called from inside a forward that is being traced.
+        IntermediateDerivedGradsUnsupportedError: for ``intermediate_derived_grads=True``.
 
     Example:
         >>> import torch, torchlens as tl
@@ -69,6 +74,7 @@ def trace(
         >>> trace["relu_1"].parents
         ('linear_1',)
     """
+    refuse_unsupported({"intermediate_derived_grads": intermediate_derived_grads})
     check_traceable(model)
     args, kwargs = normalize_call(args, kwargs)
     builder = TraceBuilder(save_payloads=not structure_only)

@@ -1,0 +1,35 @@
+"""Shared timing helpers for the benchmarks: medians of repeated runs after a warm-up."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+
+def median_seconds(fn: Callable[[], object], repeats: int = 20, warmup: int = 3) -> float:
+    """Median wall time of ``fn()`` over ``repeats`` runs, after ``warmup`` untimed runs."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def interleaved_medians(
+    fns: dict[str, Callable[[], object]], repeats: int = 20, warmup: int = 3
+) -> dict[str, float]:
+    """Median wall time of each function, runs interleaved so drift hits all alike."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(ts) for name, ts in times.items()}

@@ -1,0 +1,500 @@
+"""Core capture: every op of an eager forward becomes one Op with the right edges and values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import _get_current_function_mode_stack
+
+import torchlens as tl
+from torchlens.errors import PayloadUnavailableError, UnsupportedModelError
+
+
+def tutorial_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)).eval()
+
+
+def module_outputs(model: nn.Module, *args) -> dict[str, torch.Tensor]:
+    """Each submodule's output, collected independently with plain forward hooks."""
+    seen: dict[str, torch.Tensor] = {}
+    handles = [
+        module.register_forward_hook(
+            lambda m, i, o, name=name: seen.setdefault(name, o.detach().clone())
+        )
+        for name, module in model.named_modules()
+        if name
+    ]
+    try:
+        model(*args)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen
+
+
+# -- the tutorial model -----------------------------------------------------------------------
+
+
+def test_tutorial_func_names_edges_and_modules():
+    model, x = tutorial_model(), torch.randn(2, 4)
+    trace = tl.trace(model, x)
+    assert [op.func_name for op in trace] == ["linear", "relu", "linear"]
+    assert trace.labels == ["linear_1", "relu_1", "linear_2"]
+    assert [op.module for op in trace] == ["0", "1", "2"]
+    assert trace["linear_1"].parents == ("input_1", "0.weight", "0.bias")
+    assert [(r.label, r.position) for r in trace["linear_2"].parent_args] == [
+        ("relu_1", "0"),
+        ("2.weight", "1"),
+        ("2.bias", "2"),
+    ]
+    assert trace["relu_1"].children == ["linear_2"]
+    assert trace["input_1"].children == ["linear_1"]
+    assert trace["0.weight"].kind == "parameter"
+    assert [op.index for op in trace] == [0, 1, 2]
+
+
+def test_payloads_match_independent_hooks():
+    model, x = tutorial_model(), torch.randn(2, 4)
+    expected = module_outputs(model, x)
+    trace = tl.trace(model, x)
+    for op in trace:
+        torch.testing.assert_close(op.out, expected[op.module], rtol=0, atol=0)
+    assert torch.equal(trace.output, model(x))
+    assert trace.outputs[0].label == "linear_2"
+
+
+def test_op_metadata_fields():
+    model, x = tutorial_model(), torch.randn(2, 4)
+    op = tl.trace(model, x)["linear_1"]
+    assert op.shape == (2, 3)
+    assert op.dtype == torch.float32
+    assert op.device == torch.device("cpu")
+    assert op.requires_grad is True
+    assert op.is_inplace is False
+    assert op.call_index == 1 and op.output_index == 0
+    assert op.module_stack == (("0", 1),)
+
+
+# -- in-place ops ----------------------------------------------------------------------------
+
+
+class InplaceNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x, y):
+        h = self.fc(x)
+        h = self.act(h)
+        h += 1
+        h[0] = y
+        return h * 2
+
+
+def test_inplace_ops_record_versions_and_keep_earlier_values():
+    torch.manual_seed(0)
+    model, x, y = InplaceNet().eval(), torch.randn(2, 4), torch.randn(4)
+    trace = tl.trace(model, (x, y))
+    assert [op.func_name for op in trace] == ["linear", "relu", "add_", "setitem", "mul"]
+    assert [op.is_inplace for op in trace] == [False, True, True, True, False]
+    linear = F.linear(x, model.fc.weight, model.fc.bias).detach()
+    torch.testing.assert_close(trace["linear_1"].out, linear, rtol=0, atol=0)
+    torch.testing.assert_close(trace["relu_1"].out, linear.relu(), rtol=0, atol=0)
+    torch.testing.assert_close(trace["add__1"].out, linear.relu() + 1, rtol=0, atol=0)
+    after_set = linear.relu() + 1
+    after_set[0] = y
+    torch.testing.assert_close(trace["setitem_1"].out, after_set, rtol=0, atol=0)
+    # each version reads the previous one, and setitem also reads the written value
+    assert trace["relu_1"].parents == ("linear_1",)
+    assert trace["add__1"].parents == ("relu_1",)
+    assert trace["setitem_1"].parents == ("add__1", "input_2")
+    assert trace["mul_1"].parents == ("setitem_1",)
+
+
+def test_write_through_a_view_records_a_refresh():
+    def f(x):
+        h = x * 1
+        h.narrow(0, 0, 1).zero_()  # writes h through a view, out of sight of h itself
+        return h + 1
+
+    x = torch.randn(3, 2)
+    trace = tl.trace(f, x)
+    names = [op.func_name for op in trace]
+    assert names == ["mul", "narrow", "zero_", "refresh", "add"]
+    assert trace["refresh_1"].parents == ("mul_1", "zero__1")
+    assert trace["add_1"].parents == ("refresh_1",)
+    expected = x.clone()
+    expected[0] = 0
+    torch.testing.assert_close(trace["refresh_1"].out, expected, rtol=0, atol=0)
+    torch.testing.assert_close(trace["mul_1"].out, x, rtol=0, atol=0)
+
+
+def test_editing_outputs_after_capture_is_reported_not_served():
+    model, x = tutorial_model(), torch.randn(2, 4)
+    trace = tl.trace(model, x)
+    before = trace["linear_2"].out.clone()
+    trace.output.detach().add_(100)  # the user edits what the model returned
+    torch.testing.assert_close(trace["linear_2"].out, before, rtol=0, atol=0)
+
+
+# -- views, indexing, multi-output -----------------------------------------------------------
+
+
+def test_views_and_slicing():
+    def f(x):
+        return x.view(4, 3)[1:, ::2].transpose(0, 1).T.unsqueeze(0)
+
+    x = torch.arange(12.0)
+    trace = tl.trace(f, x)
+    assert [op.func_name for op in trace] == ["view", "getitem", "transpose", "T", "unsqueeze"]
+    assert trace["getitem_1"].out.shape == (3, 2)
+    torch.testing.assert_close(trace.ops[-1].out, f(x), rtol=0, atol=0)
+    assert trace["getitem_1"].args_template[1] == (slice(1, None), slice(None, None, 2))
+
+
+@pytest.mark.parametrize(
+    ("fn", "name", "n_out"),
+    [
+        (lambda x: x.split(2, dim=1), "split", 2),
+        (lambda x: torch.chunk(x, 2, dim=0), "chunk", 2),
+        (lambda x: x.max(dim=1), "max", 2),
+        (lambda x: torch.unbind(x, 0), "unbind", 4),
+    ],
+)
+def test_multi_output_calls(fn, name, n_out):
+    x = torch.randn(4, 4)
+    trace = tl.trace(fn, x)
+    assert [op.label for op in trace] == [f"{name}_1:{i}" for i in range(n_out)]
+    assert {op.call_index for op in trace} == {1}
+    assert [op.output_index for op in trace] == list(range(n_out))
+    expected = list(fn(x))
+    for op, value in zip(trace, expected):
+        assert torch.equal(op.out, value)
+
+
+def test_lstm_outputs_and_parameters():
+    torch.manual_seed(0)
+    lstm = nn.LSTM(3, 5, batch_first=True).eval()
+    x = torch.randn(2, 4, 3)
+    trace = tl.trace(lstm, x)
+    lstm_ops = [op for op in trace if op.func_name == "lstm"]
+    assert [op.output_index for op in lstm_ops] == [0, 1, 2]
+    assert "weight_ih_l0" in lstm_ops[0].parents
+    out, (h, c) = lstm(x)
+    for op, value in zip(lstm_ops, (out, h, c)):
+        torch.testing.assert_close(op.out, value.detach(), rtol=0, atol=0)
+
+
+# -- tensors made inside the forward ----------------------------------------------------------
+
+
+def test_tensors_created_inside_forward():
+    def f(x):
+        z = torch.zeros(3) + torch.arange(3)
+        n = torch.from_numpy(np.array([1.0, 2.0, 3.0], dtype=np.float32))
+        return x * z + n
+
+    x = torch.randn(3)
+    trace = tl.trace(f, x)
+    assert [op.func_name for op in trace] == ["zeros", "arange", "add", "mul", "add"]
+    assert trace["zeros_1"].parents == ()
+    assert trace["add_1"].parents == ("zeros_1", "arange_1")
+    constant = trace["add_2"].parents[1]
+    assert trace[constant].kind == "constant"
+    assert torch.equal(trace[constant].out, torch.tensor([1.0, 2.0, 3.0]))
+    torch.testing.assert_close(trace.output, f(x))
+
+
+# -- module structure -------------------------------------------------------------------------
+
+
+class Recurrent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = x
+        for _ in range(3):
+            h = torch.tanh(self.cell(h))
+        return h
+
+
+def test_recurrent_loop_call_numbers():
+    torch.manual_seed(0)
+    trace = tl.trace(Recurrent(), torch.randn(1, 4))
+    linears = [op for op in trace if op.func_name == "linear"]
+    assert [op.module_stack for op in linears] == [(("cell", n),) for n in (1, 2, 3)]
+    assert [op.address for op in linears] == ["cell:1", "cell:2", "cell:3"]
+    calls = trace.module_calls("cell")
+    assert [c.call_index for c in calls] == [1, 2, 3]
+    assert calls[1].inputs == ("tanh_1",) and calls[1].outputs == ("linear_2",)
+    assert linears[1].parents == ("tanh_1", "cell.weight", "cell.bias")
+
+
+class Nested(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(4, 4), nn.ReLU()) for _ in range(2)])
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_nested_modules_stack_and_calls():
+    torch.manual_seed(0)
+    trace = tl.trace(Nested(), torch.randn(2, 4))
+    assert trace["linear_2"].module_stack == (("blocks.1", 1), ("blocks.1.0", 1))
+    assert trace["linear_2"].module == "blocks.1.0"
+    block = trace.module_calls("blocks.1")[0]
+    assert block.ops == ("linear_2", "relu_2")
+    assert block.module_type == "Sequential"
+    root = trace.modules[0]
+    assert root.address == "" and root.ops == tuple(trace.labels)
+
+
+class Tied(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4, bias=False)
+        self.b = nn.Linear(4, 4, bias=False)
+        self.b.weight = self.a.weight
+
+    def forward(self, x):
+        return self.b(self.a(x))
+
+
+def test_shared_parameters_are_one_source():
+    torch.manual_seed(0)
+    trace = tl.trace(Tied(), torch.randn(2, 4))
+    assert trace["linear_1"].parents[1] == "a.weight"
+    assert trace["linear_2"].parents[1] == "a.weight"
+    assert trace["a.weight"].children == ["linear_1", "linear_2"]
+    assert list(trace.parameters) == ["a.weight"]
+
+
+def test_buffers_are_sources():
+    torch.manual_seed(0)
+    bn = nn.BatchNorm1d(4).eval()
+    trace = tl.trace(bn, torch.randn(3, 4))
+    assert set(trace.buffers) == {"running_mean", "running_var"}
+    assert trace["batch_norm_1"].parents == (
+        "input_1",
+        "running_mean",
+        "running_var",
+        "weight",
+        "bias",
+    )
+
+
+# -- inputs, outputs, modes -------------------------------------------------------------------
+
+
+def test_nested_containers_in_and_out():
+    def f(batch):
+        a, b = batch["pair"]
+        return {"sum": a + b, "parts": [a * 2, (b - 1,)]}
+
+    a, b = torch.randn(2), torch.randn(2)
+    trace = tl.trace(f, [{"pair": (a, b)}])
+    assert [s.path for s in trace.inputs] == ["args[0]['pair'][0]", "args[0]['pair'][1]"]
+    assert trace.output_labels == ["add_1", "mul_1", "sub_1"]
+    assert torch.equal(trace.output["parts"][1][0], b - 1)
+
+
+def test_kwargs_only_inputs():
+    def f(*, x, scale):
+        return x * scale
+
+    x, scale = torch.randn(3), torch.tensor(2.0)
+    trace = tl.trace(f, kwargs={"x": x, "scale": scale})
+    assert [s.path for s in trace.inputs] == ["kwargs['x']", "kwargs['scale']"]
+    assert trace["mul_1"].parents == ("input_1", "input_2")
+
+
+def test_train_and_eval_mode():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.BatchNorm1d(4))
+    x = torch.randn(8, 4)
+    train = tl.trace(model.train(), x)
+    evaluated = tl.trace(model.eval(), x)
+    assert train.meta["training"] is True and evaluated.meta["training"] is False
+    # batch norm counts batches in place on a buffer in train mode only
+    assert [op.func_name for op in train] == ["linear", "dropout", "add_", "batch_norm"]
+    assert train["add__1"].parents == ("2.num_batches_tracked",)
+    assert [op.func_name for op in evaluated] == ["linear", "dropout", "batch_norm"]
+    assert train["dropout_1"].rng_state is not None
+    torch.testing.assert_close(evaluated["dropout_1"].out, evaluated["linear_1"].out)
+
+
+def test_no_grad_inside_forward():
+    def f(x):
+        with torch.no_grad():
+            y = x * 2
+        return y + x
+
+    x = torch.randn(3, requires_grad=True)
+    trace = tl.trace(f, x)
+    assert trace["mul_1"].requires_grad is False
+    assert trace["add_1"].requires_grad is True
+    assert trace["add_1"].parents == ("mul_1", "input_1")
+
+
+def test_property_reads_are_not_ops():
+    def f(x):
+        n = x.shape[0] + x.size(1) + x.dim()
+        return x.sum() * n
+
+    trace = tl.trace(f, torch.randn(2, 3))
+    assert [op.func_name for op in trace] == ["sum", "mul"]
+
+
+def test_structure_only_has_graph_without_payloads():
+    model, x = tutorial_model(), torch.randn(2, 4)
+    full = tl.trace(model, x)
+    bare = tl.trace(model, x, structure_only=True)
+    assert bare.labels == full.labels
+    assert [op.parents for op in bare] == [op.parents for op in full]
+    assert bare.structure_only
+    with pytest.raises(PayloadUnavailableError) as err:
+        bare["relu_1"].out
+    assert err.value.code == "structure_only"
+    assert "structure_only" in str(err.value)
+    assert not bare["relu_1"].has_out
+
+
+# -- the Trace container ----------------------------------------------------------------------
+
+
+def test_trace_container_protocol():
+    model, x = tutorial_model(), torch.randn(2, 4)
+    trace = tl.trace(model, x)
+    assert len(trace) == 3
+    assert trace[0] is trace["linear_1"] and trace[-1].label == "linear_2"
+    assert "relu_1" in trace and "nope" not in trace
+    assert [s.label for s in trace.inputs] == ["input_1"]
+    assert {s.kind for s in trace.sources} == {"input", "parameter"}
+    assert [m.name for m in trace.modules] == ["<root>:1", "0:1", "1:1", "2:1"]
+    with pytest.raises(tl.errors.LookupFailedError) as err:
+        trace["relu_9"]
+    assert err.value.code == "not_found" and "relu_1" in str(err.value)
+    with pytest.raises(tl.errors.LookupFailedError) as err:
+        trace[1.5]
+    assert err.value.code == "bad_key"
+
+
+def test_summary_table_lists_every_op():
+    model, x = tutorial_model(), torch.randn(2, 4)
+    text = str(tl.trace(model, x))
+    lines = text.splitlines()
+    assert lines[0].startswith("Trace: 3 ops")
+    assert lines[1].split() == ["op", "function", "module", "call", "shape", "dtype"]
+    assert lines[3].split() == ["linear_1", "linear", "0:1", "(2,", "3)", "float32"]
+    assert lines[-1] == "outputs: linear_2"
+
+
+# -- refusals and cleanup ---------------------------------------------------------------------
+
+
+def test_refuses_torchscript():
+    scripted = torch.jit.script(nn.Linear(2, 2))
+    with pytest.raises(UnsupportedModelError) as err:
+        tl.trace(scripted, torch.randn(1, 2))
+    assert err.value.code == "torchscript_module"
+    assert "trace the eager source module instead" in str(err.value)
+
+
+def test_refuses_torch_compile():
+    compiled = torch.compile(nn.Linear(2, 2))
+    with pytest.raises(UnsupportedModelError) as err:
+        tl.trace(compiled, torch.randn(1, 2))
+    assert err.value.code == "compiled_module"
+    assert "trace the eager source module instead" in str(err.value)
+
+
+def test_refuses_exported_program():
+    exported = torch.export.export(nn.Linear(2, 2), (torch.randn(1, 2),))
+    with pytest.raises(UnsupportedModelError) as err:
+        tl.trace(exported, torch.randn(1, 2))
+    assert err.value.code == "exported_program"
+    assert "trace the eager source module instead" in str(err.value)
+
+
+def test_refuses_non_callable():
+    with pytest.raises(UnsupportedModelError) as err:
+        tl.trace(42, torch.randn(1))
+    assert err.value.code == "not_callable"
+
+
+class Explodes(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(2, 2)
+
+    def forward(self, x):
+        x = self.fc(x)
+        raise ValueError("boom")
+
+
+def test_mode_and_hooks_removed_after_exception():
+    model = Explodes()
+    with pytest.raises(ValueError, match="boom"):
+        tl.trace(model, torch.randn(1, 2))
+    assert _get_current_function_mode_stack() == []
+    for module in model.modules():
+        assert not module._forward_hooks and not module._forward_pre_hooks
+    assert [op.func_name for op in tl.trace(tutorial_model(), torch.randn(1, 4))] == [
+        "linear",
+        "relu",
+        "linear",
+    ]
+
+
+def test_hooks_removed_after_success():
+    model = tutorial_model()
+    tl.trace(model, torch.randn(1, 4))
+    for module in model.modules():
+        assert not module._forward_hooks and not module._forward_pre_hooks
+
+
+def test_reentrant_trace_is_refused():
+    def inner(x):
+        return tl.trace(torch.relu, x)
+
+    with pytest.raises(tl.errors.ReentrantCaptureError) as err:
+        tl.trace(inner, torch.randn(2))
+    assert err.value.code == "reentrant_capture"
+    assert _get_current_function_mode_stack() == []
+
+
+def test_bad_kwargs_type():
+    with pytest.raises(tl.errors.InvalidArgumentError) as err:
+        tl.trace(torch.relu, torch.randn(2), kwargs=[1])
+    assert err.value.code == "bad_kwargs"
+
+
+def test_import_does_not_patch_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, torch.nn.functional as F\n"
+        "before = (torch.Tensor.__add__, F.linear, torch.relu, torch.nn.Module.__call__)\n"
+        "import torchlens\n"
+        "after = (torch.Tensor.__add__, F.linear, torch.relu, torch.nn.Module.__call__)\n"
+        "from torch.overrides import _get_current_function_mode_stack as stack\n"
+        "from torch.nn.modules import module as m\n"
+        "assert before == after, 'torch functions were replaced'\n"
+        "assert stack() == [], 'a function mode is active after import'\n"
+        "assert not m._global_forward_hooks and not m._global_forward_pre_hooks\n"
+        "print('clean')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.stdout.strip() == "clean", result.stderr

@@ -1,0 +1,180 @@
+"""Plain Python values <-> JSON, for argument templates, output templates and ``meta``.
+
+JSON has lists, dicts with string keys, numbers, strings, booleans and null. Everything
+else a torch call takes is written as a one-key object whose key starts with ``$``
+(``{"$tuple": [...]}``, ``{"$dtype": "float32"}``, ``{"$slot": 0}``), and decoded by a table
+of constructors that build plain data only: no names from the file are imported or called.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from torchlens.capture.tree import ArgSlot
+
+__all__ = ["encode", "decode", "Unencodable"]
+
+
+class Unencodable(ValueError):
+    """A value has no JSON form (or a JSON form is not one this module wrote)."""
+
+
+def encode(value: Any) -> Any:
+    """The JSON form of ``value``.
+
+    Raises:
+        Unencodable: for values outside the supported kinds (tensors, modules, objects).
+
+    Example:
+        >>> encode((1, slice(None, 2), torch.float16, ArgSlot(0)))
+        {'$tuple': [1, {'$slice': [None, 2, None]}, {'$dtype': 'float16'}, {'$slot': 0}]}
+    """
+    kind = type(value)
+    if value is None or kind in (bool, int, str):
+        return value
+    if kind is float:
+        return value if math.isfinite(value) else {"$float": repr(value)}
+    if kind is list:
+        return [encode(item) for item in value]
+    if kind is tuple:
+        return {"$tuple": [encode(item) for item in value]}
+    if kind is dict:
+        return {"$dict": [[encode(k), encode(v)] for k, v in value.items()]}
+    for tag, (cls, to_json, _) in _TAGGED.items():
+        if kind is cls:
+            return {tag: to_json(value)}
+    raise Unencodable(f"values of type {kind.__name__} cannot be saved")
+
+
+def decode(data: Any) -> Any:
+    """The value :func:`encode` wrote as ``data``.
+
+    Raises:
+        Unencodable: for JSON that :func:`encode` cannot have written.
+    """
+    if data is None or type(data) in (bool, int, float, str):
+        return data
+    if type(data) is list:
+        return [decode(item) for item in data]
+    if type(data) is not dict or len(data) != 1:
+        raise Unencodable(f"unexpected JSON value {_short(data)}")
+    (tag, body), = data.items()
+    if tag == "$tuple":
+        return tuple(decode(item) for item in _list(body))
+    if tag == "$dict":
+        return {_key(decode(pair[0])): decode(pair[1]) for pair in _pairs(body)}
+    entry = _TAGGED.get(tag)
+    if entry is None:
+        raise Unencodable(f"unknown tag {tag!r}")
+    try:
+        return entry[2](body)
+    except (TypeError, ValueError, AttributeError, OverflowError) as err:
+        raise Unencodable(f"bad {tag} value {_short(body)}: {err}") from None
+
+
+def _torch_attr(kind: type) -> Callable[[Any], Any]:
+    """Read ``torch.<name>`` and accept it only if it is an instance of ``kind``."""
+
+    def read(name: Any) -> Any:
+        value = getattr(torch, name, None) if isinstance(name, str) else None
+        if type(value) is not kind:
+            raise ValueError(f"torch.{name} is not a {kind.__name__}")
+        return value
+
+    return read
+
+
+def _slice(body: Any) -> slice:
+    start, stop, step = (_scalar(decode(item)) for item in _list(body, 3))
+    return slice(start, stop, step)
+
+
+def _scalar(value: Any) -> Any:
+    if value is not None and type(value) not in (bool, int, float):
+        raise ValueError("slice bounds are numbers or null")
+    return value
+
+
+def _float(body: Any) -> float:
+    if body not in ("nan", "inf", "-inf"):
+        raise ValueError("expected nan, inf or -inf")
+    return float(body)
+
+
+def _complex(body: Any) -> complex:
+    real, imag = (_number(decode(part)) for part in _list(body, 2))
+    return complex(real, imag)
+
+
+def _number(value: Any) -> float:
+    if type(value) not in (int, float):
+        raise ValueError("expected a number")
+    return float(value)
+
+
+def _size(body: Any) -> torch.Size:
+    dims = _list(body)
+    if not all(type(d) is int for d in dims):
+        raise ValueError("sizes are integers")
+    return torch.Size(dims)
+
+
+def _slot(body: Any) -> ArgSlot:
+    if type(body) is not int or body < 0:
+        raise ValueError("slots are non-negative integers")
+    return ArgSlot(body)
+
+
+def _device(body: Any) -> torch.device:
+    if not isinstance(body, str):
+        raise ValueError("devices are strings")
+    return torch.device(body)
+
+
+def _list(body: Any, length: int | None = None) -> list:
+    if type(body) is not list or (length is not None and len(body) != length):
+        raise Unencodable(f"expected a list, got {_short(body)}")
+    return body
+
+
+def _pairs(body: Any) -> list:
+    pairs = _list(body)
+    if not all(type(p) is list and len(p) == 2 for p in pairs):
+        raise Unencodable("a $dict holds [key, value] pairs")
+    return pairs
+
+
+def _key(key: Any) -> Any:
+    try:
+        hash(key)
+    except TypeError:
+        raise Unencodable(f"unhashable dict key {_short(key)}") from None
+    return key
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) < 60 else text[:57] + "..."
+
+
+def _name(value: Any) -> str:
+    return str(value).removeprefix("torch.")
+
+
+# tag -> (exact type, to JSON, from JSON)
+_TAGGED: dict[str, tuple[type, Callable[[Any], Any], Callable[[Any], Any]]] = {
+    "$float": (float, repr, _float),
+    "$complex": (complex, lambda c: [encode(c.real), encode(c.imag)], _complex),
+    "$slice": (slice, lambda s: [encode(s.start), encode(s.stop), encode(s.step)], _slice),
+    "$ellipsis": (type(Ellipsis), lambda _: None, lambda _: Ellipsis),
+    "$slot": (ArgSlot, lambda s: s.index, _slot),
+    "$size": (torch.Size, list, _size),
+    "$dtype": (torch.dtype, _name, _torch_attr(torch.dtype)),
+    "$device": (torch.device, str, _device),
+    "$memory_format": (torch.memory_format, _name, _torch_attr(torch.memory_format)),
+    "$layout": (torch.layout, _name, _torch_attr(torch.layout)),
+}

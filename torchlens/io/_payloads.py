@@ -1,0 +1,139 @@
+"""Payload tensors on disk: how one is stored, and the lazy store that reads them back.
+
+Each stored tensor is a contiguous CPU copy in a safetensors file. Complex tensors are stored
+as their real view (safetensors has no complex dtype) and marked ``"complex": true``; each
+entry carries the SHA-256 of its stored bytes, checked when the value is first read, so a
+corrupted file is reported rather than served.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from torchlens.errors import PayloadUnavailableError, TraceFileError
+
+__all__ = ["stored_form", "entry_for", "FilePayloadStore", "dtype_name", "parse_dtype"]
+
+_OPEN_FILES = 8  # safetensors handles kept open at once
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float32`` -> ``"float32"``."""
+    return str(dtype).removeprefix("torch.")
+
+
+def parse_dtype(name: Any) -> torch.dtype:
+    """The dtype :func:`dtype_name` wrote; raises ``ValueError`` for anything else."""
+    value = getattr(torch, name, None) if isinstance(name, str) else None
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return value
+
+
+def stored_form(value: torch.Tensor) -> torch.Tensor:
+    """The contiguous CPU tensor that is written for ``value`` (complex as a real view)."""
+    tensor = value.detach()
+    if tensor.layout is not torch.strided or tensor.is_quantized or tensor.is_nested:
+        raise ValueError(f"{tensor.layout} tensors cannot be stored in safetensors")
+    tensor = tensor.resolve_conj().resolve_neg()
+    if tensor.is_complex():
+        tensor = torch.view_as_real(tensor)
+    return tensor.to("cpu").contiguous()
+
+
+def entry_for(value: torch.Tensor, stored: torch.Tensor, file: str, key: str) -> dict:
+    """The manifest entry describing ``stored`` (made by :func:`stored_form`) in ``file``."""
+    return {
+        "complex": value.is_complex(),
+        "dtype": dtype_name(value.dtype),
+        "file": file,
+        "key": key,
+        "sha256": _digest(stored),
+        "shape": list(value.shape),
+    }
+
+
+def _digest(stored: torch.Tensor) -> str:
+    raw = stored.reshape(-1).view(torch.uint8).numpy()
+    return hashlib.sha256(memoryview(raw)).hexdigest()
+
+
+class FilePayloadStore:
+    """Payloads of a saved trace, read lazily from its safetensors files.
+
+    Implements the :class:`~torchlens.trace.PayloadStore` protocol. A value is read on first
+    access and kept; if the caller edits it in place, the next access reads it again.
+
+    Args:
+        root: the trace directory; every file name in ``entries`` is relative to it.
+        entries: label -> manifest entry (see :func:`entry_for`).
+        missing: label -> (code, message) for values that were not saved.
+        default_missing: the reason for labels in neither mapping.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        entries: dict[str, dict],
+        missing: dict[str, tuple[str, str]] | None = None,
+        default_missing: tuple[str, str] | None = None,
+    ) -> None:
+        self.root = root
+        self.entries = entries
+        self.missing = dict(missing or {})
+        self.default_missing = default_missing or ("not_saved", "no value was saved")
+        self._cache: dict[str, tuple[torch.Tensor, int]] = {}
+        self._files: OrderedDict[str, Any] = OrderedDict()
+
+    def get(self, label: str) -> torch.Tensor:
+        cached = self._cache.get(label)
+        if cached is not None and cached[0]._version == cached[1]:
+            return cached[0]
+        entry = self.entries.get(label)
+        if entry is None:
+            code, message = self.missing.get(label, self.default_missing)
+            raise PayloadUnavailableError(message, code=code)
+        value = self._read(label, entry)
+        self._cache[label] = (value, value._version)
+        return value
+
+    def has(self, label: str) -> bool:
+        return label in self.entries
+
+    def mark_missing(self, label: str, code: str, message: str) -> None:
+        self.entries.pop(label, None)
+        self.missing[label] = (code, message)
+
+    def _read(self, label: str, entry: dict) -> torch.Tensor:
+        try:
+            stored = self._handle(entry["file"]).get_tensor(entry["key"])
+        except (SafetensorError, OSError, KeyError) as err:
+            raise _corrupt(entry["file"], f"cannot read {label!r}: {err}") from None
+        if _digest(stored) != entry["sha256"]:
+            raise _corrupt(entry["file"], f"the bytes of {label!r} do not match the manifest")
+        value = torch.view_as_complex(stored) if entry["complex"] else stored
+        if dtype_name(value.dtype) != entry["dtype"] or list(value.shape) != entry["shape"]:
+            raise _corrupt(entry["file"], f"{label!r} has the wrong dtype or shape")
+        return value
+
+    def _handle(self, file: str) -> Any:
+        handle = self._files.pop(file, None)
+        if handle is None:
+            handle = safe_open(str(self.root / file), framework="pt", device="cpu")
+        self._files[file] = handle
+        while len(self._files) > _OPEN_FILES:
+            self._files.popitem(last=False)
+        return handle
+
+
+def _corrupt(file: str, detail: str) -> TraceFileError:
+    return TraceFileError(
+        f"payload file {file!r} is damaged ({detail}); save the trace again",
+        code="corrupt_payload",
+    )

@@ -1,0 +1,143 @@
+"""Graph integrity of a :class:`~torchlens.trace.Trace`, in the spirit of ``torch.fx``'s
+``Graph.lint``: one function, one message per broken invariant, each naming the record.
+
+Validation runs it before replaying anything, and the backend conformance suite runs it on
+every backend's traces, so its messages are the shared vocabulary for "this graph is wrong".
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from torchlens.capture.tree import ArgSlot
+
+__all__ = ["lint"]
+
+
+def lint(trace: Any) -> list[str]:
+    """Check a trace's graph invariants; return one message per problem (empty when sound).
+
+    Invariants: labels are unique across ops and sources; op indices follow execution order;
+    every parent is a source or an earlier op (so every op is reachable from a source or is a
+    parentless factory op); ``parents`` lists exactly the labels in ``parent_args``, whose
+    positions are unique and match the argument templates' slots; edges are symmetric
+    (``child in parent.children`` iff ``parent in child.parents``); inputs, outputs and module
+    calls name existing records.
+
+    Args:
+        trace: a :class:`~torchlens.trace.Trace` (or anything with ``ops``, ``sources``,
+            ``input_labels``, ``output_labels`` and ``modules``).
+
+    Returns:
+        Messages such as ``"relu_1: parent 'linear_9' is not in the trace"``; ``[]`` when the
+        graph is sound.
+
+    Example:
+        >>> import torch, torchlens as tl
+        >>> trace = tl.trace(torch.nn.Linear(3, 2), torch.randn(1, 3))
+        >>> lint(trace)
+        []
+        >>> trace["linear_1"].children.append("ghost_1")
+        >>> lint(trace)
+        ["linear_1: child 'ghost_1' is not in the trace"]
+    """
+    problems: list[str] = []
+    records: dict[str, Any] = {}
+    counts = Counter([s.label for s in trace.sources] + [op.label for op in trace.ops])
+    for label, n in counts.items():
+        if n > 1:
+            problems.append(f"{label}: label used by {n} records")
+    for source in trace.sources:
+        records[source.label] = source
+    for position, op in enumerate(trace.ops):
+        if op.index != position:
+            problems.append(f"{op.label}: index {op.index} but position {position}")
+        problems += _parent_problems(op, records, counts)
+        records[op.label] = op
+    for record in records.values():
+        problems += _child_problems(record, records)
+    problems += _boundary_problems(trace, records)
+    return problems
+
+
+def _parent_problems(op: Any, records: dict[str, Any], known: Counter) -> list[str]:
+    """Parents exist, precede the op, agree with ``parent_args`` and the templates."""
+    problems = []
+    ref_labels = [ref.label for ref in op.parent_args]
+    if tuple(dict.fromkeys(ref_labels)) != tuple(op.parents):
+        problems.append(
+            f"{op.label}: parents {list(op.parents)} disagree with parent_args {ref_labels}"
+        )
+    for parent in op.parents:
+        if parent == op.label:
+            problems.append(f"{op.label}: is its own parent")
+        elif parent not in records:
+            where = "a later op" if parent in known else "not in the trace"
+            problems.append(f"{op.label}: parent {parent!r} is {where}")
+        elif op.label not in records[parent].children:
+            problems.append(f"{op.label}: parent {parent!r} does not list it as a child")
+    positions = [ref.position for ref in op.parent_args]
+    for position, n in Counter(positions).items():
+        if n > 1:
+            problems.append(f"{op.label}: argument position {position!r} fed by {n} parents")
+    if op.func is not None:
+        slots = _slot_indices((op.args_template, op.kwargs_template))
+        if slots != list(range(len(op.parent_args))):
+            problems.append(
+                f"{op.label}: argument templates hold slots {slots} but the op has "
+                f"{len(op.parent_args)} tensor arguments"
+            )
+    return problems
+
+
+def _child_problems(record: Any, records: dict[str, Any]) -> list[str]:
+    """Every listed child exists and lists the record back as a parent, once."""
+    problems = []
+    for child, n in Counter(record.children).items():
+        if n > 1:
+            problems.append(f"{record.label}: child {child!r} listed {n} times")
+        target = records.get(child)
+        if target is None:
+            problems.append(f"{record.label}: child {child!r} is not in the trace")
+        elif record.label not in getattr(target, "parents", ()):
+            problems.append(f"{record.label}: child {child!r} does not list it as a parent")
+    return problems
+
+
+def _boundary_problems(trace: Any, records: dict[str, Any]) -> list[str]:
+    """Inputs are input sources; outputs and module-call members are records."""
+    problems = []
+    for label in trace.input_labels:
+        source = records.get(label)
+        if source is None or getattr(source, "kind", None) != "input":
+            problems.append(f"{label}: listed as an input but is not an input source")
+    for label in trace.output_labels:
+        if label not in records:
+            problems.append(f"{label}: listed as an output but is not in the trace")
+    for call in trace.modules:
+        for label in (*call.inputs, *call.outputs, *call.ops):
+            if label not in records:
+                problems.append(f"{label}: named by module call {call.name} but not in the trace")
+    return problems
+
+
+def _slot_indices(template: Any) -> list[int]:
+    """The ArgSlot indices of a call template, in order."""
+    found: list[int] = []
+    _collect_slots(template, found)
+    return found
+
+
+def _collect_slots(obj: Any, found: list[int]) -> None:
+    if isinstance(obj, ArgSlot):
+        found.append(obj.index)
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            _collect_slots(item, found)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            _collect_slots(item, found)
+    elif hasattr(obj, "fields") and hasattr(obj, "cls"):  # tree's dataclass template
+        for item in obj.fields.values():
+            _collect_slots(item, found)

@@ -1,0 +1,273 @@
+"""The drawable view of a trace: nodes, edges and nested module clusters, before any syntax.
+
+Building the view is where the choices live (collapse to a depth, fold repeated blocks, fold
+parameters into the ops that read them); :mod:`torchlens.viz.dot` only writes it out. Every
+list keeps trace order, so the same trace always gives the same view.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from torchlens.errors import InvalidArgumentError
+from torchlens.trace import ModuleCall, Op, Source, Trace
+from torchlens.viz.repeats import CallKey, Fold, find_repeats, fold_repeats
+
+__all__ = ["Cluster", "Node", "View", "build_view", "PARAM_MODES"]
+
+PARAM_MODES = ("fold", "nodes", "hide")  # parameters/buffers/constants: in the op, small, off
+_FOLDED_KINDS = ("parameter", "buffer", "constant")
+
+
+@dataclass
+class Node:
+    """One box: an op, an input, an output, a source, or a collapsed module call."""
+
+    id: str  # unique DOT id: the op/source label, "module ADDRESS:CALL" or "output N"
+    kind: str  # "op" | "input" | "output" | "param" | "module"
+    title: str  # first line, bold
+    lines: list[str] = field(default_factory=list)  # smaller lines under the title
+    params: list[str] = field(default_factory=list)  # folded parameters, one per line
+    tooltip: str = ""
+    inplace: bool = False
+
+
+@dataclass
+class Cluster:
+    """One drawn module call: its own nodes and the calls nested in it."""
+
+    id: str  # "ADDRESS:CALL"; "" for the root (the whole graph)
+    title: str
+    depth: int  # 1 for children of the root
+    nodes: list[str] = field(default_factory=list)
+    children: list[Cluster] = field(default_factory=list)
+    repeat: int = 1  # how many identical calls this cluster stands for
+
+
+@dataclass
+class View:
+    """What gets drawn: nodes by id, the root cluster tree, and edges in first-seen order."""
+
+    title: str
+    nodes: dict[str, Node]
+    root: Cluster
+    edges: list[tuple[str, str]]
+
+
+def build_view(
+    trace: Trace,
+    depth: int | None = None,
+    collapse_repeats: bool = False,
+    params: str = "fold",
+) -> View:
+    """Turn ``trace`` into nodes, edges and clusters; see :func:`torchlens.viz.to_dot`."""
+    _check_options(depth, params)
+    fold = fold_repeats(trace, find_repeats(trace)) if collapse_repeats else Fold([], {}, {}, set())
+    return _ViewBuilder(trace, depth, fold, params).build()
+
+
+def _check_options(depth: int | None, params: str) -> None:
+    if depth is not None and (not isinstance(depth, int) or depth < 0):
+        raise InvalidArgumentError(
+            f"depth must be None (draw every module call) or an int >= 0, got {depth!r}",
+            code="bad_depth",
+        )
+    if params not in PARAM_MODES:
+        raise InvalidArgumentError(
+            f"params must be one of {', '.join(PARAM_MODES)}, got {params!r}", code="bad_option"
+        )
+
+
+class _ViewBuilder:
+    """Walks the trace once, placing each op's node in its cluster and routing edges."""
+
+    def __init__(self, trace: Trace, depth: int | None, fold: Fold, params: str) -> None:
+        self.trace, self.depth, self.fold, self.params = trace, depth, fold, params
+        self.calls = {(m.address, m.call_index): m for m in trace.modules if m.address}
+        self.call_counts: dict[str, int] = {}
+        for m in self.calls.values():
+            self.call_counts[m.address] = self.call_counts.get(m.address, 0) + 1
+        self.repeat_of = {r.calls[0]: r for r in fold.repeats}
+        self.dtype = _common_dtype(trace)
+        self.nodes: dict[str, Node] = {}
+        self.edges: dict[tuple[str, str], None] = {}
+        self.root = Cluster("", trace.meta.get("model_type", "model"), 0)
+        self.clusters: dict[tuple[CallKey, ...], Cluster] = {(): self.root}
+        self.placed_in: dict[str, tuple[CallKey, ...]] = {}  # node id -> cluster path
+        self.module_params: dict[str, dict[str, Source]] = {}  # module node -> its params
+
+    def build(self) -> View:
+        for source in self.trace.inputs:
+            self._source_node(source)
+        for op in self.trace.ops:
+            self._place(op)
+        for op in self.trace.ops:
+            self._route(op)
+        for i, label in enumerate(self.trace.output_labels, start=1):
+            self._output(i, label)
+        for node_id, sources in self.module_params.items():
+            numel = sum(_numel(s.shape) for s in sources.values())
+            self.nodes[node_id].params.append(f"{len(sources)} params, {_count_text(numel)}")
+        return View(self.root.title, self.nodes, self.root, list(self.edges))
+
+    # -- nodes ----------------------------------------------------------------------------
+    def node_of(self, label: str) -> str:
+        """The id of the node that ``label`` (op or source) is drawn as."""
+        record = self.trace[self.fold.canonical.get(label, label)]
+        if isinstance(record, Source):
+            return record.label
+        stack = record.module_stack
+        if self.depth is not None and len(stack) > self.depth:
+            address, call = stack[self.depth]
+            return f"module {address}:{call}"
+        return record.label
+
+    def _place(self, op: Op) -> None:
+        if op.label in self.fold.canonical:
+            return
+        node_id = self.node_of(op.label)
+        if node_id in self.nodes:
+            return
+        stack = op.module_stack
+        if node_id == op.label:
+            node = self._op_node(op)
+        else:
+            stack = stack[: self.depth + 1]
+            node = self._module_node(node_id, self.calls[stack[-1]])
+            stack = stack[:-1]
+        self._add(node, stack)
+
+    def _op_node(self, op: Op) -> Node:
+        lines = [_shape_text(op.shape)]
+        if op.dtype != self.dtype:
+            lines[0] += f" {_dtype_text(op.dtype)}"
+        tooltip = (
+            f"{op.label}: {op.func_name} in {op.address or 'root'}\n"
+            f"shape {_shape_text(op.shape)} {_dtype_text(op.dtype)}\n"
+            f"parents: {', '.join(op.parents) or '-'}"
+        )
+        return Node(op.label, "op", op.label, lines, tooltip=tooltip, inplace=op.is_inplace)
+
+    def _module_node(self, node_id: str, call: ModuleCall) -> Node:
+        key = (call.address, call.call_index)
+        title = self._call_title(call)
+        lines = [f"{len(call.ops)} ops"]
+        repeat = self.repeat_of.get(key)
+        if repeat is not None:
+            title, lines = self._repeat_title(repeat), [f"{len(call.ops)} ops per block"]
+        return Node(node_id, "module", title, lines, tooltip=title)
+
+    def _add(self, node: Node, stack: tuple[CallKey, ...]) -> None:
+        self.nodes[node.id] = node
+        self.placed_in[node.id] = stack
+        self._cluster(stack).nodes.append(node.id)
+
+    def _source_node(self, source: Source, near: str | None = None) -> str:
+        """The node of ``source``; a parameter goes in the cluster of its first reader."""
+        if source.label not in self.nodes:
+            kind = "input" if source.kind == "input" else "param"
+            lines = [source.path] if kind == "input" else [source.kind]
+            lines.append(_shape_text(source.shape))
+            tooltip = f"{source.label}: {source.kind} {_shape_text(source.shape)}"
+            node = Node(source.label, kind, source.label, lines, [], tooltip)
+            self._add(node, self.placed_in.get(near, ()) if near else ())
+        return source.label
+
+    def _output(self, index: int, label: str) -> None:
+        node_id = f"output {index}"
+        record = self.trace[label]
+        lines = [label, _shape_text(record.shape)]
+        self._add(Node(node_id, "output", "output", lines, tooltip=f"output: {label}"), ())
+        source = self._source_node(record) if isinstance(record, Source) else None
+        self._edge(source or self.node_of(label), node_id)
+
+    # -- clusters and edges ---------------------------------------------------------------
+    def _cluster(self, stack: tuple[CallKey, ...]) -> Cluster:
+        cluster = self.clusters.get(stack)
+        if cluster is None:
+            parent = self._cluster(stack[:-1])
+            call = self.calls[stack[-1]]
+            repeat = self.repeat_of.get(stack[-1])
+            title = self._repeat_title(repeat) if repeat else self._call_title(call)
+            cluster = Cluster(f"{call.address}:{call.call_index}", title, len(stack))
+            cluster.repeat = repeat.count if repeat else 1
+            parent.children.append(cluster)
+            self.clusters[stack] = cluster
+        return cluster
+
+    def _call_title(self, call: ModuleCall) -> str:
+        title = f"{call.address} ({call.module_type})"
+        if self.call_counts.get(call.address, 1) > 1:
+            title += f" call {call.call_index}"
+        return title
+
+    def _repeat_title(self, repeat) -> str:
+        first, last = repeat.calls[0], repeat.calls[-1]
+        names = f"{first[0]} .. {last[0]}" if first[0] != last[0] else f"{first[0]} calls"
+        return f"{names} ({repeat.module_type}) x{repeat.count}"
+
+    def _route(self, op: Op) -> None:
+        target = self.node_of(op.label)
+        for parent in op.parents:
+            record = self.trace[parent]
+            if isinstance(record, Source) and record.kind in _FOLDED_KINDS:
+                self._param(record, op, target)
+            elif isinstance(record, Source):
+                self._edge(self._source_node(record), target)
+            elif not self.fold.crosses_blocks(parent, op.label):
+                self._edge(self.node_of(parent), target)
+
+    def _param(self, source: Source, op: Op, target: str) -> None:
+        if self.params == "nodes":
+            self._edge(self._source_node(source, near=target), target)
+        elif self.params == "fold" and op.label not in self.fold.canonical:
+            node = self.nodes[target]
+            if node.kind == "module":
+                self.module_params.setdefault(target, {})[source.label] = source
+                return
+            name = _relative(source.label, op.module if node.kind == "op" else "")
+            text = f"{name} {_shape_text(source.shape)}"
+            if text not in node.params:
+                node.params.append(text)
+
+    def _edge(self, source: str, target: str) -> None:
+        if source != target:
+            self.edges.setdefault((source, target), None)
+
+
+def _relative(label: str, module: str) -> str:
+    """A parameter's name inside the module that reads it: ``weight`` for ``fc.weight``."""
+    prefix = module + "." if module else ""
+    return label[len(prefix) :] if prefix and label.startswith(prefix) else label
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    numel = 1
+    for d in shape:
+        numel *= d
+    return numel
+
+
+def _count_text(numel: int) -> str:
+    """``1.2M values`` style counts for collapsed modules."""
+    for scale, unit in ((1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if numel >= scale:
+            return f"{numel / scale:.1f}{unit} values"
+    return f"{numel} values"
+
+
+def _common_dtype(trace: Trace) -> torch.dtype | None:
+    counts: dict[torch.dtype, int] = {}
+    for op in trace.ops:
+        counts[op.dtype] = counts.get(op.dtype, 0) + 1
+    return max(counts, key=counts.__getitem__) if counts else None
+
+
+def _shape_text(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(str(d) for d in shape) + ")"
+
+
+def _dtype_text(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
