@@ -14,9 +14,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torchlens as tl  # noqa: E402
 from models import BENCH_MODELS  # noqa: E402
 from timing import interleaved_medians  # noqa: E402
+
+import torchlens as tl  # noqa: E402
 
 TARGETS = {"mlp100": 3.0, "convnet8": 1.5, "transformer_encoder": 1.5, "gpt_decoder": 1.5}
 
@@ -35,8 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         n_ops = len(tl.trace(model, args, structure_only=opts.structure_only))
         medians = interleaved_medians(
             {
-                "forward": lambda: model(*args),
-                "trace": lambda: tl.trace(model, args, structure_only=opts.structure_only),
+                "forward": lambda m=model, a=args: m(*a),
+                "trace": lambda m=model, a=args: tl.trace(m, a, structure_only=opts.structure_only),
             },
             repeats=opts.repeats,
         )
