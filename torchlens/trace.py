@@ -10,12 +10,12 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
 from torchlens._table import format_table
-from torchlens.errors import LookupFailedError, PayloadUnavailableError
+from torchlens.errors import GradUnavailableError, LookupFailedError, PayloadUnavailableError
 
 __all__ = [
     "ArgRef",
@@ -86,8 +86,7 @@ def _version_of(tensor: torch.Tensor) -> int | None:
         return None
 
 
-@dataclass(frozen=True)
-class ArgRef:
+class ArgRef(NamedTuple):
     """One tensor argument of a call: which record fed it and where it went.
 
     ``position`` is a path into the call's arguments: ``"0"`` is the first positional
@@ -111,11 +110,21 @@ class Source:
     requires_grad: bool
     children: list[str] = field(default_factory=list)  # labels of ops that consumed it
     _store: PayloadStore | None = field(default=None, repr=False)
+    _grads: PayloadStore | None = field(default=None, repr=False)  # set by save_grads=True
 
     @property
     def out(self) -> torch.Tensor:
         """The source's value when it was first used in the forward."""
         return _payload(self._store, self.label)
+
+    @property
+    def grad(self) -> torch.Tensor:
+        """The gradient of the loss w.r.t. this source (summed over all its uses).
+
+        Raises:
+            GradUnavailableError: see :func:`_grad` for the codes.
+        """
+        return _grad(self._grads, self.label)
 
     @property
     def has_out(self) -> bool:
@@ -148,6 +157,7 @@ class Op:
     rng_state: dict[str, torch.Tensor] | None = field(default=None, repr=False)
     meta: dict[str, Any] = field(default_factory=dict, repr=False)  # free-form annotations
     _store: PayloadStore | None = field(default=None, repr=False)
+    _grads: PayloadStore | None = field(default=None, repr=False)  # set by save_grads=True
 
     @property
     def out(self) -> torch.Tensor:
@@ -165,6 +175,16 @@ class Op:
         return self._store is not None and self._store.has(self.label)
 
     @property
+    def grad(self) -> torch.Tensor:
+        """The true gradient of the loss w.r.t. this op's output, after backward capture.
+
+        Raises:
+            GradUnavailableError: with code ``grads_not_captured``, ``backward_not_run``,
+                ``no_grad``, ``not_saved`` or ``grad_aliased``.
+        """
+        return _grad(self._grads, self.label)
+
+    @property
     def address(self) -> str:
         """The innermost module call as ``"address:call"``, e.g. ``"layers.0:2"``."""
         if not self.module_stack:
@@ -172,11 +192,26 @@ class Op:
         address, call = self.module_stack[-1]
         return f"{address}:{call}"
 
+    def _repr_html_(self) -> str:  # notebooks; viz is imported lazily (it sits above trace)
+        from torchlens.viz.html import op_html
+
+        return op_html(self)
+
 
 def _payload(store: PayloadStore | None, label: str) -> torch.Tensor:
     if store is None:
         raise PayloadUnavailableError(
             f"no payload store is attached to {label!r}", code="not_saved"
+        )
+    return store.get(label)
+
+
+def _grad(store: PayloadStore | None, label: str) -> torch.Tensor:
+    if store is None:
+        raise GradUnavailableError(
+            f"no gradients were captured for {label!r}; trace with save_grads=True and run "
+            "trace.backward() to record them",
+            code="grads_not_captured",
         )
     return store.get(label)
 
@@ -235,6 +270,7 @@ class Trace:
         self.store = store
         self.rng_state = rng_state
         self.meta: dict[str, Any] = dict(meta or {})
+        self.grad_session: Any = None  # set by tl.trace(save_grads=True); runs backward
         self._by_label: dict[str, Record] = {s.label: s for s in sources}
         self._by_label.update((op.label, op) for op in ops)
 
@@ -296,6 +332,39 @@ class Trace:
         """Whether the trace was captured without payloads."""
         return bool(self.meta.get("structure_only", False))
 
+    # -- gradients (filled by backward capture, torchlens.capture.grads) --------------------
+    @property
+    def grads(self) -> Mapping[str, torch.Tensor]:
+        """Captured gradients by label (ops and sources, e.g. ``"0.weight"``)."""
+        return self._grads_session().grads
+
+    def backward(
+        self,
+        loss_fn: Callable[[Any], torch.Tensor] | None = None,
+        *,
+        retain_graph: bool = False,
+    ) -> torch.Tensor:
+        """Run backward through the captured forward, filling ``op.grad`` for every op.
+
+        Args:
+            loss_fn: maps ``trace.output`` to a scalar loss; by default the sum of the sums
+                of all floating outputs.
+            retain_graph: keep the autograd graph for another backward, as in PyTorch.
+
+        Returns:
+            The loss that was backpropagated.
+        """
+        return self._grads_session().backward(self.output, loss_fn, retain_graph=retain_graph)
+
+    def _grads_session(self) -> Any:
+        if self.grad_session is None:
+            raise GradUnavailableError(
+                "this trace was captured without save_grads=True, so it holds no live "
+                "autograd graph; trace again with tl.trace(..., save_grads=True)",
+                code="grads_not_captured",
+            )
+        return self.grad_session
+
     def module_calls(self, address: str) -> list[ModuleCall]:
         """Every call of the module at ``address``, in call order."""
         calls = [m for m in self.modules if m.address == address]
@@ -333,6 +402,28 @@ class Trace:
             f"<Trace: {len(self.ops)} ops, {len(self.sources)} sources, "
             f"{len(self.modules)} module calls>"
         )
+
+    def _repr_html_(self) -> str:  # notebooks; viz is imported lazily (it sits above trace)
+        from torchlens.viz.html import trace_html
+
+        return trace_html(self)
+
+    # -- drawing (torchlens.viz, imported lazily: it sits above this module) --------------
+    def to_dot(
+        self, depth: int | None = None, collapse_repeats: bool = False, **options: Any
+    ) -> str:
+        """The graph as Graphviz DOT text; see :func:`torchlens.viz.to_dot`."""
+        from torchlens.viz import to_dot
+
+        return to_dot(self, depth=depth, collapse_repeats=collapse_repeats, **options)
+
+    def draw(
+        self, path: Any, depth: int | None = None, collapse_repeats: bool = False, **options: Any
+    ) -> Any:
+        """Draw the graph to an .svg, .png or .pdf file; see :func:`torchlens.viz.draw`."""
+        from torchlens.viz import draw
+
+        return draw(self, path, depth=depth, collapse_repeats=collapse_repeats, **options)
 
 
 def _not_found_message(key: str, known: Mapping[str, Any], what: str = "label") -> str:

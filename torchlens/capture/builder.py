@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchlens.capture.sinks import PayloadSink
 from torchlens.trace import ArgRef, MemoryPayloadStore, ModuleCall, Op, Source, Trace
 
 __all__ = ["TraceBuilder", "REFRESH_FUNC_NAME"]
@@ -38,9 +39,17 @@ def _version(tensor: Tensor) -> int | None:
         return None
 
 
-def _storage_key(tensor: Tensor) -> tuple[str, int] | None:
+def _geometry(tensor: Tensor) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
+    """``(shape, stride, storage_offset)``: where a tensor's elements sit in its storage."""
     try:
-        return (str(tensor.device), tensor.untyped_storage().data_ptr())
+        return tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset()
+    except (RuntimeError, NotImplementedError):  # sparse, nested tensors
+        return None
+
+
+def _storage_key(tensor: Tensor) -> tuple[torch.device, int] | None:
+    try:
+        return (tensor.device, tensor.untyped_storage().data_ptr())
     except (RuntimeError, NotImplementedError):  # sparse, nested, meta, functional tensors
         return None
 
@@ -52,6 +61,8 @@ class TraceBuilder:
         save_payloads: keep a value for each op and source (``False`` for
             ``structure_only=True``).
         payload_filter: when given, only ops for which it returns True keep a value.
+        sink: a :class:`~torchlens.capture.sinks.PayloadSink` that takes each value as it
+            is produced (streaming capture); values then never stay in memory.
     """
 
     def __init__(
@@ -59,6 +70,7 @@ class TraceBuilder:
         *,
         save_payloads: bool = True,
         payload_filter: Callable[[Op], bool] | None = None,
+        sink: PayloadSink | None = None,
     ) -> None:
         self.ops: list[Op] = []
         self.sources: list[Source] = []
@@ -71,10 +83,16 @@ class TraceBuilder:
                 "values; trace again without structure_only to read activations",
             )
         )
+        self.sink = sink  # when given, values go to it as produced instead of memory
+        if sink is not None:
+            self.store = sink.attach(self.store)
         self.save_payloads = save_payloads
         self.payload_filter = payload_filter
         self.paused = False  # set while capture is suspended (reference runs)
-        self.module_stack: list[tuple[str, int]] = []
+        # called as observe(record, live tensor, alias_of) each time a record takes a tensor;
+        # alias_of is the label the tensor held with the same value (an op returned its input)
+        self.observers: list[Callable[[Op | Source, Tensor, str | None], None]] = []
+        self.module_stack: list[tuple[torch.device, int]] = []
         self.module_calls: list[ModuleCall] = []
         self.input_labels: list[str] = []
         self._records: dict[str, Op | Source] = {}
@@ -82,8 +100,8 @@ class TraceBuilder:
         self._live: dict[int, tuple[weakref.ref, str, int | None]] = {}
         self._owned: dict[int, tuple[str, str, Tensor]] = {}  # id -> (kind, address, tensor)
         self._name_counts: dict[str, int] = defaultdict(int)
-        self._aliases: dict[tuple[str, int], list[str]] = defaultdict(list)
-        self._last_writer: dict[tuple[str, int], str] = {}
+        self._aliases: dict[tuple[torch.device, int], list[str]] = defaultdict(list)
+        self._last_writer: dict[tuple[torch.device, int], str] = {}
         self._call_count = 0
         self._module_call_counts: dict[int, int] = defaultdict(int)
         self._open_calls: list[ModuleCall] = []
@@ -130,7 +148,13 @@ class TraceBuilder:
 
     # -- identity -------------------------------------------------------------------------
     def _remember(self, tensor: Tensor, label: str) -> None:
-        self._live[id(tensor)] = (weakref.ref(tensor), label, _version(tensor))
+        version = _version(tensor)
+        if self.observers:
+            entry = self._live.get(id(tensor))
+            same = entry is not None and entry[0]() is tensor and entry[2] == version
+            for observe in self.observers:
+                observe(self._records[label], tensor, entry[1] if same else None)
+        self._live[id(tensor)] = (weakref.ref(tensor), label, version)
 
     def _current_label(self, tensor: Tensor) -> str | None:
         entry = self._live.get(id(tensor))
@@ -167,6 +191,7 @@ class TraceBuilder:
         refs = [ArgRef(label, str(i)) for i, label in enumerate(parents)]
         op = self._new_op(REFRESH_FUNC_NAME, None, (), {}, refs, tensor, 0, False)
         op.meta["reason"] = "value changed in place through another tensor"
+        op.meta["geometry"] = _geometry(tensor)  # with the writer's, replay can redo the write
         self._call_count += 1
         return op.label
 
@@ -210,6 +235,7 @@ class TraceBuilder:
                 key = _storage_key(tensor)
                 if key is not None:
                     self._last_writer[key] = op.label
+                    op.meta["geometry"] = _geometry(tensor)  # where it wrote, for replay
             ops.append(op)
         return ops
 
@@ -264,6 +290,9 @@ class TraceBuilder:
 
     def _save(self, label: str, tensor: Tensor, copy: bool) -> None:
         value = tensor.detach()
+        if self.sink is not None:  # written now, so later in-place writes cannot reach it
+            self.sink.put(label, value)
+            return
         if copy:
             value = value.clone()
         else:

@@ -14,6 +14,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from torchlens.capture import rng
+from torchlens.capture.autocast import autocast_state
 from torchlens.capture.builder import TraceBuilder
 from torchlens.capture.naming import func_info
 from torchlens.capture.special import SPECIAL_OUTPUTS
@@ -49,6 +50,7 @@ class CaptureMode(TorchFunctionMode):
         for target in targets:
             builder.protect(target)
         rng_state = rng.snapshot() if info.stochastic else None
+        autocast = autocast_state()
 
         result = func(*args, **kwargs)
 
@@ -61,6 +63,9 @@ class CaptureMode(TorchFunctionMode):
             info.name, func, args_template, kwargs_template, parent_args, tensors,
             inplace=bool(targets), rng_state=rng_state,
         )  # fmt: skip
+        if autocast is not None:
+            for op in ops:
+                op.meta["autocast"] = autocast
         if self.op_hooks:
             result = self._run_hooks(ops, tensors, result)
         return result
