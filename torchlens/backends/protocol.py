@@ -7,14 +7,12 @@ speak this protocol, so a new backend never needs a special case elsewhere in th
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from torchlens.capabilities import CAPABILITY_NAMES, Capability, CapabilityState
 from torchlens.errors import InvalidArgumentError
+from torchlens.replay.status import ReplayStatus
 from torchlens.trace import Trace
-
-if TYPE_CHECKING:  # replay sits above backends' imports at run time; see validate()
-    from torchlens.replay.status import ReplayStatus
 
 __all__ = [
     "BackendProtocol",

@@ -9,14 +9,12 @@ the model on pristine torch even from inside a running capture. (The module is n
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torchlens.capabilities import TORCH_CAPABILITIES, Capability, refuse_unsupported
 from torchlens.capture import normalize_call, suspended, trace
+from torchlens.replay import ReplayStatus, check_trace
 from torchlens.trace import Trace
-
-if TYPE_CHECKING:
-    from torchlens.replay.status import ReplayStatus
 
 __all__ = ["TorchBackend"]
 
@@ -74,9 +72,12 @@ class TorchBackend:
         return trace(model, args, kwargs, **options)
 
     def validate(self, captured: Trace, reference: Any) -> ReplayStatus:
-        """Replay ``captured`` and compare it with ``reference``: a ``ReplayStatus``."""
-        from torchlens.replay import check_trace  # replay builds on capture, not on backends
+        """Replay ``captured`` and compare it with ``reference``.
 
+        Returns:
+            The :class:`~torchlens.replay.ReplayStatus` of ``torchlens.replay.check_trace``:
+            lint, ground truth against ``reference``, per-op replay and perturbation.
+        """
         return check_trace(captured, reference)
 
     def __repr__(self) -> str:

@@ -7,6 +7,6 @@ Example:
     ...
 """
 
-from torchlens.report.doctor import DoctorReport, OptionalPiece, doctor, torch_support
+from torchlens.report._doctor import DoctorReport, OptionalPiece, doctor, torch_support
 
 __all__ = ["DoctorReport", "OptionalPiece", "doctor", "torch_support"]

@@ -124,9 +124,6 @@ def doctor() -> DoctorReport:
         True
     """
     cuda_available = torch.cuda.is_available()
-    devices = ()
-    if cuda_available:
-        devices = tuple(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
     return DoctorReport(
         torchlens_version=__version__,
         python_version=platform.python_version(),
@@ -136,7 +133,7 @@ def doctor() -> DoctorReport:
         supported_range=SUPPORTED_RANGE,
         cuda_available=cuda_available,
         cuda_version=torch.version.cuda,
-        cuda_devices=devices,
+        cuda_devices=_cuda_devices() if cuda_available else (),
         optional=(
             _graphviz_program(),
             _package("graphviz", "trace.draw() (Python bindings)", "pip install graphviz"),
@@ -144,6 +141,15 @@ def doctor() -> DoctorReport:
             _package("tqdm", "progress bars in the command line", "pip install tqdm"),
         ),
     )
+
+
+def _cuda_devices() -> tuple[str, ...]:
+    try:
+        return tuple(
+            f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())
+        )
+    except Exception as err:  # a broken driver is something to report, not to raise
+        return (f"devices unreadable: {type(err).__name__}: {err}",)
 
 
 def _package(name: str, needed_for: str, advice: str) -> OptionalPiece:
