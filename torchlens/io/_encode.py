@@ -38,6 +38,8 @@ def encode(value: Any) -> Any:
         return value
     if kind is float:
         return value if math.isfinite(value) else {"$float": repr(value)}
+    if isinstance(value, str):  # str subclasses such as torch.__version__ save as text
+        return str(value)
     if kind is list:
         return [encode(item) for item in value]
     if kind is tuple:
@@ -62,7 +64,7 @@ def decode(data: Any) -> Any:
         return [decode(item) for item in data]
     if type(data) is not dict or len(data) != 1:
         raise Unencodable(f"unexpected JSON value {_short(data)}")
-    (tag, body), = data.items()
+    ((tag, body),) = data.items()
     if tag == "$tuple":
         return tuple(decode(item) for item in _list(body))
     if tag == "$dict":

@@ -68,7 +68,9 @@ class FilePayloadStore:
     """Payloads of a saved trace, read lazily from its safetensors files.
 
     Implements the :class:`~torchlens.trace.PayloadStore` protocol. A value is read on first
-    access and kept; if the caller edits it in place, the next access reads it again.
+    access and kept; it is a copy-on-write memory map of the file, so reading costs no copy
+    and editing it never touches the file. If the caller edits it in place, the next access
+    reads the original again.
 
     Args:
         root: the trace directory; every file name in ``entries`` is relative to it.
@@ -99,6 +101,8 @@ class FilePayloadStore:
         if entry is None:
             code, message = self.missing.get(label, self.default_missing)
             raise PayloadUnavailableError(message, code=code)
+        if cached is not None:  # edited in place through its copy-on-write file mapping:
+            self._files.pop(entry["file"], None)  # map the file afresh to read the original
         value = self._read(label, entry)
         self._cache[label] = (value, value._version)
         return value
