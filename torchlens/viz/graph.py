@@ -13,12 +13,18 @@ import torch
 
 from torchlens.errors import InvalidArgumentError
 from torchlens.trace import ModuleCall, Op, Source, Trace
-from torchlens.viz.repeats import CallKey, Fold, find_repeats, fold_repeats
+from torchlens.viz.repeats import CallKey, Fold, Repeat, find_repeats, fold_repeats
 
-__all__ = ["Cluster", "Node", "View", "build_view", "PARAM_MODES"]
+__all__ = ["Cluster", "Node", "View", "build_view", "LAYOUT_FUNCS", "PARAM_MODES"]
 
 PARAM_MODES = ("fold", "nodes", "hide")  # parameters/buffers/constants: in the op, small, off
 _FOLDED_KINDS = ("parameter", "buffer", "constant")
+# ops that only rearrange or select data: drawn quieter so the computing ops stand out
+LAYOUT_FUNCS = frozenset(
+    "view reshape transpose permute contiguous flatten unflatten squeeze unsqueeze expand "
+    "expand_as view_as reshape_as t T mT getitem split chunk unbind narrow select slice "
+    "movedim swapaxes repeat tile clone detach to type_as".split()
+)
 
 
 @dataclass
@@ -26,12 +32,14 @@ class Node:
     """One box: an op, an input, an output, a source, or a collapsed module call."""
 
     id: str  # unique DOT id: the op/source label, "module ADDRESS:CALL" or "output N"
-    kind: str  # "op" | "input" | "output" | "param" | "module"
+    kind: str  # "op", "layout" (moves data only), "input", "output", "param", "module"
     title: str  # first line, bold
     lines: list[str] = field(default_factory=list)  # smaller lines under the title
     params: list[str] = field(default_factory=list)  # folded parameters, one per line
     tooltip: str = ""
     inplace: bool = False
+    module: str = ""  # the one-op module call drawn inside this node instead of as a cluster
+    repeat: int = 1  # how many identical calls this node stands for
 
 
 @dataclass
@@ -109,7 +117,8 @@ class _ViewBuilder:
             self._output(i, label)
         for node_id, sources in self.module_params.items():
             numel = sum(_numel(s.shape) for s in sources.values())
-            self.nodes[node_id].params.append(f"{len(sources)} params, {_count_text(numel)}")
+            text = f"{len(sources)} param tensors, {_count_text(numel)}"
+            self.nodes[node_id].params.append(text)
         return View(self.root.title, self.nodes, self.root, list(self.edges))
 
     # -- nodes ----------------------------------------------------------------------------
@@ -121,8 +130,16 @@ class _ViewBuilder:
         stack = record.module_stack
         if self.depth is not None and len(stack) > self.depth:
             address, call = stack[self.depth]
-            return f"module {address}:{call}"
+            if len(self.calls[address, call].ops) > 1:
+                return f"module {address}:{call}"
         return record.label
+
+    def _clustered(self, stack: tuple[CallKey, ...]) -> tuple[CallKey, ...]:
+        """The calls of ``stack`` drawn as clusters: a call of a single op is drawn in it."""
+        n = 0
+        while n < len(stack) and len(self.calls[stack[n]].ops) > 1:
+            n += 1
+        return stack[:n] if self.depth is None else stack[: min(n, self.depth)]
 
     def _place(self, op: Op) -> None:
         if op.label in self.fold.canonical:
@@ -133,6 +150,10 @@ class _ViewBuilder:
         stack = op.module_stack
         if node_id == op.label:
             node = self._op_node(op)
+            clustered = self._clustered(stack)
+            if len(clustered) < len(stack):
+                self._name_call(node, stack[len(clustered)], stack[-1], clustered)
+            stack = clustered
         else:
             stack = stack[: self.depth + 1]
             node = self._module_node(node_id, self.calls[stack[-1]])
@@ -148,7 +169,8 @@ class _ViewBuilder:
             f"shape {_shape_text(op.shape)} {_dtype_text(op.dtype)}\n"
             f"parents: {', '.join(op.parents) or '-'}"
         )
-        return Node(op.label, "op", op.label, lines, tooltip=tooltip, inplace=op.is_inplace)
+        kind = "layout" if op.func_name in LAYOUT_FUNCS else "op"
+        return Node(op.label, kind, op.label, lines, tooltip=tooltip, inplace=op.is_inplace)
 
     def _module_node(self, node_id: str, call: ModuleCall) -> Node:
         key = (call.address, call.call_index)
@@ -157,7 +179,20 @@ class _ViewBuilder:
         repeat = self.repeat_of.get(key)
         if repeat is not None:
             title, lines = self._repeat_title(repeat), [f"{len(call.ops)} ops per block"]
-        return Node(node_id, "module", title, lines, tooltip=title)
+        node = Node(node_id, "module", title, lines, tooltip=title)
+        node.repeat = repeat.count if repeat is not None else 1
+        return node
+
+    def _name_call(
+        self, node: Node, outer: CallKey, inner: CallKey, around: tuple[CallKey, ...]
+    ) -> None:
+        """Name the one-op call(s) around an op inside its node, relative to its cluster."""
+        base = around[-1][0] if around else ""
+        repeat = self.repeat_of.get(outer)
+        if repeat is not None:
+            node.module, node.repeat = self._repeat_title(repeat, base), repeat.count
+        else:
+            node.module = self._call_title(self.calls[inner], base)
 
     def _add(self, node: Node, stack: tuple[CallKey, ...]) -> None:
         self.nodes[node.id] = node
@@ -197,15 +232,15 @@ class _ViewBuilder:
             self.clusters[stack] = cluster
         return cluster
 
-    def _call_title(self, call: ModuleCall) -> str:
-        title = f"{call.address} ({call.module_type})"
+    def _call_title(self, call: ModuleCall, base: str = "") -> str:
+        title = f"{_relative(call.address, base)} ({call.module_type})"
         if self.call_counts.get(call.address, 1) > 1:
             title += f" call {call.call_index}"
         return title
 
-    def _repeat_title(self, repeat) -> str:
-        first, last = repeat.calls[0], repeat.calls[-1]
-        names = f"{first[0]} .. {last[0]}" if first[0] != last[0] else f"{first[0]} calls"
+    def _repeat_title(self, repeat: Repeat, base: str = "") -> str:
+        first, last = (_relative(key[0], base) for key in (repeat.calls[0], repeat.calls[-1]))
+        names = f"{first} .. {last}" if first != last else f"{first} calls"
         return f"{names} ({repeat.module_type}) x{repeat.count}"
 
     def _route(self, op: Op) -> None:
@@ -227,7 +262,7 @@ class _ViewBuilder:
             if node.kind == "module":
                 self.module_params.setdefault(target, {})[source.label] = source
                 return
-            name = _relative(source.label, op.module if node.kind == "op" else "")
+            name = _relative(source.label, op.module)
             text = f"{name} {_shape_text(source.shape)}"
             if text not in node.params:
                 node.params.append(text)

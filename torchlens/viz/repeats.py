@@ -3,7 +3,8 @@
 Two calls are identical when they are calls of the same module type that ran the same ops
 (function, shape, nesting, wiring) in the same order. A run is a sequence of such calls that
 follow each other directly inside the same parent call, with no op of the parent between
-them, so folding blocks 2..N onto block 1 loses no edge of the parent.
+them, each reading what the one before computed (a stack, not parallel branches), so folding
+blocks 2..N onto block 1 loses no edge of the parent.
 """
 
 from __future__ import annotations
@@ -68,7 +69,12 @@ def find_repeats(trace: Trace) -> list[Repeat]:
     for items in _children_by_parent(trace).values():
         run: list[CallKey] = []
         for item in [*items, None]:
-            if item is not None and run and signature(item) == signature(run[0]):
+            if (
+                item is not None
+                and run
+                and signature(item) == signature(run[0])
+                and _feeds(trace, by_key[run[-1]], by_key[item])
+            ):
                 run.append(item)
                 continue
             if len(run) > 1:
@@ -104,6 +110,12 @@ def fold_repeats(trace: Trace, repeats: Sequence[Repeat]) -> Fold:
             target = fold.canonical[target]
         fold.canonical[label] = target
     return fold
+
+
+def _feeds(trace: Trace, before: ModuleCall, after: ModuleCall) -> bool:
+    """Whether ``after`` reads something ``before`` computed: blocks stack, not branch."""
+    produced = set(before.ops)
+    return any(p in produced for label in after.ops for p in trace[label].parents)
 
 
 def _outer_calls(trace: Trace, call: ModuleCall) -> tuple[CallKey, ...]:

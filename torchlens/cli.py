@@ -1,0 +1,253 @@
+"""The ``torchlens`` command line: ``demo``, ``doctor`` and ``trace FILE.py:factory``.
+
+``trace`` imports the user's file, calls the factory for ``(model, args[, kwargs])``, traces,
+validates by replay and prints the summary; ``--save`` and ``--draw`` keep the result. A bad
+file or factory is a usage error: one clear line on stderr and exit code 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import re
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from torchlens._version import __version__
+from torchlens.errors import TorchLensError
+
+__all__ = ["main", "load_factory", "UsageError"]
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """Bad command line input (file, factory, options): reported in one line, exit code 2."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line with ``argv`` (default ``sys.argv[1:]``); returns the exit code.
+
+    Example:
+        >>> main(["--version"])  # doctest: +ELLIPSIS
+        torchlens ...
+        0
+    """
+    parser = _parser()
+    try:
+        opts = parser.parse_args(argv)
+    except SystemExit as stop:  # argparse already printed the usage message
+        return int(stop.code or 0)
+    if opts.version:
+        print(f"torchlens {__version__}")
+        return EXIT_OK
+    if opts.command is None:
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return opts.run(opts)
+    except UsageError as err:
+        print(f"torchlens: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except _ModelError as err:
+        print(f"torchlens: error: {err}", file=sys.stderr)
+        return EXIT_FAILED
+    except TorchLensError as err:
+        if opts.traceback:
+            raise
+        print(f"torchlens: error [{err.code}]: {err}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="torchlens", description="Record, validate and draw eager PyTorch forward passes."
+    )
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    parser.set_defaults(command=None, traceback=False)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    demo = commands.add_parser("demo", help="trace, validate and summarise a built-in model")
+    demo.set_defaults(run=_run_demo)
+    doctor = commands.add_parser("doctor", help="check this installation (torch, Graphviz, ...)")
+    doctor.set_defaults(run=_run_doctor)
+    trace = commands.add_parser(
+        "trace",
+        help="trace a model built by FILE.py:factory",
+        description="Import FILE.py, call factory() for (model, args) or (model, args, kwargs), "
+        "trace the forward, validate it by replay and print the summary.",
+    )
+    trace.add_argument("target", metavar="FILE.py:factory")
+    trace.add_argument("--save", metavar="DIR", help="save the trace to directory DIR")
+    trace.add_argument("--draw", metavar="FILE", help="draw the graph to FILE (.svg/.png/.pdf)")
+    trace.add_argument("--depth", type=int, help="draw module calls at most N deep")
+    trace.add_argument(
+        "--collapse-repeats", action="store_true", help="draw identical repeated blocks once"
+    )
+    trace.add_argument("--no-validate", action="store_true", help="skip replay validation")
+    trace.add_argument("--traceback", action="store_true", help="show full tracebacks")
+    trace.set_defaults(run=_run_trace)
+    return parser
+
+
+def _run_demo(opts: argparse.Namespace) -> int:
+    from torchlens.demo import main as demo_main
+
+    return int(demo_main() or 0)
+
+
+def _run_doctor(opts: argparse.Namespace) -> int:
+    from torchlens.report import doctor
+
+    print(doctor())
+    return EXIT_OK
+
+
+def _run_trace(opts: argparse.Namespace) -> int:
+    import torchlens as tl
+
+    stages = ["import", "build", "trace"]
+    stages += [] if opts.no_validate else ["validate"]
+    stages += ["save"] if opts.save else []
+    stages += ["draw"] if opts.draw else []
+    with _progress(stages) as step, _user_code_dir(opts.target):
+        step("import")
+        factory = load_factory(opts.target)
+        step("build")
+        model, args, kwargs = _call_factory(factory, opts.target)
+        step("trace")
+        trace = _guard(lambda: tl.trace(model, args, kwargs), "tracing", opts.traceback)
+        verdict, passed = "skipped (--no-validate)", True
+        if not opts.no_validate:
+            step("validate")
+            verdict, passed = _validate(model, args, kwargs, opts.traceback)
+        if opts.save:
+            step("save")
+            trace.save(opts.save)
+        if opts.draw:
+            step("draw")
+            trace.draw(opts.draw, depth=opts.depth, collapse_repeats=opts.collapse_repeats)
+    print(trace.summary())
+    print(f"validation: {verdict}")
+    if opts.save:
+        print(f"saved: {opts.save}")
+    if opts.draw:
+        print(f"drawn: {opts.draw}")
+    return EXIT_OK if passed else EXIT_FAILED
+
+
+def load_factory(target: str) -> Callable[[], Any]:
+    """The function named by ``"path/to/file.py:factory"``, imported from that file.
+
+    Raises:
+        UsageError: the target is malformed, the file is missing or fails to import, or it
+            has no callable of that name.
+    """
+    path_text, sep, name = target.rpartition(":")
+    if not sep or not path_text or not name.isidentifier():
+        raise UsageError(f"expected FILE.py:factory (e.g. model.py:build), got {target!r}")
+    path = Path(path_text)
+    if not path.is_file():
+        raise UsageError(f"no such file: {path}")
+    module_name = "_torchlens_user_" + re.sub(r"\W", "_", path.stem)
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"cannot import {path}: not a Python source file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses and pickling look their module up here
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:
+        sys.modules.pop(module_name, None)
+        raise UsageError(f"importing {path} failed: {_describe(err)}") from None
+    factory = getattr(module, name, None)
+    if not callable(factory):
+        known = [
+            n
+            for n, v in vars(module).items()
+            if callable(v) and getattr(v, "__module__", None) == module_name
+        ]
+        hint = f"; callables there: {', '.join(sorted(known))}" if known else ""
+        raise UsageError(f"{path} has no function {name!r}{hint}")
+    return factory
+
+
+def _call_factory(factory: Callable[[], Any], target: str) -> tuple[Any, Any, dict]:
+    try:
+        built = factory()
+    except Exception as err:
+        raise UsageError(f"{target}() failed: {_describe(err)}") from None
+    if not isinstance(built, tuple) or len(built) not in (2, 3):
+        raise UsageError(
+            f"{target}() must return (model, args) or (model, args, kwargs), "
+            f"got {type(built).__name__}"
+        )
+    model, args, kwargs = (*built, None) if len(built) == 2 else built
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise UsageError(f"{target}(): kwargs must be a dict, got {type(kwargs).__name__}")
+    return model, args, kwargs or {}
+
+
+def _validate(model: Any, args: Any, kwargs: dict, show_traceback: bool) -> tuple[str, bool]:
+    """The replay status as text, and whether it passed (as ``tl.validate`` would say)."""
+    import torchlens as tl
+
+    replay = getattr(tl, "replay", None)  # the status behind tl.validate, with its counts
+    if replay is None:
+        return "not available in this build", True
+    status = _guard(lambda: replay(model, args, kwargs), "validating", show_traceback)
+    return str(status), status.state == "passed"
+
+
+def _guard(run: Callable[[], Any], doing: str, show_traceback: bool) -> Any:
+    """Run ``run``; an exception from the user's model becomes one line unless asked."""
+    try:
+        return run()
+    except TorchLensError:
+        raise
+    except Exception as err:
+        if show_traceback:
+            raise
+        message = f"the model raised {_describe(err)} while {doing} (rerun with --traceback)"
+        raise _ModelError(message) from None
+
+
+class _ModelError(Exception):
+    """The user's model or factory code raised; reported in one line, exit code 1."""
+
+
+def _describe(err: BaseException) -> str:
+    return f"{type(err).__name__}: {err}"
+
+
+@contextlib.contextmanager
+def _user_code_dir(target: str) -> Iterator[None]:
+    """Let the user's file import its neighbours, as ``python FILE.py`` would."""
+    folder = str(Path(target.rpartition(":")[0] or ".").resolve().parent)
+    sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(folder)
+
+
+@contextlib.contextmanager
+def _progress(stages: list[str]) -> Iterator[Callable[[str], None]]:
+    """A tqdm bar over the stages, on a terminal only (logs and pipes stay clean)."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(stages), file=sys.stderr, disable=not sys.stderr.isatty(), leave=False)
+
+    def step(stage: str) -> None:
+        if bar.n < stages.index(stage):
+            bar.update(stages.index(stage) - bar.n)
+        bar.set_description(stage)
+
+    try:
+        yield step
+    finally:
+        bar.update(len(stages) - bar.n)
+        bar.close()
