@@ -92,7 +92,7 @@ class TraceBuilder:
         # called as observe(record, live tensor, alias_of) each time a record takes a tensor;
         # alias_of is the label the tensor held with the same value (an op returned its input)
         self.observers: list[Callable[[Op | Source, Tensor, str | None], None]] = []
-        self.module_stack: list[tuple[torch.device, int]] = []
+        self.module_stack: list[tuple[str, int]] = []
         self.module_calls: list[ModuleCall] = []
         self.input_labels: list[str] = []
         self._records: dict[str, Op | Source] = {}
@@ -189,10 +189,10 @@ class TraceBuilder:
         if writer is not None and writer != stale_label:
             parents.append(writer)
         refs = [ArgRef(label, str(i)) for i, label in enumerate(parents)]
+        self._call_count += 1  # a call of its own, not part of the previous one
         op = self._new_op(REFRESH_FUNC_NAME, None, (), {}, refs, tensor, 0, False)
         op.meta["reason"] = "value changed in place through another tensor"
         op.meta["geometry"] = _geometry(tensor)  # with the writer's, replay can redo the write
-        self._call_count += 1
         return op.label
 
     # -- ops ------------------------------------------------------------------------------
@@ -287,6 +287,20 @@ class TraceBuilder:
             )  # fmt: skip
         self._remember(tensor, label)
         return op
+
+    def replace_output(self, op: Op, tensor: Tensor) -> None:
+        """An op hook (``intervene=``) swapped or rewrote ``op``'s output: downstream ops read
+        ``tensor`` as ``op``, and the saved value is the edited one."""
+        op.shape, op.dtype, op.device = tuple(tensor.shape), tensor.dtype, tensor.device
+        op.requires_grad = tensor.requires_grad
+        if self.save_payloads:
+            self._save(op.label, tensor, copy=False)
+        self._remember(tensor, op.label)
+
+    def save_extra(self, key: str, value: Tensor) -> None:
+        """Keep a value under a key that is not a record label (an edit's original value)."""
+        if self.save_payloads:
+            self._save(key, value, copy=False)
 
     def _save(self, label: str, tensor: Tensor, copy: bool) -> None:
         value = tensor.detach()

@@ -127,7 +127,10 @@ class _TemplateDataclass:
 
 
 def _rebuild_namedtuple(kind: type, items: list[Any]) -> Any:
-    return kind(*items)
+    try:
+        return kind(*items)
+    except (TypeError, AttributeError, ValueError):  # a __new__ that inspects its fields
+        return tuple.__new__(kind, items)  # (PackedSequence reads batch_sizes.device)
 
 
 def _rebuild_sequence(kind: type, items: list[Any]) -> Any:

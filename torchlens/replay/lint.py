@@ -19,6 +19,7 @@ def lint(trace: Any) -> list[str]:
     """Check a trace's graph invariants; return one message per problem (empty when sound).
 
     Invariants: labels are unique across ops and sources; op indices follow execution order;
+    the outputs of one call are consecutive and share its function and arguments;
     every parent is a source or an earlier op (so every op is reachable from a source or is a
     parentless factory op); ``parents`` lists exactly the labels in ``parent_args``, whose
     positions are unique and match the argument templates' slots; edges are symmetric
@@ -57,7 +58,25 @@ def lint(trace: Any) -> list[str]:
         records[op.label] = op
     for record in records.values():
         problems += _child_problems(record, records)
+    problems += _call_problems(trace.ops)
     problems += _boundary_problems(trace, records)
+    return problems
+
+
+def _call_problems(ops: list[Any]) -> list[str]:
+    """Outputs of one call are consecutive and agree on the function and its arguments."""
+    problems, seen, previous = [], set(), None
+    for op in ops:
+        if previous is not None and op.call_index == previous.call_index:
+            if op.func_name != previous.func_name or op.parent_args != previous.parent_args:
+                problems.append(
+                    f"{op.label}: shares call {op.call_index} with {previous.label} but not "
+                    "its function and arguments"
+                )
+        elif op.call_index in seen:
+            problems.append(f"{op.label}: call {op.call_index} resumes after other calls")
+        seen.add(op.call_index)
+        previous = op
     return problems
 
 

@@ -1,0 +1,226 @@
+"""Replay validation: tl.validate / tl.replay / check_trace and the ReplayStatus they return."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import torchlens as tl
+from torchlens.errors import CapabilityUnsupportedError, InvalidArgumentError
+from torchlens.replay import ReplayFailure, ReplayStatus, check_trace
+from torchlens.replay.exemptions import PERTURBATION_EXEMPT, exempt_reason
+from torchlens.replay.tolerances import mismatch, tolerance
+
+try:
+    from tests.models import ZOO_BY_NAME, zoo_params
+except ImportError:  # repository root not on sys.path (e.g. bare `pytest`)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from models import ZOO_BY_NAME, zoo_params
+
+
+def tutorial_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)).eval()
+
+
+@pytest.mark.parametrize("case", zoo_params())
+def test_zoo_validates(case):
+    model = case.make_model()
+    args, kwargs = case.make_inputs()
+    torch.manual_seed(0)
+    status = tl.replay(model, args, kwargs)
+    assert status.state == "passed", str(status)
+    assert status.replayed == status.ops
+    assert status.perturbation_verified + status.exempt == status.ops
+    assert status.arms == ("lint", "ground_truth", "replay", "perturbation")
+
+
+def test_validate_is_a_bool_of_the_status():
+    model, x = tutorial_model(), torch.randn(2, 4)
+    assert tl.validate(model, x, scope="forward") is True
+    status = tl.replay(model, x)
+    assert isinstance(status, ReplayStatus) and bool(status)
+    assert (status.ops, status.replayed, status.perturbation_verified) == (3, 3, 3)
+
+
+@pytest.mark.parametrize("state", ["failed", "unverified", "unavailable"])
+def test_only_passed_is_true(state):
+    assert not ReplayStatus(state)
+    assert ReplayStatus("passed")
+
+
+def test_status_rejects_unknown_state():
+    with pytest.raises(ValueError):
+        ReplayStatus("fine")
+
+
+def test_status_prints_failures_with_label_and_arm():
+    status = ReplayStatus("failed", ops=1, failures=[ReplayFailure("relu_1", "replay", "off")])
+    text = str(status)
+    assert "failed" in text and "relu_1 [replay]: off" in text
+
+
+def test_structure_only_trace_is_unavailable_never_passed():
+    model, x = tutorial_model(), torch.randn(2, 4)
+    status = check_trace(tl.trace(model, x, structure_only=True), reference=model(x))
+    assert status.state == "unavailable"
+    assert not status and status.replayed == 0
+
+
+def test_check_trace_ground_truth_compares_reference():
+    model, x = tutorial_model(), torch.randn(2, 4)
+    trace = tl.trace(model, x)
+    assert check_trace(trace, reference=model(x)).state == "passed"
+    status = check_trace(trace, reference=model(x) + 1)
+    assert status.state == "failed"
+    assert [(f.label, f.arm) for f in status.failures] == [("linear_2", "ground_truth")]
+
+
+def test_check_trace_without_reference_runs_payload_arms_only():
+    model, x = tutorial_model(), torch.randn(2, 4)
+    status = check_trace(tl.trace(model, x))
+    assert status.state == "passed"
+    assert status.arms == ("lint", "replay", "perturbation")
+
+
+def test_missing_payload_is_unverified_not_passed():
+    model, x = tutorial_model(), torch.randn(2, 4)
+    trace = tl.trace(model, x)
+    trace.store.mark_missing("relu_1", "not_saved", "dropped for the test")
+    status = check_trace(trace)
+    assert status.state == "unverified"
+    labels = {(gap.label, gap.arm) for gap in status.unchecked}
+    assert ("relu_1", "replay") in labels  # its own value is missing
+    assert ("linear_2", "replay") in labels  # its parent's value is missing
+    assert status.unverified == 2
+
+
+def test_validation_leaves_saved_values_untouched():
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(inplace=True), nn.Linear(4, 2))
+    trace = tl.trace(model, torch.randn(2, 4))
+    before = {op.label: op.out.clone() for op in trace}
+    assert check_trace(trace).state == "passed"
+    for op in trace:
+        assert torch.equal(op.out, before[op.label])
+
+
+def test_check_trace_leaves_rng_state_as_it_was():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)).train()
+    trace = tl.trace(model, torch.randn(2, 4))
+    state = torch.get_rng_state()
+    assert check_trace(trace).state == "passed"
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_validate_advances_rng_like_one_plain_forward():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)).train()
+    x = torch.randn(2, 4)
+    torch.manual_seed(1)
+    model(x)
+    after_forward = torch.get_rng_state()
+    torch.manual_seed(1)
+    assert tl.validate(model, x)
+    assert torch.equal(torch.get_rng_state(), after_forward)
+
+
+def test_dropout_replays_with_captured_rng():
+    model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5), nn.Linear(8, 2)).train()
+    torch.manual_seed(3)
+    status = tl.replay(model, torch.randn(4, 8))
+    assert status.state == "passed", str(status)
+
+
+def test_batchnorm_train_leaves_model_as_one_forward():
+    case = ZOO_BY_NAME["batchnorm_train"]
+    args, _ = case.make_inputs()
+    plain = case.make_model()
+    plain(*args)
+    validated = case.make_model()
+    assert tl.validate(validated, args)
+    for (name, want), got in zip(plain.state_dict().items(), validated.state_dict().values()):
+        assert torch.equal(want, got), name
+
+
+def test_forward_that_mutates_its_input_validates_and_mutates_it_once():
+    case = ZOO_BY_NAME["inplace_input_mutation"]
+    args, _ = case.make_inputs()
+    expected, _ = case.make_inputs()
+    case.make_model()(*expected)
+    assert tl.validate(case.make_model(), args)
+    assert torch.equal(args[0], expected[0])
+
+
+def test_bad_scope_is_refused_with_code():
+    with pytest.raises(InvalidArgumentError) as err:
+        tl.validate(tutorial_model(), torch.randn(2, 4), scope="sideways")
+    assert err.value.code == "bad_scope"
+
+
+def test_backward_scope_is_routed_or_refused():
+    try:
+        import torchlens.replay.backward  # noqa: F401
+    except ModuleNotFoundError:
+        with pytest.raises(CapabilityUnsupportedError) as err:
+            tl.validate(tutorial_model(), torch.randn(2, 4), scope="backward")
+        assert err.value.code == "backward_validation_unavailable"
+    else:
+        status = tl.replay(tutorial_model(), torch.randn(2, 4), scope="backward")
+        assert isinstance(status, ReplayStatus)
+
+
+def test_tolerance_table_is_exact_for_integers_and_overridable_for_floats():
+    assert tolerance(torch.int64) == (0.0, 0.0)
+    assert tolerance(torch.bool, atol=1.0) == (0.0, 0.0)
+    assert tolerance(torch.float32) == (1.3e-6, 1e-5)
+    assert tolerance(torch.float16, atol=0.1, rtol=0.2) == (0.2, 0.1)
+    assert mismatch(torch.tensor([1.0]), torch.tensor([1.0 + 1e-7])) is None
+    assert "differ" in mismatch(torch.tensor([1.0]), torch.tensor([1.1]))
+    assert "shape" in mismatch(torch.ones(2), torch.ones(3))
+
+
+def test_shape_only_edges_are_exempt_not_verified():
+    def fn(x):
+        return torch.zeros_like(x) + 1
+
+    status = tl.replay(fn, torch.randn(3))
+    assert status.state == "passed", str(status)
+    # zeros_like reads only x's shape (exempt); add depends on zeros_like's value (verified)
+    assert (status.exempt, status.perturbation_verified) == (1, 1)
+    assert "zeros_like" in PERTURBATION_EXEMPT
+
+
+def test_batch_norm_running_stats_exempt_only_in_training():
+    bn = nn.BatchNorm1d(3)
+    for train, exempt in [(True, True), (False, False)]:
+        trace = tl.trace(bn.train(train), torch.randn(4, 3))
+        op = trace["batch_norm_1"]
+        positions = [ref.position for ref in op.parent_args if ref.label == "running_mean"]
+        assert (exempt_reason(op, positions) is not None) is exempt
+
+
+def test_annihilated_edge_is_proved_at_another_point():
+    """h starts at zero, so w_hh cannot matter at the recorded point; it does elsewhere."""
+
+    def step(x, h, w_hh):
+        return torch.tanh(x + F.linear(h, w_hh))
+
+    status = tl.replay(step, (torch.randn(2, 3), torch.zeros(2, 3), torch.randn(3, 3)))
+    assert status.state == "passed", str(status)
+
+
+def test_buffer_changed_by_forward_is_rewound_for_the_rerun():
+    class Drifting(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("calls", torch.zeros(()))
+
+        def forward(self, x):
+            self.calls += 1
+            return x * self.calls  # a second forward would give 2x: rewound, it must not
+
+    assert tl.validate(Drifting(), torch.randn(3))

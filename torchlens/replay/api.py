@@ -1,0 +1,192 @@
+"""The public entries: ``tl.validate`` (a bool), ``tl.replay`` (the status) and the model-free
+``check_trace`` that the backend protocol's ``validate(captured, reference)`` calls."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from torchlens.capture import rng
+from torchlens.capture.api import normalize_call
+from torchlens.capture.api import trace as capture
+from torchlens.capture.session import suspended
+from torchlens.errors import CapabilityUnsupportedError, InvalidArgumentError
+from torchlens.replay.findings import Findings
+from torchlens.replay.ground_truth import (
+    ModelState,
+    compare_outputs,
+    copy_inputs,
+    expected_outputs,
+    rerun,
+)
+from torchlens.replay.interpreter import Checker
+from torchlens.replay.lint import lint
+from torchlens.replay.status import ReplayStatus
+
+__all__ = ["validate", "replay", "check_trace"]
+
+SCOPES = ("forward", "backward")
+
+
+def validate(
+    model: Any,
+    args: Any = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    scope: str = "forward",
+    atol: float | None = None,
+    rtol: float | None = None,
+) -> bool:
+    """Capture ``model(*args, **kwargs)`` and prove by replay that the record is right.
+
+    Same checks as :func:`replay`; True only when its status is ``passed``.
+
+    Args:
+        model: an ``nn.Module`` or a function of tensors.
+        args: positional arguments (one object, or a tuple/list of them).
+        kwargs: keyword arguments.
+        scope: ``"forward"``; ``"backward"`` validates backward capture where available.
+        atol: absolute tolerance for floating values (default: per-dtype table).
+        rtol: relative tolerance for floating values (default: per-dtype table).
+
+    Returns:
+        True only when every op was replayed and every edge proved (or exempt).
+
+    Raises:
+        InvalidArgumentError: ``bad_scope`` for an unknown scope.
+        CapabilityUnsupportedError: ``backward_validation_unavailable``.
+
+    Example:
+        >>> import torch, torchlens as tl
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()).eval()
+        >>> validate(model, torch.randn(2, 4))
+        True
+    """
+    return bool(replay(model, args, kwargs, scope=scope, atol=atol, rtol=rtol))
+
+
+def replay(
+    model: Any,
+    args: Any = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    scope: str = "forward",
+    atol: float | None = None,
+    rtol: float | None = None,
+) -> ReplayStatus:
+    """Capture one forward and run every validation arm; returns the :class:`ReplayStatus`.
+
+    The model is left as one plain forward would leave it (buffers updated once), and so
+    is the RNG: the capture draws what the forward draws; the checks draw nothing from it.
+
+    Args and Raises: as :func:`validate`.
+
+    Returns:
+        The status: ``state``, per-op counts, and each failure with its op label and arm.
+
+    Example:
+        >>> import torch, torchlens as tl
+        >>> status = replay(torch.nn.Linear(4, 3), torch.randn(2, 4))
+        >>> status.state, status.replayed
+        ('passed', 1)
+    """
+    if scope != "forward":
+        return _other_scope(scope, model, args, kwargs, atol, rtol)
+    args, kwargs = normalize_call(args, kwargs)
+    pristine = copy_inputs(args, kwargs)
+    state = ModelState(model)
+    trace = capture(model, args, kwargs)
+    after_capture = rng.snapshot()
+    findings = Findings(trace)
+    arms = _check_payloads(trace, findings, atol, rtol)
+    if trace.structure_only:
+        return findings.status(arms, unavailable=True)
+    expected = expected_outputs(trace)
+    changed = state.changed_parameters()
+    if changed:
+        findings.unchecked(
+            changed[0], "ground_truth",
+            f"the forward modified parameter(s) {changed} in place, so the rerun cannot "
+            "start from the captured state",
+        )  # fmt: skip
+    else:
+        after = state.rewind()
+        reference = rerun(model, *pristine, trace.rng_state)
+        compare_outputs(trace, expected, reference, findings, atol, rtol)
+        state.compare_buffers(after, findings, atol, rtol)
+    rng.restore(after_capture)
+    return findings.status(("lint", "ground_truth", *arms[1:]))
+
+
+def check_trace(
+    trace: Any,
+    reference: Any = None,
+    *,
+    atol: float | None = None,
+    rtol: float | None = None,
+) -> ReplayStatus:
+    """Validate a finished trace without its model: lint, per-op replay, perturbation.
+
+    With ``reference`` (the output of an independent pristine run of the same call), it is
+    compared with the captured outputs as the ground-truth arm. The caller's RNG state is
+    left as it was.
+
+    Args:
+        trace: the :class:`~torchlens.trace.Trace` to check.
+        reference: what the model returned on a pristine run, or None to skip that arm.
+        atol: absolute tolerance for floating values (default: per-dtype table).
+        rtol: relative tolerance for floating values (default: per-dtype table).
+
+    Returns:
+        The :class:`ReplayStatus`; ``unavailable`` for a trace holding no values.
+
+    Example:
+        >>> import torch, torchlens as tl
+        >>> model, x = torch.nn.Linear(4, 3), torch.randn(2, 4)
+        >>> check_trace(tl.trace(model, x), reference=model(x)).state
+        'passed'
+    """
+    findings = Findings(trace)
+    arms = _check_payloads(trace, findings, atol, rtol)
+    if trace.structure_only:
+        return findings.status(arms, unavailable=True)
+    if reference is not None:
+        compare_outputs(trace, expected_outputs(trace), reference, findings, atol, rtol)
+        arms = ("lint", "ground_truth", *arms[1:])
+    return findings.status(arms)
+
+
+def _check_payloads(trace: Any, findings: Findings, atol, rtol) -> tuple[str, ...]:
+    """Lint, then (when the trace holds values) per-op replay and perturbation."""
+    for message in lint(trace):
+        label, _, reason = message.partition(": ")
+        findings.fail(label, "lint", reason or message)
+    if trace.structure_only:
+        return ("lint",)
+    with suspended(), torch.no_grad(), rng.restored(rng.snapshot()):
+        Checker(trace, findings, atol, rtol).run()
+    return ("lint", "replay", "perturbation")
+
+
+def _other_scope(scope: str, model, args, kwargs, atol, rtol) -> ReplayStatus:
+    if scope not in SCOPES:
+        raise InvalidArgumentError(
+            f"scope must be one of {SCOPES}, got {scope!r}; use scope='forward' to validate "
+            "the recorded forward pass",
+            code="bad_scope",
+        )
+    try:
+        module = importlib.import_module("torchlens.replay.backward")
+    except ModuleNotFoundError:
+        module = None
+    entry = getattr(module, "replay", None) or getattr(module, "backward", None)
+    if entry is None:
+        raise CapabilityUnsupportedError(
+            "backward capture validation is not available in this build; validate the "
+            "forward with scope='forward'",
+            code="backward_validation_unavailable",
+        )
+    return entry(model, args, kwargs, atol=atol, rtol=rtol)

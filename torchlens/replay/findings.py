@@ -1,0 +1,65 @@
+"""Collects what each arm found, op by op, and turns it into a :class:`ReplayStatus`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchlens.replay.status import ReplayFailure, ReplayStatus
+
+__all__ = ["Findings"]
+
+
+class Findings:
+    """Per-op outcomes of the arms; :meth:`status` summarizes them honestly."""
+
+    def __init__(self, trace: Any) -> None:
+        self.op_labels = [op.label for op in trace.ops]
+        self.failures: list[ReplayFailure] = []
+        self.gaps: list[ReplayFailure] = []
+        self._replayed: set[str] = set()
+        self._verified: set[str] = set()
+        self._exempt: set[str] = set()
+
+    def fail(self, label: str, arm: str, reason: str) -> None:
+        self.failures.append(ReplayFailure(label, arm, reason))
+
+    def unchecked(self, label: str, arm: str, reason: str) -> None:
+        self.gaps.append(ReplayFailure(label, arm, reason))
+
+    def replayed(self, label: str) -> None:
+        self._replayed.add(label)
+
+    def perturbed(self, label: str, verdicts: list[tuple[str, str]]) -> None:
+        """Record the per-parent verdicts of one op (``verified``/``exempt``/...)."""
+        kinds = {verdict for verdict, _ in verdicts}
+        for verdict, reason in verdicts:
+            if verdict == "failed":
+                self.fail(label, "perturbation", reason)
+            elif verdict == "unchecked":
+                self.unchecked(label, "perturbation", reason)
+        if kinds & {"failed", "unchecked"}:
+            return
+        (self._verified if "verified" in kinds else self._exempt).add(label)
+
+    def status(self, arms: tuple[str, ...], unavailable: bool = False) -> ReplayStatus:
+        """The summary: ``failed`` > ``unavailable`` > ``unverified`` > ``passed``."""
+        gap_labels = {gap.label for gap in self.gaps}
+        if self.failures:
+            state = "failed"
+        elif unavailable:
+            state = "unavailable"
+        elif self.gaps:
+            state = "unverified"
+        else:
+            state = "passed"
+        return ReplayStatus(
+            state=state,
+            ops=len(self.op_labels),
+            replayed=len(self._replayed),
+            perturbation_verified=len(self._verified),
+            exempt=len(self._exempt),
+            unverified=len(gap_labels),
+            failures=list(self.failures),
+            unchecked=list(self.gaps),
+            arms=arms,
+        )

@@ -1,0 +1,149 @@
+"""Arm 1, the ground truth: rerun the pristine model and compare with what was captured.
+
+The rerun must start where the capture started: the same inputs (copied before the capture,
+since a forward may modify them), the same buffers (batch norm in training mode updates its
+statistics) and the same RNG state (``trace.rng_state``). Buffers are snapshotted before the
+capture and put back only if the forward changed them, and after the rerun they must equal
+what the capture left. Parameters are only watched (version counters), since copying every
+weight would add a full pass over the model to each validation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchlens.capture import rng
+from torchlens.capture.tree import fill, flatten
+from torchlens.errors import PayloadUnavailableError
+from torchlens.replay.findings import Findings
+from torchlens.replay.tolerances import mismatch
+
+__all__ = ["ModelState", "copy_inputs", "compare_outputs", "rerun"]
+
+Tensor = torch.Tensor
+
+
+def _version(tensor: Tensor) -> int | None:
+    try:
+        return tensor._version
+    except RuntimeError:
+        return None
+
+
+def copy_inputs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Copies of the tensors in a call's arguments (same requires_grad), structure kept."""
+    leaves, template = flatten((args, kwargs))
+    copies = [t.detach().clone().requires_grad_(t.requires_grad) for _, t in leaves]
+    return fill(template, copies)
+
+
+class ModelState:
+    """The model's buffers (copied) and parameters (versions) before a forward."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model if isinstance(model, nn.Module) else None
+        self.buffers: dict[str, tuple[Tensor, int | None, Tensor]] = {}
+        self.params: dict[str, tuple[Tensor, int | None]] = {}
+        if self.model is None:
+            return
+        for name, buf in self.model.named_buffers(remove_duplicate=False):
+            self.buffers[name] = (buf, _version(buf), buf.detach().clone())
+        for name, param in self.model.named_parameters(remove_duplicate=False):
+            self.params[name] = (param, _version(param))
+
+    def changed_parameters(self) -> list[str]:
+        """Parameters the forward modified or replaced (the rerun cannot start from before)."""
+        current = dict(self.model.named_parameters(remove_duplicate=False)) if self.model else {}
+        return [
+            name
+            for name, (param, version) in self.params.items()
+            if current.get(name) is not param or _version(param) != version
+        ]
+
+    def rewind(self) -> dict[str, Tensor]:
+        """Put changed buffers back as they were; returns copies of their changed values."""
+        after: dict[str, Tensor] = {}
+        if self.model is None:
+            return after
+        current = dict(self.model.named_buffers(remove_duplicate=False))
+        with torch.no_grad():
+            for name, (buf, version, saved) in self.buffers.items():
+                now = current.get(name)
+                if now is None or (now is buf and _same(now, saved, version)):
+                    continue
+                after[name] = now.detach().clone()
+                if now.shape == saved.shape and now.dtype == saved.dtype:
+                    now.copy_(saved)
+                else:
+                    _set_buffer(self.model, name, saved.clone())
+        return after
+
+    def compare_buffers(self, after: dict[str, Tensor], findings: Findings, atol, rtol) -> None:
+        """Buffers after the rerun must equal the buffers after the capture."""
+        current = dict(self.model.named_buffers(remove_duplicate=False)) if self.model else {}
+        for name, expected in after.items():
+            now = current.get(name)
+            problem = (
+                "missing after the rerun" if now is None else mismatch(now, expected, atol, rtol)
+            )
+            if problem:
+                findings.fail(name, "ground_truth", f"buffer after the rerun: {problem}")
+
+
+def _same(buffer: Tensor, saved: Tensor, version: int | None) -> bool:
+    """Unchanged since the snapshot. Kernels such as batch norm update their running
+    statistics without bumping the version counter, so the values are compared too."""
+    if _version(buffer) != version:
+        return False
+    return (
+        buffer.shape == saved.shape and buffer.dtype == saved.dtype and torch.equal(buffer, saved)
+    )
+
+
+def _set_buffer(model: nn.Module, name: str, value: Tensor) -> None:
+    owner_name, _, attr = name.rpartition(".")
+    owner = model.get_submodule(owner_name) if owner_name else model
+    setattr(owner, attr, value)
+
+
+def rerun(model: Any, args: tuple, kwargs: dict, rng_state: dict | None) -> Any:
+    """One plain forward with the captured RNG state in place (the caller's comes back)."""
+    with rng.restored(rng_state):
+        return model(*args, **kwargs)
+
+
+def expected_outputs(trace: Any) -> list[Tensor | None]:
+    """Copies of the captured output values, in the order of the flattened output."""
+    live = [t for _, t in flatten(trace.output)[0]]
+    expected: list[Tensor | None] = []
+    for i, label in enumerate(trace.output_labels):
+        try:
+            value = trace[label].out
+        except PayloadUnavailableError:
+            value = live[i] if i < len(live) else None
+        expected.append(None if value is None else value.detach().clone())
+    return expected
+
+
+def compare_outputs(
+    trace: Any, expected: list[Tensor | None], reference: Any, findings: Findings, atol, rtol
+) -> None:
+    """The reference run's output tensors must match the captured ones, one by one."""
+    got = [t for _, t in flatten(reference)[0]]
+    labels = trace.output_labels
+    if len(got) != len(expected):
+        findings.fail(
+            "output", "ground_truth",
+            f"the reference returned {len(got)} tensors but the capture recorded {len(expected)}",
+        )  # fmt: skip
+        return
+    for label, value, want in zip(labels, got, expected):
+        if want is None:
+            findings.unchecked(label, "ground_truth", "no captured value for this output")
+            continue
+        problem = mismatch(value.detach(), want, atol, rtol)
+        if problem:
+            findings.fail(label, "ground_truth", f"output differs from the rerun: {problem}")

@@ -1,0 +1,86 @@
+"""What validation found: :class:`ReplayStatus`, the one result every validation entry returns.
+
+The state is honest by construction: it is ``passed`` only when every check that was asked
+for ran and held. Anything that could not be checked keeps the state at ``unverified``; a
+trace without values is ``unavailable``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["ReplayFailure", "ReplayStatus", "STATES", "ARMS"]
+
+STATES = ("passed", "failed", "unverified", "unavailable")
+ARMS = ("lint", "ground_truth", "replay", "perturbation")
+
+
+@dataclass(frozen=True)
+class ReplayFailure:
+    """One finding: which record, which arm, and why."""
+
+    label: str  # the op, source or output label concerned
+    arm: str  # "lint" | "ground_truth" | "replay" | "perturbation"
+    reason: str  # what was observed, in words
+
+    def __str__(self) -> str:
+        return f"{self.label} [{self.arm}]: {self.reason}"
+
+
+@dataclass
+class ReplayStatus:
+    """The result of replay validation.
+
+    ``bool(status)`` is True only when ``state == "passed"``.
+
+    Example:
+        >>> status = ReplayStatus("passed", ops=2, replayed=2, perturbation_verified=2)
+        >>> bool(status), status.exempt, status.failures
+        (True, 0, [])
+        >>> bool(ReplayStatus("unverified"))
+        False
+    """
+
+    state: str  # one of STATES
+    ops: int = 0  # ops in the trace
+    replayed: int = 0  # ops whose per-op replay reproduced the saved value
+    perturbation_verified: int = 0  # ops whose every non-exempt tensor edge was proved
+    exempt: int = 0  # ops with no edge the perturbation arm must prove (see exemptions.py)
+    unverified: int = 0  # ops some arm could not check
+    failures: list[ReplayFailure] = field(default_factory=list)
+    unchecked: list[ReplayFailure] = field(default_factory=list)  # why ops are unverified
+    arms: tuple[str, ...] = ()  # the arms that ran
+
+    def __post_init__(self) -> None:
+        if self.state not in STATES:
+            raise ValueError(f"state must be one of {STATES}, got {self.state!r}")
+
+    def __bool__(self) -> bool:
+        return self.state == "passed"
+
+    def __repr__(self) -> str:
+        return (
+            f"ReplayStatus(state={self.state!r}, ops={self.ops}, replayed={self.replayed}, "
+            f"perturbation_verified={self.perturbation_verified}, exempt={self.exempt}, "
+            f"unverified={self.unverified}, failures={len(self.failures)})"
+        )
+
+    def __str__(self) -> str:
+        lines = [
+            f"ReplayStatus: {self.state} ({self.ops} ops: {self.replayed} replayed, "
+            f"{self.perturbation_verified} perturbation-verified, {self.exempt} exempt, "
+            f"{self.unverified} unverified)",
+            f"arms run: {', '.join(self.arms) or '-'}",
+        ]
+        lines += _section("failures", self.failures)
+        lines += _section("not checked", self.unchecked)
+        return "\n".join(lines)
+
+
+def _section(title: str, items: list[ReplayFailure], limit: int = 20) -> list[str]:
+    if not items:
+        return []
+    lines = [f"{title}:"] + [f"  {item}" for item in items[:limit]]
+    if len(items) > limit:
+        lines.append(f"  ... and {len(items) - limit} more")
+    return lines

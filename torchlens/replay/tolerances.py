@@ -1,0 +1,129 @@
+"""The one table of tolerances replay compares values with, keyed by dtype.
+
+Floating and complex entries are the defaults behind :func:`torch.testing.assert_close`
+(``rtol``, ``atol``); integer, boolean and quantized values must match exactly. A value
+matches when ``|actual - expected| <= atol + rtol * |expected|`` elementwise, NaN matching
+NaN in the same place. Callers may override both numbers (``atol=``/``rtol=``), which then
+apply to floating and complex dtypes only: integers stay exact.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["TOLERANCES", "tolerance", "mismatch", "differs"]
+
+# dtype -> (rtol, atol); dtypes missing here compare exactly.
+TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float16: (1e-3, 1e-5),
+    torch.bfloat16: (1.6e-2, 1e-5),
+    torch.float32: (1.3e-6, 1e-5),
+    torch.float64: (1e-7, 1e-7),
+    torch.complex32: (1e-3, 1e-5),
+    torch.complex64: (1.3e-6, 1e-5),
+    torch.complex128: (1e-7, 1e-7),
+}
+
+
+def tolerance(
+    dtype: torch.dtype, atol: float | None = None, rtol: float | None = None
+) -> tuple[float, float]:
+    """``(rtol, atol)`` for ``dtype``: the table's entry, with overrides for inexact dtypes.
+
+    Example:
+        >>> tolerance(torch.float32), tolerance(torch.int64, atol=1.0)
+        ((1.3e-06, 1e-05), (0.0, 0.0))
+    """
+    default = TOLERANCES.get(dtype)
+    if default is None:
+        return 0.0, 0.0
+    return (default[0] if rtol is None else rtol), (default[1] if atol is None else atol)
+
+
+def mismatch(
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    atol: float | None = None,
+    rtol: float | None = None,
+) -> str | None:
+    """Why ``actual`` does not match ``expected`` under the table, or ``None`` if it does.
+
+    Example:
+        >>> mismatch(torch.ones(2), torch.ones(2)) is None
+        True
+        >>> mismatch(torch.tensor([1, 2]), torch.tensor([1, 3]))
+        'values differ in 1 of 2 elements (max abs diff 1; exact match required for torch.int64)'
+    """
+    if tuple(actual.shape) != tuple(expected.shape):
+        return f"shape {tuple(actual.shape)} but recorded {tuple(expected.shape)}"
+    if actual.dtype != expected.dtype:
+        return f"dtype {actual.dtype} but recorded {expected.dtype}"
+    if actual.device != expected.device:
+        expected = expected.to(actual.device)
+    a, e = _comparable(actual), _comparable(expected)
+    if torch.equal(a, e):  # the common case, in one pass
+        return None
+    rtol_, atol_ = tolerance(actual.dtype, atol, rtol)
+    bad = ~_close(a, e, rtol_, atol_)
+    if not bool(bad.any()):
+        return None
+    n_bad, n = int(bad.sum()), bad.numel()
+    diff = (a.double() - e.double()).abs() if a.is_floating_point() else (a.long() - e.long()).abs()
+    worst = diff[bad].max().item()
+    rule = (
+        f"atol {atol_:g}, rtol {rtol_:g}"
+        if rtol_ or atol_
+        else f"exact match required for {actual.dtype}"
+    )
+    return f"values differ in {n_bad} of {n} elements (max abs diff {worst:g}; {rule})"
+
+
+def differs(
+    a: torch.Tensor, b: torch.Tensor, atol: float | None = None, rtol: float | None = None
+) -> bool:
+    """Whether two values differ beyond the table's tolerance (or in shape or dtype).
+
+    Example:
+        >>> differs(torch.ones(3), torch.ones(3) + 1e-9), differs(torch.ones(3), torch.zeros(3))
+        (False, True)
+    """
+    if tuple(a.shape) != tuple(b.shape) or a.dtype != b.dtype:
+        return True
+    if a.numel() == 0:
+        return False
+    a, b = _comparable(a), _comparable(b)
+    rtol_, atol_ = tolerance(a.dtype, atol, rtol)
+    if rtol_ == 0 and atol_ == 0:
+        return not torch.equal(a, b)
+    if a.dtype in (torch.float16, torch.bfloat16):
+        a, b = a.float(), b.float()
+    # the largest difference beating the loosest bound proves a difference cheaply; zero
+    # proves equality; anything else (NaN, a close call) is decided element by element
+    largest = (a - b).abs_().max()
+    low, high = torch.aminmax(b)
+    bound = atol_ + rtol_ * max(abs(float(low)), abs(float(high)))
+    if bool(largest > bound):
+        return True
+    if bool(largest == 0):
+        return False
+    return not bool(_close(a, b, rtol_, atol_).all())
+
+
+def _comparable(t: torch.Tensor) -> torch.Tensor:
+    """A dense, real view of ``t`` that elementwise comparison understands."""
+    t = t.detach()
+    if t.layout != torch.strided:
+        t = t.to_dense()
+    if t.is_quantized:
+        t = t.int_repr()
+    if t.is_complex():
+        t = torch.view_as_real(t.resolve_conj().resolve_neg())
+    return t
+
+
+def _close(a: torch.Tensor, e: torch.Tensor, rtol: float, atol: float) -> torch.Tensor:
+    if a.dtype == torch.bool or not (a.is_floating_point()):
+        return a == e
+    if a.dtype in (torch.float16, torch.bfloat16):
+        a, e = a.float(), e.float()
+    return torch.isclose(a, e, rtol=rtol, atol=atol, equal_nan=True)
