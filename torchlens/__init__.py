@@ -22,9 +22,15 @@ Example:
 Importing torchlens changes nothing in torch: interception exists only while a capture runs.
 """
 
-from torchlens import backends, errors, report
+from torchlens import backends, errors, report, viz
 from torchlens._version import __version__
 from torchlens.capture import trace
+from torchlens.capture.controls import Intervention
+from torchlens.capture.record import record
+from torchlens.io import load, save
+from torchlens.recording import Recording
+from torchlens.replay import replay, validate
+from torchlens.selectors import Selector, func, label, module, where
 from torchlens.trace import ModuleCall, Op, Source, Trace
 
 __all__ = [
@@ -32,7 +38,20 @@ __all__ = [
     "errors",
     "backends",
     "report",
+    "viz",
     "trace",
+    "record",
+    "validate",
+    "replay",
+    "Recording",
+    "Selector",
+    "func",
+    "module",
+    "label",
+    "where",
+    "Intervention",
+    "save",
+    "load",
     "Trace",
     "Op",
     "Source",

@@ -18,6 +18,10 @@ __all__ = [
     "IntermediateDerivedGradsUnsupportedError",
     "UnknownBackendError",
     "TraceFileError",
+    "GraphvizMissingError",
+    "GradUnavailableError",
+    "SelectorMatchError",
+    "InterventionError",
 ]
 
 
@@ -126,3 +130,48 @@ class TraceFileError(TorchLensError, OSError):
     """
 
     code = "trace_file"
+
+
+class GraphvizMissingError(TorchLensError, RuntimeError):
+    """Drawing needs Graphviz's ``dot`` program, which is not installed.
+
+    Install it with ``apt-get install graphviz``, ``brew install graphviz`` or
+    ``conda install -c conda-forge graphviz``; ``trace.to_dot()`` works without it.
+    """
+
+    code = "graphviz_missing"
+
+
+class GradUnavailableError(TorchLensError, LookupError):
+    """An op's or source's gradient (``op.grad``, ``trace.grads[label]``) cannot be given.
+
+    Codes: ``grads_not_captured`` (traced without ``save_grads=True``), ``backward_not_run``
+    (no backward has gone through the trace yet: call ``trace.backward()``), ``no_grad`` (the
+    op does not lie on the path to the loss, or was computed without gradient tracking),
+    ``not_saved`` (excluded by ``save=``), ``grad_aliased`` (the op returned its input tensor
+    itself, so autograd cannot tell the two gradients apart), ``no_differentiable_output``
+    (``trace.backward()`` found no output that requires grad: pass ``loss_fn=``).
+    """
+
+    code = "grad_unavailable"
+
+
+class SelectorMatchError(TorchLensError, LookupError):
+    """A selector given to ``save=``, ``intervene=`` or ``stop_after=`` matched no op.
+
+    Code ``no_match``; the message lists close function names, module addresses or labels.
+    """
+
+    code = "no_match"
+
+
+class InterventionError(TorchLensError, ValueError):
+    """An ``intervene=`` function returned something that cannot replace the op's output.
+
+    Codes: ``bad_return`` (not a tensor), ``changed_shape``, ``changed_dtype``,
+    ``changed_device`` (pass ``tl.Intervention(fn, allow_changes=True)`` to allow them),
+    ``inplace_change`` (an in-place op's output is edited in place, so it must keep its
+    shape, dtype and device even with ``allow_changes``).
+    """
+
+    code = "intervention_failed"

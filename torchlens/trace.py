@@ -328,6 +328,11 @@ class Trace:
         return {s.label: s for s in self.sources if s.kind == "buffer"}
 
     @property
+    def halted(self) -> bool:
+        """Whether ``stop_after=`` ended the forward early (then ``output`` is None)."""
+        return bool(self.meta.get("halted", False))
+
+    @property
     def structure_only(self) -> bool:
         """Whether the trace was captured without payloads."""
         return bool(self.meta.get("structure_only", False))
@@ -364,6 +369,15 @@ class Trace:
                 code="grads_not_captured",
             )
         return self.grad_session
+
+    def save(self, path: Any) -> Any:
+        """Write this trace to the directory ``path``; same as ``tl.save(trace, path)``.
+
+        Returns the directory as a :class:`~pathlib.Path`; see :func:`torchlens.io.save`.
+        """
+        from torchlens.io import save  # lazy: the data model does not depend on io
+
+        return save(self, path)
 
     def module_calls(self, address: str) -> list[ModuleCall]:
         """Every call of the module at ``address``, in call order."""

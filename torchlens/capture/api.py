@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,8 +12,11 @@ from torchlens._version import __version__
 from torchlens.capabilities import refuse_unsupported
 from torchlens.capture import rng
 from torchlens.capture.builder import TraceBuilder
+from torchlens.capture.controls import Controls, trace_candidates
+from torchlens.capture.grads import GradCapture
 from torchlens.capture.refusals import check_traceable
 from torchlens.capture.session import CaptureSession
+from torchlens.capture.sinks import open_stream_sink
 from torchlens.capture.tree import flatten
 from torchlens.errors import InvalidArgumentError
 from torchlens.trace import Trace
@@ -44,6 +48,11 @@ def trace(
     kwargs: Mapping[str, Any] | None = None,
     *,
     structure_only: bool = False,
+    save: Any = None,
+    intervene: Mapping[Any, Any] | None = None,
+    stop_after: Any = None,
+    stream_to: str | os.PathLike | None = None,
+    save_grads: bool = False,
     intermediate_derived_grads: bool = False,
 ) -> Trace:
     """Run ``model(*args, **kwargs)`` once and record every tensor operation.
@@ -55,6 +64,17 @@ def trace(
         kwargs: keyword arguments for the call.
         structure_only: record the graph and metadata only, keeping no values; reading
             ``op.out`` then raises :class:`~torchlens.errors.PayloadUnavailableError`.
+        save: a selector (``tl.func("relu")``, ``tl.module("layers.*")``, ...): the whole
+            graph is recorded but only matching ops keep a value (see ``docs/selectors.md``).
+        intervene: ``{selector: fn}``; ``fn(tensor, op)`` returns the value downstream ops
+            use instead of each matching op's output (or a ``tl.Intervention``).
+        stop_after: a selector; the forward halts right after the first matching op and
+            the partial trace comes back with ``trace.halted`` True and no output.
+        stream_to: a directory to write each value to as it is produced, keeping none in
+            memory; the returned trace reads them back lazily (see ``docs/saving.md``).
+        save_grads: keep the live autograd graph and hook it, so that after
+            ``trace.backward()`` (or ``loss.backward()`` on ``trace.output``) every op has
+            ``op.grad`` and ``trace.grads["0.weight"]`` holds parameter gradients.
         intermediate_derived_grads: refused for torch (see ``torchlens.capabilities``);
             torch records true gradients through ``save_grads=True`` instead.
 
@@ -66,6 +86,9 @@ def trace(
         UnsupportedModelError: for ``torch.compile``d, TorchScript or exported models.
         ReentrantCaptureError: when called from inside a forward that is being traced.
         IntermediateDerivedGradsUnsupportedError: for ``intermediate_derived_grads=True``.
+        SelectorMatchError: ``no_match`` when a ``save=``, ``intervene=`` or ``stop_after=``
+            selector matched no op.
+        InterventionError: when an ``intervene=`` function returns a wrong value.
 
     Example:
         >>> import torch, torchlens as tl
@@ -77,15 +100,23 @@ def trace(
     refuse_unsupported({"intermediate_derived_grads": intermediate_derived_grads})
     check_traceable(model)
     args, kwargs = normalize_call(args, kwargs)
-    builder = TraceBuilder(save_payloads=not structure_only)
+    sink = open_stream_sink(stream_to) if stream_to is not None else None
+    controls = Controls(save, intervene, stop_after, structure_only=structure_only)
+    builder = TraceBuilder(
+        save_payloads=not structure_only, sink=sink, payload_filter=controls.save_filter()
+    )
     builder.register_model(model)
+    grads = GradCapture(builder.payload_filter) if save_grads else None
+    if grads is not None:
+        builder.observers.append(grads.observe)
     arg_leaves, kwarg_leaves = flatten(args)[0], flatten(kwargs)[0]
     for path, tensor in arg_leaves:
         builder.add_input(_input_path(path, positional=True), tensor)
     for path, tensor in kwarg_leaves:
         builder.add_input(_input_path(path, positional=False), tensor)
     rng_state = rng.snapshot()
-    with CaptureSession(model, builder):
+    output = None
+    with controls.halting(model), CaptureSession(model, builder, controls.hooks(builder)):
         output = model(*args, **kwargs)
     out_tensors = [t for _, t in flatten(output)[0]]
     meta = {
@@ -94,8 +125,9 @@ def trace(
         "torch_version": torch.__version__,
         "torchlens_version": __version__,
         "training": bool(getattr(model, "training", False)),
+        **controls.meta(),
     }
-    return builder.finish(
+    result = builder.finish(
         _type_name(model),
         output,
         out_tensors,
@@ -103,6 +135,12 @@ def trace(
         meta=meta,
         keep_safe=[t for _, t in arg_leaves + kwarg_leaves] + out_tensors,
     )
+    if grads is not None:
+        grads.attach(result)
+    if sink is not None:
+        sink.close(result)
+    controls.check(lambda: trace_candidates(result))
+    return result
 
 
 def _input_path(path: str, positional: bool) -> str:

@@ -1,0 +1,145 @@
+"""Selectors: matching, algebra, errors, and ``tl.trace(save=...)``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import torchlens as tl
+from torchlens.errors import InvalidArgumentError, PayloadUnavailableError, SelectorMatchError
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+
+
+class Stack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([Block() for _ in range(3)])
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        x = self.layers[0](x)  # the first block runs twice
+        a, b = x.split(2, dim=-1)
+        return self.head(x) + a.sum() + b.sum()
+
+
+@pytest.fixture(scope="module")
+def trace():
+    torch.manual_seed(0)
+    return tl.trace(Stack().eval(), torch.randn(2, 4))
+
+
+def _selected(trace, selector):
+    return [op.label for op in trace if selector.matches(op)]
+
+
+def test_func_selects_by_function_name(trace):
+    assert _selected(trace, tl.func("relu")) == ["relu_1", "relu_2", "relu_3", "relu_4"]
+    assert _selected(trace, tl.func("sum", "split")) == ["split_1:0", "split_1:1", "sum_1", "sum_2"]
+
+
+def test_module_selects_ops_inside_a_call_nested_included(trace):
+    assert _selected(trace, tl.module("layers.1")) == ["linear_2", "relu_2"]
+    assert _selected(trace, tl.module("layers.1.fc")) == ["linear_2"]
+    assert _selected(trace, tl.module("layers.0", call=2)) == ["linear_4", "relu_4"]
+    assert _selected(trace, tl.module("layers.*")) == [
+        f"{f}_{i}" for i in range(1, 5) for f in ("linear", "relu")
+    ]
+    assert len(_selected(trace, tl.module(""))) == len(trace)
+
+
+def test_label_selects_ops_and_all_outputs_of_a_call(trace):
+    assert _selected(trace, tl.label("linear_2", "relu_4")) == ["linear_2", "relu_4"]
+    assert _selected(trace, tl.label("split_1")) == ["split_1:0", "split_1:1"]
+    assert _selected(trace, tl.label("split_1:1")) == ["split_1:1"]
+
+
+def test_algebra_and_plain_callables(trace):
+    in_layers = tl.module("layers.*")
+    assert _selected(trace, tl.func("relu") & ~tl.module("layers.0")) == ["relu_2", "relu_3"]
+    assert _selected(trace, tl.label("sum_1") | tl.label("sum_2")) == ["sum_1", "sum_2"]
+    wide = lambda op: op.shape[-1:] == (2,)  # noqa: E731
+    assert _selected(trace, tl.func("linear") & wide) == ["linear_5"]
+    assert _selected(trace, wide & tl.func("linear")) == ["linear_5"]
+    assert _selected(trace, wide | tl.func("relu")) == _selected(
+        trace, tl.where(wide) | tl.func("relu")
+    )
+    assert set(_selected(trace, ~in_layers)) == set(trace.labels) - set(_selected(trace, in_layers))
+
+
+def test_static_and_func_names_facts():
+    assert (tl.func("relu") & tl.module("a")).static
+    assert not (tl.func("relu") & tl.label("relu_1")).static
+    assert (tl.func("relu") & tl.where(bool)).func_names == {"relu"}
+    assert (tl.func("relu") | tl.label("linear_2", "split_1:0")).func_names == {
+        "relu",
+        "linear",
+        "split",
+    }
+    assert (tl.func("relu") | tl.module("a")).func_names is None
+    assert (~tl.func("relu")).func_names is None
+
+
+@pytest.mark.parametrize("bad", ["relu", 3, None])
+def test_non_selectors_are_refused(bad):
+    with pytest.raises(InvalidArgumentError) as err:
+        tl.func("relu") & bad
+    assert err.value.code == "bad_selector"
+
+
+def test_constructors_check_their_arguments():
+    for make in (
+        lambda: tl.func(),
+        lambda: tl.label(""),
+        lambda: tl.module(3),
+        lambda: tl.where(1),
+    ):
+        with pytest.raises(InvalidArgumentError) as err:
+            make()
+        assert err.value.code == "bad_selector"
+
+
+def test_save_keeps_values_only_for_matches_and_the_whole_graph():
+    torch.manual_seed(0)
+    model, x = Stack().eval(), torch.randn(2, 4)
+    full = tl.trace(model, x)
+    sparse = tl.trace(model, x, save=tl.func("relu") | tl.module("head"))
+    assert sparse.labels == full.labels
+    assert [op.parents for op in sparse] == [op.parents for op in full]
+    kept = [op.label for op in sparse if op.has_out]
+    assert kept == ["relu_1", "relu_2", "relu_3", "relu_4", "linear_5"]
+    for label in kept:
+        assert torch.equal(sparse[label].out, full[label].out)
+    with pytest.raises(PayloadUnavailableError) as err:
+        sparse["linear_1"].out
+    assert err.value.code == "not_saved"
+    assert torch.equal(sparse.output, full.output)
+
+
+def test_selector_matching_nothing_names_close_names():
+    model, x = Stack().eval(), torch.randn(2, 4)
+    with pytest.raises(SelectorMatchError) as err:
+        tl.trace(model, x, save=tl.func("rellu"))
+    assert err.value.code == "no_match" and "relu" in str(err.value)
+    with pytest.raises(SelectorMatchError) as err:
+        tl.record(model, x, save=tl.module("layer.1"))
+    assert "layers.1" in str(err.value)
+    with pytest.raises(SelectorMatchError) as err:
+        tl.trace(model, x, save=tl.label("linear_9"))
+    assert "linear_" in str(err.value)
+
+
+def test_save_conflicts_with_structure_only():
+    with pytest.raises(InvalidArgumentError) as err:
+        tl.trace(Stack(), torch.randn(2, 4), structure_only=True, save=tl.func("relu"))
+    assert err.value.code == "conflicting_options"

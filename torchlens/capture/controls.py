@@ -1,0 +1,315 @@
+"""``save=``, ``intervene=`` and ``stop_after=``: what a capture keeps, edits and halts on.
+
+One :class:`Controls` object per call holds the parsed selectors and the state they build up
+(which ops matched, which were edited). ``tl.trace`` plugs it into the builder (a payload
+filter) and the capture mode (an op hook); ``tl.record`` asks it the same questions from its
+lean mode. Halting is a private exception raised after the matching op and caught by
+:meth:`Controls.halting`, which puts the RNG state and the model's buffers back as they were
+before the call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchlens.capture import rng
+from torchlens.errors import InterventionError, InvalidArgumentError, PayloadUnavailableError
+from torchlens.selectors import Candidates, Selector, as_selector, require_match
+
+__all__ = [
+    "Intervention",
+    "Controls",
+    "apply_edit",
+    "original_key",
+    "reapply",
+    "trace_candidates",
+]
+
+Tensor = torch.Tensor
+EditFn = Callable[[Tensor, Any], Tensor]
+
+
+@dataclass(frozen=True)
+class Intervention:
+    """An ``intervene=`` function with its options.
+
+    Args:
+        fn: ``fn(tensor, op_view) -> tensor`` returns the value downstream ops should use.
+        keep_original: also keep the value before the edit (store key
+            ``op.meta["original_key"]``, read it with ``trace.store.get(key)``).
+        allow_changes: let ``fn`` change the shape, dtype or device of the value.
+
+    Example:
+        >>> edit = Intervention(lambda t, op: t * 0, keep_original=True)
+    """
+
+    fn: EditFn
+    keep_original: bool = False
+    allow_changes: bool = False
+
+
+class _Halt(BaseException):
+    """Raised after the ``stop_after`` op; a BaseException so ``except Exception`` in model
+    code cannot swallow it."""
+
+
+def original_key(label: str) -> str:
+    """The store key of an edited op's value before the edit."""
+    return f"{label}#original"
+
+
+def _version(tensor: Tensor) -> int | None:
+    try:
+        return tensor._version
+    except RuntimeError:
+        return None
+
+
+def apply_edit(edit: Intervention, tensor: Tensor, view: Any, inplace: bool) -> Tensor:
+    """Run ``edit`` on an op's output and check what it returned.
+
+    The output of an in-place op is still referenced by the model's own variables, so the
+    new value is copied into it rather than swapped in.
+    """
+    new = edit.fn(tensor, view)
+    if not isinstance(new, Tensor):
+        raise InterventionError(
+            f"the intervene= function for {view.label!r} returned {type(new).__name__}; "
+            "return the tensor downstream ops should use instead",
+            code="bad_return",
+        )
+    if new is tensor:
+        return tensor
+    if inplace or not edit.allow_changes:
+        _check_same(new, tensor, view.label, inplace)
+    if inplace:
+        tensor.copy_(new)
+        return tensor
+    return new
+
+
+def _check_same(new: Tensor, old: Tensor, label: str, inplace: bool) -> None:
+    for what, a, b in (
+        ("shape", tuple(new.shape), tuple(old.shape)),
+        ("dtype", new.dtype, old.dtype),
+        ("device", new.device, old.device),
+    ):
+        if a != b:
+            fix = (
+                "an in-place op's output is edited in place, so it must keep them"
+                if inplace
+                else "pass tl.Intervention(fn, allow_changes=True) if this is intended"
+            )
+            raise InterventionError(
+                f"the intervene= function for {label!r} changed the {what} from {b} to {a}; {fix}",
+                code="inplace_change" if inplace else f"changed_{what}",
+            )
+
+
+def _parse_intervene(intervene: Any) -> list[tuple[Selector, Intervention]]:
+    if intervene is None:
+        return []
+    if not isinstance(intervene, Mapping):
+        raise InvalidArgumentError(
+            "intervene= takes a dict {selector: fn(tensor, op) -> tensor}, "
+            f"got {type(intervene).__name__}",
+            code="bad_intervene",
+        )
+    edits = []
+    for selector, edit in intervene.items():
+        if not isinstance(edit, Intervention):
+            if not callable(edit):
+                raise InvalidArgumentError(
+                    f"intervene= values are functions fn(tensor, op) -> tensor or "
+                    f"tl.Intervention(...), got {type(edit).__name__} for {selector!r}",
+                    code="bad_intervene",
+                )
+            edit = Intervention(edit)
+        edits.append((as_selector(selector), edit))
+    return edits
+
+
+class Controls:
+    """The parsed ``save=``, ``intervene=`` and ``stop_after=`` of one call, and what they hit.
+
+    Args:
+        save: ops whose values to keep (``None``: the caller's default).
+        intervene: ``{selector: fn or Intervention}``.
+        stop_after: halt the forward after the first op it matches.
+    """
+
+    def __init__(
+        self,
+        save: Any = None,
+        intervene: Any = None,
+        stop_after: Any = None,
+        *,
+        structure_only: bool = False,
+    ) -> None:
+        if structure_only and save is not None:
+            raise InvalidArgumentError(
+                "save= picks which values to keep, but structure_only=True keeps none; "
+                "drop one of the two",
+                code="conflicting_options",
+            )
+        self.save = None if save is None else as_selector(save)
+        self.edits = _parse_intervene(intervene)
+        self.stop = None if stop_after is None else as_selector(stop_after)
+        self.saved = 0  # ops the save selector matched
+        self.edit_hits = [0] * len(self.edits)
+        self.intervened: list[str] = []  # labels of edited ops, in order
+        self.halted_at: str | None = None
+
+    @property
+    def active(self) -> bool:
+        """Whether any control was given."""
+        return self.save is not None or bool(self.edits) or self.stop is not None
+
+    # -- tl.trace -------------------------------------------------------------------------
+    def save_filter(self) -> Callable[[Any], bool] | None:
+        """The builder's payload filter for ``save=`` (``None``: keep every value)."""
+        if self.save is None:
+            return None
+        matches = self.save.matches
+
+        def payload_filter(op: Any) -> bool:
+            hit = matches(op)
+            self.saved += hit
+            return hit
+
+        return payload_filter
+
+    def hooks(self, builder: Any) -> tuple[Callable[[Any, Tensor], Tensor], ...]:
+        """The capture mode's op hooks: none unless ``intervene=`` or ``stop_after=``."""
+        return (self.trace_hook(builder),) if self.edits or self.stop is not None else ()
+
+    def trace_hook(self, builder: Any) -> Callable[[Any, Tensor], Tensor]:
+        """The capture mode's op hook: apply edits, then halt if ``stop_after`` matches."""
+
+        def hook(op: Any, tensor: Tensor) -> Tensor:
+            for i, (selector, edit) in enumerate(self.edits):
+                if selector.matches(op):
+                    self.edit_hits[i] += 1
+                    tensor = self._edit_traced(builder, op, tensor, edit)
+            if self.stop is not None and self.stop.matches(op):
+                self.halted_at = op.label
+                if not op.has_out:  # the op a forward halts on keeps its value
+                    builder.save_extra(op.label, tensor)
+                raise _Halt
+            return tensor
+
+        return hook
+
+    def _edit_traced(self, builder: Any, op: Any, tensor: Tensor, edit: Intervention) -> Tensor:
+        original = tensor.detach().clone() if edit.keep_original else None
+        version = _version(tensor)
+        new = apply_edit(edit, tensor, op, op.is_inplace)
+        if new is not tensor or _version(new) != version:
+            builder.replace_output(op, new)
+        if original is not None:
+            builder.save_extra(original_key(op.label), original)
+            op.meta["original_key"] = original_key(op.label)
+        op.meta["intervened"] = True
+        self.intervened.append(op.label)
+        return new
+
+    # -- halting and checks ---------------------------------------------------------------
+    @contextmanager
+    def halting(self, model: Any) -> Iterator[None]:
+        """Catch the halt of ``stop_after``; the RNG state and the model's buffers are then
+        put back as they were when the block began."""
+        if self.stop is None:
+            yield
+            return
+        state = rng.snapshot()
+        buffers = _snapshot_buffers(model)
+        try:
+            yield
+        except _Halt:
+            rng.restore(state)
+            _restore_buffers(buffers)
+
+    def check(self, seen: Callable[[], Candidates]) -> None:
+        """Raise :class:`~torchlens.errors.SelectorMatchError` for a selector that matched
+        no op of the forward that ran; ``seen()`` gives the names for its hint."""
+        if self.save is not None and not self.saved:
+            require_match(self.save, "save=", seen())
+        for (selector, _), hits in zip(self.edits, self.edit_hits):
+            if not hits:
+                require_match(selector, "intervene=", seen())
+        if self.stop is not None and self.halted_at is None:
+            require_match(self.stop, "stop_after=", seen())
+
+    def meta(self) -> dict[str, Any]:
+        """What to note on the finished trace or recording."""
+        meta: dict[str, Any] = {}
+        if self.stop is not None:
+            meta["halted"] = self.halted_at is not None
+            meta["halted_at"] = self.halted_at
+        if self.edits:
+            meta["intervened"] = list(self.intervened)
+            # for a ground-truth rerun with the same edits (not written to disk)
+            meta["interventions"] = {sel: edit for sel, edit in self.edits}
+        return meta
+
+
+def reapply(trace: Any, ops: list[Any], outputs: list[Tensor]) -> list[Tensor]:
+    """A replayed call's outputs with the trace's interventions applied as capture applied
+    them, so that per-op replay of an intervened trace compares like with like.
+
+    Raises:
+        PayloadUnavailableError: ``interventions_unavailable`` when an op was edited but the
+            functions are not on the trace (a trace loaded from disk).
+    """
+    if not any(op.meta.get("intervened") for op in ops):
+        return outputs
+    edits = trace.meta.get("interventions")
+    if not isinstance(edits, Mapping):
+        raise PayloadUnavailableError(
+            f"{ops[0].label!r} was edited by intervene=, but the functions are not stored "
+            "with this trace (they are not saved to disk); check the trace that tl.trace "
+            "returned",
+            code="interventions_unavailable",
+        )
+    outputs = list(outputs)
+    for op in ops:
+        if op.meta.get("intervened") and op.output_index < len(outputs):
+            value = outputs[op.output_index]
+            for selector, edit in edits.items():
+                if selector.matches(op):
+                    value = apply_edit(edit, value, op, inplace=False)
+            outputs[op.output_index] = value
+    return outputs
+
+
+def trace_candidates(trace: Any) -> Candidates:
+    """The names a trace offers for "matched nothing" hints."""
+    return Candidates(
+        func_names={op.func_name for op in trace.ops},
+        modules={m.address for m in trace.modules},
+        labels=[op.label for op in trace.ops],
+    )
+
+
+def _snapshot_buffers(model: Any) -> list[tuple[dict, str, Tensor, Tensor]]:
+    if not isinstance(model, nn.Module):
+        return []
+    saved = []
+    for module in model.modules():
+        for name, buffer in module._buffers.items():
+            if buffer is not None:
+                saved.append((module._buffers, name, buffer, buffer.detach().clone()))
+    return saved
+
+
+def _restore_buffers(saved: list[tuple[dict, str, Tensor, Tensor]]) -> None:
+    with torch.no_grad():  # kernels such as batch_norm update buffers without a version bump
+        for buffers, name, buffer, copy in saved:
+            buffers[name] = buffer
+            buffer.copy_(copy)

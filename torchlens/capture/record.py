@@ -1,0 +1,119 @@
+"""``tl.record``: run a model once and keep only the selected activations, cheaply."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+from torch import nn
+
+from torchlens.capture import session as _session
+from torchlens.capture.api import normalize_call
+from torchlens.capture.controls import Controls
+from torchlens.capture.record_mode import RecordMode
+from torchlens.capture.refusals import check_traceable
+from torchlens.capture.tree import flatten
+from torchlens.errors import ReentrantCaptureError
+from torchlens.recording import Recording
+from torchlens.selectors import Candidates
+
+__all__ = ["record"]
+
+
+def record(
+    model: Any,
+    args: Any = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    save: Any = None,
+    intervene: Mapping[Any, Any] | None = None,
+    stop_after: Any = None,
+) -> Recording:
+    """Run ``model(*args, **kwargs)`` once, keeping only the values of ops ``save`` selects.
+
+    No graph is built: each op is counted (so labels equal those of ``tl.trace``) and the
+    rest of the work is done for matching ops only, which keeps the forward close to its
+    plain speed (see ``benchmarks/bench_record.py``).
+
+    Args:
+        model: an ``nn.Module`` or a plain function of tensors, in eager mode.
+        args: the positional arguments (one tensor, or a tuple/list of them).
+        kwargs: keyword arguments for the call.
+        save: a selector (``tl.func``, ``tl.module``, ``tl.label``, a callable taking an op
+            view, or a combination); ``None`` keeps no values (``intervene=`` alone).
+        intervene: ``{selector: fn}``; ``fn(tensor, op_view)`` returns the value downstream
+            ops use instead (or a ``tl.Intervention``). Edited ops are kept too.
+        stop_after: a selector; the forward halts right after the first matching op.
+
+    Returns:
+        A :class:`~torchlens.recording.Recording`; ``recording[label].out`` is a kept value,
+        ``recording.output`` what the model returned (``None`` if halted).
+
+    Raises:
+        SelectorMatchError: ``no_match`` when a given selector matched no op.
+        InterventionError: when an ``intervene=`` function returns a wrong value.
+        ReentrantCaptureError: when called from inside a forward being captured.
+
+    Example:
+        >>> import torch, torchlens as tl
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+        >>> rec = tl.record(model, torch.randn(2, 4), save=tl.module("0"))
+        >>> rec.labels
+        ['linear_1']
+    """
+    check_traceable(model)
+    args, kwargs = normalize_call(args, kwargs)
+    controls = Controls(save, intervene, stop_after)
+    mode = RecordMode(controls)
+    output = None
+    with controls.halting(model), _recording(model, mode):
+        output = model(*args, **kwargs)
+    _protect_kept(mode, model, args, kwargs, output)
+    meta = {"n_ops": mode.n_ops, **controls.meta()}
+    controls.check(lambda: _candidates(model, mode))
+    return Recording(mode.kept, mode.store, output, meta)
+
+
+def _protect_kept(mode: RecordMode, model: Any, args: tuple, kwargs: dict, output: Any) -> None:
+    """Copy kept values that alias tensors the caller keeps and may edit in place: the
+    inputs, the output, and the model's parameters and buffers (the next forward or
+    optimizer step writes into those)."""
+    if not mode.kept:
+        return
+    for _, tensor in flatten((args, kwargs, output))[0]:
+        mode.protect(tensor)
+    if isinstance(model, nn.Module):
+        for tensor in itertools.chain(model.parameters(), model.buffers()):
+            mode.protect(tensor)
+
+
+class _RecordSession:
+    """What ``capture.session`` sees of a running record: its mode, and a ``paused`` flag."""
+
+    def __init__(self, mode: RecordMode) -> None:
+        self.mode = mode
+        self.builder = mode  # suspended() pauses ``session.builder``
+
+
+@contextmanager
+def _recording(model: Any, mode: RecordMode) -> Iterator[None]:
+    if _session.active_session() is not None:
+        raise ReentrantCaptureError(
+            "tl.record was called from inside a forward that is already being captured; "
+            "capture the outer model once, or record after the outer capture ends",
+        )
+    with ExitStack() as stack:
+        _session._local.session = _RecordSession(mode)
+        stack.callback(_session._clear_session)
+        for handle in mode.install_hooks(model):
+            stack.callback(handle.remove)
+        stack.enter_context(mode)
+        yield
+
+
+def _candidates(model: Any, mode: RecordMode) -> Candidates:
+    modules = [address for address, _ in model.named_modules()] if hasattr(model, "modules") else []
+    labels = [f"{name}_{i}" for name, n in mode.counts.items() for i in range(1, n + 1)]
+    return Candidates(func_names=list(mode.counts), modules=modules, labels=labels)

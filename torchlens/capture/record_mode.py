@@ -1,0 +1,281 @@
+"""The lean function mode behind ``tl.record``: count every op, do work only for matches.
+
+Labels are counted exactly as :class:`~torchlens.capture.builder.TraceBuilder` counts them
+(same names from :func:`~torchlens.capture.naming.func_info`, one counter per name, ``:k`` for
+the outputs of multi-output calls), so a label means the same op in a recording and in a
+trace. Nothing else is kept for an unmatched op: no graph, no parents, no argument templates.
+
+The per-op path is ordered by cost. A function name that no rule can match (see
+:attr:`~torchlens.selectors.Selector.func_names`) is dismissed with one dict lookup; for rules
+that depend only on names and module addresses the answer is remembered per module path;
+only the rest build an :class:`~torchlens.recording.OpView` to ask.
+"""
+
+from __future__ import annotations
+
+import threading
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.modules.module import (
+    register_module_forward_hook,
+    register_module_forward_pre_hook,
+)
+from torch.overrides import TorchFunctionMode
+from torch.utils.hooks import RemovableHandle
+
+from torchlens.capture.builder import _storage_key, _version
+from torchlens.capture.controls import Controls, Intervention, _Halt, apply_edit, original_key
+from torchlens.capture.mode import _inplace_targets
+from torchlens.capture.naming import func_info
+from torchlens.capture.special import SPECIAL_OUTPUTS
+from torchlens.capture.tree import fill, flatten
+from torchlens.recording import OpView
+from torchlens.selectors import Selector
+from torchlens.trace import MemoryPayloadStore
+
+__all__ = ["RecordMode"]
+
+Tensor = torch.Tensor
+_INFOS: dict[Any, Any] = {}  # func -> FuncInfo, a flat copy of naming's cache
+_UNSEEN = object()
+
+
+class _Plan:
+    """The rules that may match one function name: save, edits and stop, and whether their
+    answers depend only on the name and the module path."""
+
+    __slots__ = ("save", "edits", "stop", "static")
+
+    def __init__(
+        self,
+        save: Selector | None,
+        edits: list[tuple[int, Selector, Intervention]],
+        stop: Selector | None,
+    ) -> None:
+        self.save, self.edits, self.stop = save, edits, stop
+        rules = [s for s in (save, stop) if s is not None] + [s for _, s, _ in edits]
+        self.static = all(s.static for s in rules)
+
+    def decide(self, view: OpView) -> tuple[bool, tuple[int, ...], bool] | None:
+        """``(save, edit indices, stop)`` for one op, or ``None`` when nothing applies."""
+        save = self.save is not None and self.save.matches(view)
+        edits = tuple(i for i, sel, _ in self.edits if sel.matches(view))
+        stop = self.stop is not None and self.stop.matches(view)
+        return (save, edits, stop) if save or edits or stop else None
+
+
+class RecordMode(TorchFunctionMode):
+    """Counts ops like the full capture and keeps only what :class:`Controls` selects.
+
+    Args:
+        controls: the parsed ``save=``, ``intervene=`` and ``stop_after=``.
+        clone: copy each kept value at once instead of aliasing it and copying only before
+            an in-place write (the default, cheaper when few values are overwritten).
+    """
+
+    def __init__(self, controls: Controls, clone: bool = False) -> None:
+        super().__init__()
+        self.controls = controls
+        self.clone = clone
+        self.store = MemoryPayloadStore()
+        self.kept: list[OpView] = []
+        self.counts: dict[str, int] = {}
+        self.n_ops = 0
+        self.paused = False  # set by capture.session.suspended()
+        self._plans: dict[str, _Plan | None] = {}
+        self._memo: dict[tuple[str, int], Any] = {}
+        self._aliases: dict[Any, list[str]] = {}
+        self._stack: list[tuple[str, int]] = []
+        self._frames: tuple[tuple[str, int], ...] = ()
+        self._path = 0  # id of the current module address path, for the memo
+        self._paths: dict[tuple[int, str], int] = {}
+        self._path_trail: list[int] = []
+        self._calls: dict[int, int] = {}
+        self._addresses: dict[int, str] = {}  # id(submodule) -> address, for the global hooks
+        self._thread = threading.get_ident()
+
+    # -- the per-op path ------------------------------------------------------------------
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        info = _INFOS.get(func)
+        if info is None:
+            info = _describe(func)
+        if info.never_tensor:
+            return func(*args, **kwargs) if kwargs else func(*args)
+        if self._aliases and (info.inplace or kwargs):
+            self._protect(info.inplace, args, kwargs or {})
+        result = func(*args, **kwargs) if kwargs else func(*args)
+        name = info.name
+        if isinstance(result, Tensor):
+            n = 1
+        else:
+            special = SPECIAL_OUTPUTS.get(name)
+            n = len(special(args, result) if special else flatten(result)[0])
+            if not n:
+                return result
+        count = self.counts.get(name, 0) + 1
+        self.counts[name] = count
+        index = self.n_ops
+        self.n_ops = index + n
+        plan = self._plans.get(name, _UNSEEN)
+        if plan is _UNSEEN:
+            plan = self._plans[name] = self._plan_for(name)
+        if plan is None:
+            return result
+        return self._act(plan, name, count, index, n, (info.inplace, args, kwargs), result)
+
+    def _plan_for(self, name: str) -> _Plan | None:
+        c = self.controls
+
+        def may(sel: Selector | None) -> bool:
+            return sel is not None and (sel.func_names is None or name in sel.func_names)
+
+        edits = [(i, sel, edit) for i, (sel, edit) in enumerate(c.edits) if may(sel)]
+        save, stop = (c.save if may(c.save) else None), (c.stop if may(c.stop) else None)
+        return _Plan(save, edits, stop) if save or stop or edits else None
+
+    def _act(self, plan: _Plan, name: str, count: int, index: int, n: int, call, result):
+        """A call whose name some rule may match: ask, then save, edit or halt."""
+        if plan.static:
+            key = (name, self._path)
+            decision = self._memo.get(key, _UNSEEN)
+            if decision is None:
+                return result
+        inplace, args, kwargs = call
+        if n == 1 and isinstance(result, Tensor):
+            tensors = [result]
+        else:
+            special = SPECIAL_OUTPUTS.get(name)
+            tensors = [t for _, t in (special(args, result) if special else flatten(result)[0])]
+        halt_at, replaced = None, False
+        for k, tensor in enumerate(tensors):
+            label = f"{name}_{count}" if n == 1 else f"{name}_{count}:{k}"
+            view = OpView(label, index + k, name, k, self._frames, tensor)
+            if not plan.static or decision is _UNSEEN:
+                decision = plan.decide(view)
+                if plan.static:
+                    self._memo[key] = decision
+            if decision is None:
+                continue
+            save, edits, stop = decision
+            if edits:
+                inplace = bool(_inplace_targets(inplace, args, kwargs or {}))
+                for i in edits:
+                    tensor = self._edit(view, tensor, i, inplace)
+                if tensor is not tensors[k]:
+                    tensors[k], replaced = tensor, True
+            if save or edits or stop:  # the op a forward halts on is kept too
+                self._keep(view, tensor)
+            self.controls.saved += save
+            if stop and halt_at is None:
+                halt_at = label
+        if halt_at is not None:
+            self.controls.halted_at = halt_at
+            raise _Halt
+        if not replaced:
+            return result
+        if n == 1 and isinstance(result, Tensor):
+            return tensors[0]
+        return fill(flatten(result)[1], tensors)
+
+    def _edit(self, view: OpView, tensor: Tensor, i: int, inplace: bool) -> Tensor:
+        c = self.controls
+        edit = c.edits[i][1]
+        c.edit_hits[i] += 1
+        if edit.keep_original:
+            key = original_key(view.label)
+            self.store.set(key, tensor.detach().clone(), None)
+            view.meta["original_key"] = key
+        new = apply_edit(edit, tensor, view, inplace)
+        view.meta["intervened"] = True
+        if not c.intervened or c.intervened[-1] != view.label:
+            c.intervened.append(view.label)
+        view.shape, view.dtype, view.device = tuple(new.shape), new.dtype, new.device
+        return new
+
+    def _keep(self, view: OpView, tensor: Tensor) -> None:
+        value = tensor.detach()
+        key = None if self.clone else _storage_key(value)
+        if key is None:
+            value = value.clone()
+        else:
+            self._aliases.setdefault(key, []).append(view.label)
+        self.store.set(view.label, value, _version(value))
+        if view._store is None:
+            view._store = self.store
+            self.kept.append(view)
+
+    def _protect(self, inplace: bool, args: tuple, kwargs: dict) -> None:
+        """Copy kept values that alias a tensor about to be written in place."""
+        for target in _inplace_targets(inplace, args, kwargs):
+            self.protect(target)
+
+    def protect(self, tensor: Tensor) -> None:
+        """Copy kept values that share ``tensor``'s storage (it may be written later)."""
+        key = _storage_key(tensor)
+        for label in self._aliases.pop(key, ()) if key is not None else ():
+            value = self.store.values[label].clone()
+            self.store.set(label, value, _version(value))
+
+    # -- module calls ---------------------------------------------------------------------
+    def install_hooks(self, model: Any) -> list[RemovableHandle]:
+        """Hooks that keep the module stack: two process-wide module hooks that act only on
+        this model's submodules (two handles instead of two per module), plus per-module
+        hooks for submodules that carry hooks of their own, so that ops run by those hooks
+        fall inside or outside the module call exactly as in ``tl.trace``."""
+        if not isinstance(model, nn.Module):
+            return []
+        handles: list[RemovableHandle] = []
+        try:
+            for address, module in model.named_modules():
+                if not address:  # the root's own call is the recording itself
+                    continue
+                if module._forward_pre_hooks or module._forward_hooks:
+                    pre = partial(self._enter_own, address)
+                    handles.append(module.register_forward_pre_hook(pre))
+                    handles.append(module.register_forward_hook(self._exit, always_call=True))
+                else:
+                    self._addresses[id(module)] = address
+            handles.append(register_module_forward_pre_hook(self._enter))
+            handles.append(register_module_forward_hook(self._exit_any, always_call=True))
+        except BaseException:
+            for handle in handles:
+                handle.remove()
+            raise
+        return handles
+
+    def _enter(self, module: nn.Module, args: Any) -> None:
+        address = self._addresses.get(id(module))
+        if address is not None:
+            self._enter_own(address, module, args)
+
+    def _enter_own(self, address: str, module: nn.Module, args: Any) -> None:
+        if self.paused or threading.get_ident() != self._thread:
+            return
+        call = self._calls[id(module)] = self._calls.get(id(module), 0) + 1
+        self._stack.append((address, call))
+        self._frames = tuple(self._stack)
+        self._path_trail.append(self._path)
+        self._path = self._paths.setdefault((self._path, address), len(self._paths) + 1)
+
+    def _exit_any(self, module: nn.Module, args: Any, output: Any) -> None:
+        if id(module) in self._addresses:
+            self._exit(module, args, output)
+
+    def _exit(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self.paused or threading.get_ident() != self._thread or not self._stack:
+            return
+        self._stack.pop()
+        self._frames = tuple(self._stack)
+        self._path = self._path_trail.pop()
+
+
+def _describe(func: Any) -> Any:
+    info = func_info(func)
+    try:
+        _INFOS[func] = info
+    except TypeError:  # unhashable callables are described each time
+        pass
+    return info

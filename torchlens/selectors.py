@@ -1,0 +1,338 @@
+"""Selectors: which ops to save, edit or stop after, composable with ``&``, ``|`` and ``~``.
+
+A selector is asked one question per op: does it match? It sees the op through a light view
+with ``label``, ``func_name``, ``module``, ``module_stack``, ``shape``, ``dtype`` and ``index``
+(a full :class:`~torchlens.trace.Op` inside ``tl.trace``, a small
+:class:`~torchlens.recording.OpView` inside ``tl.record``).
+
+Two facts let sparse recording skip most ops without asking: :attr:`Selector.func_names` (the
+function names a selector can match at all; ``None`` for any) and :attr:`Selector.static`
+(the answer depends only on the function name and the module addresses, so it can be
+remembered per module path).
+
+Example:
+    >>> import torch, torchlens as tl
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+    >>> trace = tl.trace(model, torch.randn(2, 4))
+    >>> sel = tl.func("linear") & ~tl.module("2")
+    >>> [op.label for op in trace if sel.matches(op)]
+    ['linear_1']
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchlens.errors import InvalidArgumentError, SelectorMatchError
+
+__all__ = [
+    "Selector",
+    "func",
+    "module",
+    "label",
+    "where",
+    "as_selector",
+    "Candidates",
+    "require_match",
+]
+
+
+class Selector:
+    """Base class of every selector; combine them with ``&`` (and), ``|`` (or), ``~`` (not).
+
+    A plain callable ``fn(op_view) -> bool`` can stand on either side of ``&`` and ``|``.
+    """
+
+    static: bool = False  # the answer depends only on func_name and module addresses
+    func_names: frozenset[str] | None = None  # the only function names it can match
+
+    def matches(self, op: Any) -> bool:
+        """Whether the op (an :class:`~torchlens.trace.Op` or a light view) is selected."""
+        raise NotImplementedError
+
+    def suggestions(self, seen: Candidates) -> list[str]:
+        """Names close to what this selector asked for, for "matched nothing" errors."""
+        return []
+
+    def __call__(self, op: Any) -> bool:
+        return self.matches(op)
+
+    def __and__(self, other: Any) -> Selector:
+        return _And(self, as_selector(other))
+
+    def __rand__(self, other: Any) -> Selector:
+        return _And(as_selector(other), self)
+
+    def __or__(self, other: Any) -> Selector:
+        return _Or(self, as_selector(other))
+
+    def __ror__(self, other: Any) -> Selector:
+        return _Or(as_selector(other), self)
+
+    def __invert__(self) -> Selector:
+        return _Not(self)
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """What a run offered to match against: function names, module addresses, op labels."""
+
+    func_names: Iterable[str] = ()
+    modules: Iterable[str] = ()
+    labels: Iterable[str] = ()
+
+
+def _close(word: str, options: Iterable[str]) -> list[str]:
+    return difflib.get_close_matches(word, sorted(set(options)), n=5, cutoff=0.5)
+
+
+# -- leaves ---------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class _Func(Selector):
+    names: frozenset[str]
+    static = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "func_names", self.names)
+
+    def matches(self, op: Any) -> bool:
+        return op.func_name in self.names
+
+    def suggestions(self, seen: Candidates) -> list[str]:
+        return [c for name in sorted(self.names) for c in _close(name, seen.func_names)]
+
+    def __repr__(self) -> str:
+        return f"func({', '.join(map(repr, sorted(self.names)))})"
+
+
+@dataclass(frozen=True, eq=False)
+class _Module(Selector):
+    pattern: str
+    call: int | None = None
+    _regex: re.Pattern | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        wild = any(ch in self.pattern for ch in "*?[")
+        regex = re.compile(fnmatch.translate(self.pattern)) if wild else None
+        object.__setattr__(self, "_regex", regex)
+        object.__setattr__(self, "static", self.call is None)
+
+    def matches(self, op: Any) -> bool:
+        if self.pattern == "" and self.call is None:  # the root: every op
+            return True
+        regex, pattern, call = self._regex, self.pattern, self.call
+        for address, index in op.module_stack:
+            hit = regex.match(address) is not None if regex else address == pattern
+            if hit and (call is None or index == call):
+                return True
+        return False
+
+    def suggestions(self, seen: Candidates) -> list[str]:
+        modules = set(seen.modules)
+        if self.pattern in modules:  # it exists: it ran no tensor op (or not that call)
+            return [
+                f"{self.pattern} (ran no tensor op{'' if self.call is None else ' in that call'})"
+            ]
+        return _close(self.pattern, modules)
+
+    def __repr__(self) -> str:
+        call = "" if self.call is None else f", call={self.call}"
+        return f"module({self.pattern!r}{call})"
+
+
+@dataclass(frozen=True, eq=False)
+class _Label(Selector):
+    labels: frozenset[str]
+
+    def __post_init__(self) -> None:
+        # "split_1" selects every output of that call; "linear_2" can only be a linear op
+        names = frozenset(lab.partition(":")[0].rpartition("_")[0] for lab in self.labels)
+        object.__setattr__(self, "func_names", names)
+
+    def matches(self, op: Any) -> bool:
+        label = op.label
+        return label in self.labels or label.partition(":")[0] in self.labels
+
+    def suggestions(self, seen: Candidates) -> list[str]:
+        return [c for lab in sorted(self.labels) for c in _close(lab, seen.labels)]
+
+    def __repr__(self) -> str:
+        return f"label({', '.join(map(repr, sorted(self.labels)))})"
+
+
+@dataclass(frozen=True, eq=False)
+class _Where(Selector):
+    fn: Callable[[Any], bool]
+
+    def matches(self, op: Any) -> bool:
+        return bool(self.fn(op))
+
+    def __repr__(self) -> str:
+        return f"where({getattr(self.fn, '__qualname__', repr(self.fn))})"
+
+
+# -- algebra --------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class _And(Selector):
+    left: Selector
+    right: Selector
+
+    def __post_init__(self) -> None:
+        a, b = self.left.func_names, self.right.func_names
+        names = a if b is None else b if a is None else a & b
+        object.__setattr__(self, "func_names", names)
+        object.__setattr__(self, "static", self.left.static and self.right.static)
+
+    def matches(self, op: Any) -> bool:
+        return self.left.matches(op) and self.right.matches(op)
+
+    def suggestions(self, seen: Candidates) -> list[str]:
+        return self.left.suggestions(seen) + self.right.suggestions(seen)
+
+    def __repr__(self) -> str:
+        return f"({self.left!r} & {self.right!r})"
+
+
+@dataclass(frozen=True, eq=False)
+class _Or(Selector):
+    left: Selector
+    right: Selector
+
+    def __post_init__(self) -> None:
+        a, b = self.left.func_names, self.right.func_names
+        object.__setattr__(self, "func_names", None if a is None or b is None else a | b)
+        object.__setattr__(self, "static", self.left.static and self.right.static)
+
+    def matches(self, op: Any) -> bool:
+        return self.left.matches(op) or self.right.matches(op)
+
+    def suggestions(self, seen: Candidates) -> list[str]:
+        return self.left.suggestions(seen) + self.right.suggestions(seen)
+
+    def __repr__(self) -> str:
+        return f"({self.left!r} | {self.right!r})"
+
+
+@dataclass(frozen=True, eq=False)
+class _Not(Selector):
+    inner: Selector
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "static", self.inner.static)
+
+    def matches(self, op: Any) -> bool:
+        return not self.inner.matches(op)
+
+    def __repr__(self) -> str:
+        return f"~{self.inner!r}"
+
+
+# -- public constructors --------------------------------------------------------------------
+def _strings(values: tuple[Any, ...], what: str) -> frozenset[str]:
+    if not values or not all(isinstance(v, str) and v for v in values):
+        raise InvalidArgumentError(
+            f"tl.{what}() takes one or more non-empty strings, got {values!r}",
+            code="bad_selector",
+        )
+    return frozenset(values)
+
+
+def func(*names: str) -> Selector:
+    """Select ops by function name, as in labels (``"linear"``, ``"relu"``, ``"add_"``).
+
+    Args:
+        names: one or more function names; an op matches if its ``func_name`` is any of them.
+
+    Returns:
+        A :class:`Selector`.
+
+    Raises:
+        InvalidArgumentError: ``bad_selector`` when no name, or a non-string, is given.
+
+    Example:
+        >>> func("relu", "gelu")
+        func('gelu', 'relu')
+    """
+    return _Func(_strings(names, "func"))
+
+
+def module(pattern: str, call: int | None = None) -> Selector:
+    """Select the ops run inside a module call, nested submodules included.
+
+    Args:
+        pattern: a module address such as ``"layers.3"`` or a glob such as ``"layers.*"``
+            (``fnmatch`` rules; ``*`` also crosses dots). ``""`` is the whole model.
+        call: only this call of the module (1 for the first), for modules called repeatedly.
+
+    Returns:
+        A :class:`Selector`.
+
+    Example:
+        >>> module("layers.*", call=2)
+        module('layers.*', call=2)
+    """
+    if not isinstance(pattern, str):
+        raise InvalidArgumentError(
+            f"tl.module() takes a module address string, got {type(pattern).__name__}",
+            code="bad_selector",
+        )
+    return _Module(pattern, call)
+
+
+def label(*labels: str) -> Selector:
+    """Select ops by label (``"linear_2"``); a multi-output call's ``"split_1"`` selects
+    all of its outputs (``"split_1:0"``, ``"split_1:1"``, ...).
+
+    Example:
+        >>> label("linear_2", "split_1")
+        label('linear_2', 'split_1')
+    """
+    return _Label(_strings(labels, "label"))
+
+
+def where(fn: Callable[[Any], bool]) -> Selector:
+    """Select ops for which ``fn(op_view)`` is true; plain callables are wrapped this way.
+
+    Example:
+        >>> big = where(lambda op: op.shape and op.shape[-1] > 100)
+    """
+    if not callable(fn):
+        raise InvalidArgumentError(
+            f"tl.where() takes a callable, got {type(fn).__name__}", code="bad_selector"
+        )
+    return _Where(fn)
+
+
+def as_selector(obj: Any) -> Selector:
+    """``obj`` as a :class:`Selector`: selectors pass through, callables are wrapped.
+
+    Raises:
+        InvalidArgumentError: ``bad_selector`` for anything else (a bare string is refused:
+            say ``tl.label(...)``, ``tl.func(...)`` or ``tl.module(...)``).
+    """
+    if isinstance(obj, Selector):
+        return obj
+    if callable(obj) and not isinstance(obj, str):
+        return _Where(obj)
+    hint = " (write tl.label(...), tl.func(...) or tl.module(...))" if isinstance(obj, str) else ""
+    raise InvalidArgumentError(
+        f"expected a selector or a callable taking an op, got {obj!r}{hint}",
+        code="bad_selector",
+    )
+
+
+def require_match(selector: Selector, role: str, seen: Candidates) -> None:
+    """Raise :class:`SelectorMatchError` for a ``role`` selector (``"save="``...) that
+    matched no op, naming close function names, modules or labels."""
+    close = list(dict.fromkeys(selector.suggestions(seen)))
+    hint = f"; close names: {', '.join(close)}" if close else ""
+    raise SelectorMatchError(
+        f"the {role} selector {selector!r} matched no op of this forward{hint}; "
+        "check the names against trace.labels or trace.modules",
+        code="no_match",
+    )
