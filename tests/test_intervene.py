@@ -77,6 +77,17 @@ def test_trace_edges_payloads_and_validation_of_an_intervened_trace():
     assert check_trace(plain, reference=reference).state == "failed"
 
 
+def test_validate_applies_interventions_to_the_ground_truth_rerun():
+    model, x = _mlp(), torch.randn(2, 4)
+    edits = {tl.func("relu"): lambda t, op: t * 0 + 0.25}
+    status = tl.replay(model, x, intervene=edits)
+    assert status.state == "passed", status
+    assert tl.validate(model, x, intervene=edits)
+    with pytest.raises(tl.errors.InvalidArgumentError) as err:
+        tl.replay(model, x, intervene=edits, scope="backward")
+    assert err.value.code == "bad_scope"
+
+
 def test_keep_original_and_changes_need_permission():
     model, x = _mlp(), torch.randn(2, 4)
     keep = tl.Intervention(lambda t, op: -t, keep_original=True)

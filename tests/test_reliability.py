@@ -66,6 +66,15 @@ def test_capture_that_raises_frees_what_it_held(no_gc):
     assert held[0]() is None
 
 
+def test_values_aliasing_buffers_survive_the_next_forward():
+    torch.manual_seed(0)
+    bn = nn.BatchNorm1d(3).train()
+    trace = tl.trace(bn, torch.randn(4, 3))
+    bn(torch.randn(4, 3))  # updates num_batches_tracked (and the statistics) in place
+    assert trace["add__1"].out.item() == 1
+    assert bn.num_batches_tracked.item() == 2
+
+
 def test_repeated_captures_do_not_accumulate():
     model, x = small_mlp(), torch.randn(2, 4)
     payloads = []

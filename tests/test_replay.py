@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import torchlens as tl
-from torchlens.errors import CapabilityUnsupportedError, InvalidArgumentError
+from torchlens.errors import InvalidArgumentError
 from torchlens.replay import ReplayFailure, ReplayStatus, check_trace
 from torchlens.replay.exemptions import PERTURBATION_EXEMPT, exempt_reason
 from torchlens.replay.tolerances import mismatch, tolerance
@@ -161,16 +161,10 @@ def test_bad_scope_is_refused_with_code():
     assert err.value.code == "bad_scope"
 
 
-def test_backward_scope_is_routed_or_refused():
-    try:
-        import torchlens.replay.backward  # noqa: F401
-    except ModuleNotFoundError:
-        with pytest.raises(CapabilityUnsupportedError) as err:
-            tl.validate(tutorial_model(), torch.randn(2, 4), scope="backward")
-        assert err.value.code == "backward_validation_unavailable"
-    else:
-        status = tl.replay(tutorial_model(), torch.randn(2, 4), scope="backward")
-        assert isinstance(status, ReplayStatus)
+def test_backward_scope_checks_gradients():
+    status = tl.replay(tutorial_model(), torch.randn(2, 4), scope="backward")
+    assert isinstance(status, ReplayStatus)
+    assert status.state == "passed", status
 
 
 def test_tolerance_table_is_exact_for_integers_and_overridable_for_floats():

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,7 +12,8 @@ from torchlens.capture import rng
 from torchlens.capture.api import normalize_call
 from torchlens.capture.api import trace as capture
 from torchlens.capture.session import suspended
-from torchlens.errors import CapabilityUnsupportedError, InvalidArgumentError
+from torchlens.errors import InvalidArgumentError
+from torchlens.replay.backward import validate_backward
 from torchlens.replay.findings import Findings
 from torchlens.replay.ground_truth import (
     ModelState,
@@ -39,6 +39,7 @@ def validate(
     scope: str = "forward",
     atol: float | None = None,
     rtol: float | None = None,
+    intervene: Mapping[Any, Any] | None = None,
 ) -> bool:
     """Capture ``model(*args, **kwargs)`` and prove by replay that the record is right.
 
@@ -51,13 +52,14 @@ def validate(
         scope: ``"forward"``; ``"backward"`` validates backward capture where available.
         atol: absolute tolerance for floating values (default: per-dtype table).
         rtol: relative tolerance for floating values (default: per-dtype table).
+        intervene: ``{selector: fn}`` edits, as for ``tl.trace``; the capture and the
+            ground-truth rerun both apply them, so an edited forward can be proved too.
 
     Returns:
         True only when every op was replayed and every edge proved (or exempt).
 
     Raises:
         InvalidArgumentError: ``bad_scope`` for an unknown scope.
-        CapabilityUnsupportedError: ``backward_validation_unavailable``.
 
     Example:
         >>> import torch, torchlens as tl
@@ -65,7 +67,8 @@ def validate(
         >>> validate(model, torch.randn(2, 4))
         True
     """
-    return bool(replay(model, args, kwargs, scope=scope, atol=atol, rtol=rtol))
+    status = replay(model, args, kwargs, scope=scope, atol=atol, rtol=rtol, intervene=intervene)
+    return bool(status)
 
 
 def replay(
@@ -76,6 +79,7 @@ def replay(
     scope: str = "forward",
     atol: float | None = None,
     rtol: float | None = None,
+    intervene: Mapping[Any, Any] | None = None,
 ) -> ReplayStatus:
     """Capture one forward and run every validation arm; returns the :class:`ReplayStatus`.
 
@@ -94,11 +98,11 @@ def replay(
         ('passed', 1)
     """
     if scope != "forward":
-        return _other_scope(scope, model, args, kwargs, atol, rtol)
+        return _other_scope(scope, model, args, kwargs, atol, rtol, intervene)
     args, kwargs = normalize_call(args, kwargs)
     pristine = copy_inputs(args, kwargs)
     state = ModelState(model)
-    trace = capture(model, args, kwargs)
+    trace = capture(model, args, kwargs, intervene=intervene)
     after_capture = rng.snapshot()
     findings = Findings(trace)
     arms = _check_payloads(trace, findings, atol, rtol)
@@ -114,7 +118,7 @@ def replay(
         )  # fmt: skip
     else:
         after = state.rewind()
-        reference = rerun(model, *pristine, trace.rng_state)
+        reference = rerun(model, *pristine, trace.rng_state, intervene)
         compare_outputs(trace, expected, reference, findings, atol, rtol)
         state.compare_buffers(after, findings, atol, rtol)
     rng.restore(after_capture)
@@ -171,22 +175,17 @@ def _check_payloads(trace: Any, findings: Findings, atol, rtol) -> tuple[str, ..
     return ("lint", "replay", "perturbation")
 
 
-def _other_scope(scope: str, model, args, kwargs, atol, rtol) -> ReplayStatus:
+def _other_scope(scope: str, model, args, kwargs, atol, rtol, intervene) -> ReplayStatus:
     if scope not in SCOPES:
         raise InvalidArgumentError(
             f"scope must be one of {SCOPES}, got {scope!r}; use scope='forward' to validate "
             "the recorded forward pass",
             code="bad_scope",
         )
-    try:
-        module = importlib.import_module("torchlens.replay.backward")
-    except ModuleNotFoundError:
-        module = None
-    entry = getattr(module, "replay", None) or getattr(module, "backward", None)
-    if entry is None:
-        raise CapabilityUnsupportedError(
-            "backward capture validation is not available in this build; validate the "
-            "forward with scope='forward'",
-            code="backward_validation_unavailable",
+    if intervene is not None:
+        raise InvalidArgumentError(
+            "intervene= is validated with scope='forward'; backward validation checks the "
+            "gradients of the unedited model",
+            code="bad_scope",
         )
-    return entry(model, args, kwargs, atol=atol, rtol=rtol)
+    return validate_backward(model, args, kwargs, atol=atol, rtol=rtol)

@@ -39,7 +39,7 @@ from torchlens.replay.interpreter import Interpreter, Unreplayable, calls
 from torchlens.replay.status import ReplayStatus
 from torchlens.replay.tolerances import mismatch
 
-__all__ = ["validate_backward", "check_backward", "reference_grads", "replay"]
+__all__ = ["validate_backward", "check_backward", "reference_grads"]
 
 Tensor = torch.Tensor
 LossFn = Callable[[Any], Tensor]
@@ -106,7 +106,6 @@ def validate_backward(
     return findings.status(("ground_truth", "replay"))
 
 
-replay = validate_backward  # the entry ``tl.replay(..., scope="backward")`` looks up
 
 
 def check_backward(

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from torchlens.capture import rng
+from torchlens.capture.record import record
 from torchlens.capture.tree import fill, flatten
 from torchlens.errors import PayloadUnavailableError
 from torchlens.replay.findings import Findings
@@ -109,10 +110,18 @@ def _set_buffer(model: nn.Module, name: str, value: Tensor) -> None:
     setattr(owner, attr, value)
 
 
-def rerun(model: Any, args: tuple, kwargs: dict, rng_state: dict | None) -> Any:
-    """One plain forward with the captured RNG state in place (the caller's comes back)."""
+def rerun(
+    model: Any, args: tuple, kwargs: dict, rng_state: dict | None, intervene: Any = None
+) -> Any:
+    """One plain forward with the captured RNG state in place (the caller's comes back).
+
+    With ``intervene``, the edits are applied by ``tl.record``'s lean mode, which shares no
+    bookkeeping with the capture being checked.
+    """
     with rng.restored(rng_state):
-        return model(*args, **kwargs)
+        if intervene is None:
+            return model(*args, **kwargs)
+        return record(model, args, kwargs, intervene=intervene).output
 
 
 def expected_outputs(trace: Any) -> list[Tensor | None]:
