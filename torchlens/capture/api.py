@@ -133,7 +133,7 @@ def trace(
         out_tensors,
         rng_state=rng_state,
         meta=meta,
-        keep_safe=[t for _, t in arg_leaves + kwarg_leaves] + out_tensors + _buffers(model),
+        keep_safe=[t for _, t in arg_leaves + kwarg_leaves] + out_tensors + builder.model_buffers,
     )
     if grads is not None:
         grads.attach(result)
@@ -149,11 +149,6 @@ def _input_path(path: str, positional: bool) -> str:
     for part in rest.split(".") if rest else ():
         text += f"[{part}]" if part.isdigit() else f"[{part!r}]"
     return text
-
-
-def _buffers(model: Any) -> list[torch.Tensor]:
-    """Buffers the next forward will update in place (batch norm statistics, counters)."""
-    return list(model.buffers()) if isinstance(model, torch.nn.Module) else []
 
 
 def _type_name(model: Any) -> str:

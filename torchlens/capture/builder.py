@@ -89,6 +89,8 @@ class TraceBuilder:
         self.save_payloads = save_payloads
         self.payload_filter = payload_filter
         self.paused = False  # set while capture is suspended (reference runs)
+        self.named_modules: list[tuple[str, nn.Module]] = []  # filled by register_model
+        self.model_buffers: list[Tensor] = []  # updated in place by forwards; see finish
         # called as observe(record, live tensor, alias_of) each time a record takes a tensor;
         # alias_of is the label the tensor held with the same value (an op returned its input)
         self.observers: list[Callable[[Op | Source, Tensor, str | None], None]] = []
@@ -108,13 +110,25 @@ class TraceBuilder:
 
     # -- sources --------------------------------------------------------------------------
     def register_model(self, model: Any) -> None:
-        """Know the model's parameters and buffers, so they are named by their address."""
+        """Know the model's modules, parameters and buffers, so they are named by address.
+
+        One walk of the module tree serves the hooks too (``self.named_modules``); the
+        addresses are those ``named_parameters``/``named_buffers`` give, first name first.
+        """
         if not isinstance(model, nn.Module):
             return
-        for address, param in model.named_parameters():
-            self._owned.setdefault(id(param), ("parameter", address, param))
-        for address, buffer in model.named_buffers():
-            self._owned.setdefault(id(buffer), ("buffer", address, buffer))
+        self.named_modules = list(model.named_modules())
+        buffers = []
+        for prefix, module in self.named_modules:
+            for kind, members in (("parameter", module._parameters), ("buffer", module._buffers)):
+                for name, tensor in members.items():
+                    if tensor is None or id(tensor) in self._owned:
+                        continue
+                    address = f"{prefix}.{name}" if prefix else name
+                    self._owned[id(tensor)] = (kind, address, tensor)
+                    if kind == "buffer":
+                        buffers.append(tensor)
+        self.model_buffers = buffers
 
     def add_input(self, path: str, tensor: Tensor) -> str:
         """Record a tensor passed to the traced callable; returns its label."""

@@ -28,7 +28,7 @@ def install_module_hooks(model: Any, builder: TraceBuilder) -> list[RemovableHan
     thread = threading.get_ident()
     handles: list[RemovableHandle] = []
     try:
-        for address, module in model.named_modules():
+        for address, module in builder.named_modules:
             if not address:  # the root's own call is the trace itself
                 continue
             pre = partial(_enter, builder, address, thread)
@@ -46,12 +46,24 @@ def _enter(builder: TraceBuilder, address: str, thread: int, module, args, kwarg
     if threading.get_ident() != thread or builder.paused:
         return
     with torch._C.DisableTorchFunction():  # bookkeeping must not be recorded as ops
-        tensors = [t for _, t in flatten((args, kwargs))[0]]
-        builder.enter_module(module, address, tensors)
+        builder.enter_module(module, address, _tensors_in(args, kwargs))
 
 
 def _exit(builder: TraceBuilder, thread: int, module, args, kwargs, output) -> None:
     if threading.get_ident() != thread or builder.paused:
         return
     with torch._C.DisableTorchFunction():
-        builder.exit_module([t for _, t in flatten(output)[0]])
+        builder.exit_module(_tensors_in(output))
+
+
+def _tensors_in(*objs: Any) -> list[torch.Tensor]:
+    """The tensors inside hook arguments; plain tensors and flat tuples skip the tree walk."""
+    found: list[torch.Tensor] = []
+    for obj in objs:
+        if isinstance(obj, torch.Tensor):
+            found.append(obj)
+        elif type(obj) is tuple and all(isinstance(item, torch.Tensor) for item in obj):
+            found.extend(obj)
+        elif obj:
+            found.extend(t for _, t in flatten(obj)[0])
+    return found

@@ -106,8 +106,6 @@ def validate_backward(
     return findings.status(("ground_truth", "replay"))
 
 
-
-
 def check_backward(
     trace: Any,
     reference: Mapping[str, Tensor | None] | None = None,
