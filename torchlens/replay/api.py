@@ -109,14 +109,7 @@ def replay(
     if trace.structure_only:
         return findings.status(arms, unavailable=True)
     expected = expected_outputs(trace)
-    changed = state.changed_parameters()
-    if changed:
-        findings.unchecked(
-            changed[0], "ground_truth",
-            f"the forward modified parameter(s) {changed} in place, so the rerun cannot "
-            "start from the captured state",
-        )  # fmt: skip
-    else:
+    if not state.rerun_blocked(findings):
         after = state.rewind()
         reference = rerun(model, *pristine, trace.rng_state, intervene)
         compare_outputs(trace, expected, reference, findings, atol, rtol)

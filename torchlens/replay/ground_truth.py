@@ -64,6 +64,18 @@ class ModelState:
             if current.get(name) is not param or _version(param) != version
         ]
 
+    def rerun_blocked(self, findings: Findings) -> bool:
+        """Whether the forward changed parameters in place, which rules out a faithful
+        rerun; if so, the ground-truth arm is noted as unverified in ``findings``."""
+        changed = self.changed_parameters()
+        if changed:
+            findings.unchecked(
+                changed[0], "ground_truth",
+                f"the forward modified parameter(s) {changed} in place, so the rerun cannot "
+                "start from the captured state",
+            )  # fmt: skip
+        return bool(changed)
+
     def rewind(self) -> dict[str, Tensor]:
         """Put changed buffers back as they were; returns copies of their changed values."""
         after: dict[str, Tensor] = {}

@@ -180,10 +180,7 @@ class Checker(Interpreter):
         slots: dict[str, list[int]] = {}
         for i, ref in enumerate(head.parent_args):
             slots.setdefault(ref.label, []).append(i)
-        points = [(values, baseline)]
-        small = self._small_point(head, values, baseline)
-        if small is not None:
-            points.insert(0, small)  # cheap first; the recorded point only if it proves nothing
+        points = _Points(self, head, values, baseline)
         verdicts = [self._perturb_one(head, label, idx, points) for label, idx in slots.items()]
         for op in ops:
             self.findings.perturbed(op.label, verdicts)
@@ -191,12 +188,12 @@ class Checker(Interpreter):
     def _perturb_one(self, head, label, indices, points) -> tuple[str, str]:
         """``(verdict, reason)`` for one parent: verified, exempt, failed or unchecked.
 
-        At each point (a cheap sliced one first when there is one, then the recorded one) the
+        At each point (cheap sliced ones first when there are any, then the recorded one) the
         parent is moved by noise, halved, then negated. If nothing changes the output, the
         other floating arguments are moved too: an edge can be real yet annihilated by
         another argument's value (a zero weight, a zero initial hidden state).
         """
-        values, baseline = points[-1]
+        values, baseline = points.recorded
         positions = [head.parent_args[i].position for i in indices]
         reason = parent_kind_reason(values[indices[0]]) or exempt_reason(head, positions)
         if reason:
@@ -237,18 +234,16 @@ class Checker(Interpreter):
             return True
         return any(differs(a, b, self.atol, self.rtol) for a, b in zip(outputs, baseline))
 
-    def _small_point(self, head, values, baseline) -> tuple[list, list] | None:
-        """The call on the first row of its batch-like arguments, when that runs (see
-        :func:`~torchlens.replay.perturb.sliced`)."""
-        if head.func is None:
-            return None
+    def small_point(self, head, values, baseline, dims: int) -> tuple[list, list] | None:
+        """The call at the first entry of ``dims`` leading batch-like dimensions, when that
+        runs (see :func:`~torchlens.replay.perturb.sliced`)."""
         kinds = [getattr(self.trace[ref.label], "kind", "op") for ref in head.parent_args]
-        small = sliced(values, kinds, baseline)
+        small = sliced(values, kinds, baseline, dims)
         if small is None:
             return None
         try:
             return small, self.execute(head, self._guarded(head, small))
-        except Exception:  # noqa: BLE001 - the call is not row-separable: use the full one
+        except Exception:  # noqa: BLE001 - the call is not separable this way
             return None
 
     @staticmethod
@@ -257,3 +252,29 @@ class Checker(Interpreter):
         if op.is_inplace or op.func_name in MUTATES_ARGUMENTS or op.func is None:
             return [v if i in skip else v.clone() for i, v in enumerate(values)]
         return values
+
+
+class _Points:
+    """Where to perturb a call: one position of its batch-like arguments, then one row,
+    then the recorded point. Each sliced point is computed the first time a parent needs
+    it, so a call whose edges the smallest point proves pays for nothing larger."""
+
+    def __init__(self, checker: Checker, head: Any, values: list[Tensor], baseline) -> None:
+        self.recorded = (values, baseline)
+        self._checker, self._head = checker, head
+        self._pending = [2, 1] if head.func is not None else []
+        self._ready: list[tuple[list, list]] = []
+
+    def __iter__(self):
+        index = 0
+        while True:
+            while index >= len(self._ready) and self._pending:
+                dims = self._pending.pop(0)
+                point = self._checker.small_point(self._head, *self.recorded, dims)
+                if point is not None:
+                    self._ready.append(point)
+            if index >= len(self._ready):
+                yield self.recorded
+                return
+            yield self._ready[index]
+            index += 1

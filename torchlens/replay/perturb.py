@@ -75,23 +75,26 @@ def _magnitude(value: Tensor, sample: int = 4096) -> float:
     return float(flat.abs().mean())
 
 
-def sliced(values: list[Tensor], kinds: list[str], outputs: list[Tensor]) -> list[Tensor] | None:
-    """The arguments cut to the first row of the output's leading dimension, or None.
+def sliced(
+    values: list[Tensor], kinds: list[str], outputs: list[Tensor], dims: int = 1
+) -> list[Tensor] | None:
+    """The arguments cut to the first entry of the output's ``dims`` leading dimensions.
 
-    Batch-like arguments (not parameters or buffers) whose leading size equals the first
-    output's are cut to one row. A parent that changes the sliced call's output is read by
-    the function: the same proof as at full size, for a fraction of the cost. Calls that are
-    small (see :data:`SLICE_MIN_ELEMENTS`), have no such argument, or fail when sliced are
-    perturbed at full size.
+    Batch-like arguments (not parameters or buffers) whose leading sizes equal the first
+    output's are cut to one entry in each of those dimensions: ``dims=1`` keeps one row of a
+    batch, ``dims=2`` one position of one sequence. A parent that changes the sliced call's
+    output is read by the function: the same proof as at full size, for a fraction of the
+    cost. Calls that are small (see :data:`SLICE_MIN_ELEMENTS`), have no such argument, or
+    fail when sliced are perturbed at a larger point.
     """
-    if not outputs or outputs[0].dim() == 0 or outputs[0].shape[0] < 2:
+    if not outputs or outputs[0].dim() < dims or any(n < 2 for n in outputs[0].shape[:dims]):
         return None
     if sum(t.numel() for t in (*values, *outputs)) < SLICE_MIN_ELEMENTS:
         return None
-    rows = outputs[0].shape[0]
+    lead = tuple(outputs[0].shape[:dims])
     small, cut = list(values), False
     for i, (value, kind) in enumerate(zip(values, kinds)):
-        if kind not in ("parameter", "buffer") and value.dim() and value.shape[0] == rows:
-            small[i] = value[:1]
+        if kind not in ("parameter", "buffer") and tuple(value.shape[:dims]) == lead:
+            small[i] = value[(slice(0, 1),) * dims]
             cut = True
     return small if cut else None
