@@ -19,7 +19,8 @@ from timing import interleaved_medians  # noqa: E402
 
 import torchlens as tl  # noqa: E402
 
-TARGETS = {"mlp100": 3.0, "convnet8": 1.5, "transformer_encoder": 1.5, "gpt_decoder": 1.5}
+# Issue 2's targets; the GPT-style decoder (many small ops) is reported without one.
+TARGETS = {"mlp100": 3.0, "convnet8": 1.5, "transformer_encoder": 1.5}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,91 @@
+"""The package's shape: layers import only downward, and the public surface changes on purpose."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+import torchlens as tl
+
+PACKAGE = Path(tl.__file__).resolve().parent
+
+# Lower numbers sit lower: a module may import (at module level) only from lower layers or
+# from its own package. Lazy imports inside functions (Trace.draw -> viz) are the exception.
+LAYERS = {
+    "_version": 0, "_table": 0, "errors": 0,
+    "capabilities": 1, "trace": 1, "selectors": 1,
+    "recording": 2,
+    "capture": 3,
+    "replay": 4, "io": 4, "viz": 4,
+    "report": 5,
+    "backends": 6,
+    "demo": 7, "cli": 7,
+    "__main__": 8, "__init__": 9,
+}  # fmt: skip
+
+
+def _group(path: Path) -> str:
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return parts[0]
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    groups = set()
+    for node in ast.parse(path.read_text()).body:
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "torchlens":
+                groups.add(parts[1] if len(parts) > 1 else "__init__")
+    return groups
+
+
+def test_every_module_has_a_layer():
+    groups = {_group(path) for path in PACKAGE.rglob("*.py")}
+    assert groups <= set(LAYERS), groups - set(LAYERS)
+
+
+def test_layers_import_only_downward():
+    upward = []
+    for path in PACKAGE.rglob("*.py"):
+        group = _group(path)
+        for imported in _top_level_imports(path) - {group}:
+            if LAYERS[imported] >= LAYERS[group] and group != "__init__":
+                upward.append(f"{path.relative_to(PACKAGE)} imports {imported}")
+    assert upward == []
+
+
+def test_public_names():
+    assert sorted(tl.__all__) == [
+        "Intervention", "ModuleCall", "Op", "Recording", "Selector", "Source", "Trace",
+        "__version__", "backends", "errors", "func", "label", "load", "module", "record",
+        "replay", "report", "save", "trace", "validate", "viz", "where",
+    ]  # fmt: skip
+    for name in tl.__all__:
+        if name != "__version__":
+            assert getattr(tl, name).__doc__, f"tl.{name} has no docstring"
+
+
+def test_public_signatures():
+    signatures = {
+        name: str(inspect.signature(getattr(tl, name)))
+        for name in ("trace", "validate", "replay", "record", "load", "save")
+    }
+    call = "model: 'Any', args: 'Any' = (), kwargs: 'Mapping[str, Any] | None' = None, *, "
+    checks = "scope: 'str' = 'forward', atol: 'float | None' = None, rtol: 'float | None' = None"
+    edits = "intervene: 'Mapping[Any, Any] | None' = None"
+    assert signatures == {
+        "trace": f"({call}structure_only: 'bool' = False, save: 'Any' = None, {edits}, "
+        "stop_after: 'Any' = None, stream_to: 'str | os.PathLike | None' = None, "
+        "save_grads: 'bool' = False, intermediate_derived_grads: 'bool' = False) -> 'Trace'",
+        "validate": f"({call}{checks}, {edits}) -> 'bool'",
+        "replay": f"({call}{checks}, {edits}) -> 'ReplayStatus'",
+        "record": f"({call}save: 'Any' = None, {edits}, stop_after: 'Any' = None) -> 'Recording'",
+        "load": "(path: 'str | os.PathLike') -> 'Trace'",
+        "save": "(trace: 'Trace', path: 'str | os.PathLike') -> 'Path'",
+    }
