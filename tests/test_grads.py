@@ -376,3 +376,54 @@ def test_save_selection_limits_kept_grads():
     assert err.value.code == "not_saved"
     assert set(trace.grads) >= {"relu_1", "0.weight", "2.bias"}
     assert check_backward(trace).state == "unverified"  # unkept grads are not proved
+
+
+# -- gradients on disk ------------------------------------------------------------------------
+
+
+def _small_model_and_input():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)), torch.randn(2, 4)
+
+
+def test_streamed_trace_keeps_its_gradients(tmp_path):
+    model, x = _small_model_and_input()
+    trace = tl.trace(model, x, save_grads=True, stream_to=tmp_path / "run")
+    trace.backward()
+    loaded = tl.load(tmp_path / "run")
+    for op in trace:
+        assert torch.equal(loaded[op.label].grad, op.grad)
+    assert torch.equal(loaded.grads["0.weight"], trace.grads["0.weight"])
+    assert set(loaded.grads) == set(trace.grads)
+
+
+def test_saved_trace_keeps_gradients_and_refuses_a_new_backward(tmp_path):
+    model, x = _small_model_and_input()
+    trace = tl.trace(model, x, save_grads=True)
+    trace.backward()
+    loaded = tl.load(tl.save(trace, tmp_path / "run"))
+    assert torch.equal(loaded["relu_1"].grad, trace["relu_1"].grad)
+    with pytest.raises(GradUnavailableError) as err:
+        loaded.backward()
+    assert err.value.code == "grads_not_captured"
+
+
+def test_saved_before_backward_has_no_gradients(tmp_path):
+    model, x = _small_model_and_input()
+    trace = tl.trace(model, x, save_grads=True)
+    loaded = tl.load(tl.save(trace, tmp_path / "run"))
+    assert not (tmp_path / "run" / "grads.safetensors").exists()
+    with pytest.raises(GradUnavailableError) as err:
+        loaded["relu_1"].grad
+    assert err.value.code == "grads_not_captured"
+
+
+def test_corrupt_gradient_file_is_a_typed_error(tmp_path):
+    model, x = _small_model_and_input()
+    trace = tl.trace(model, x, save_grads=True)
+    trace.backward()
+    root = tl.save(trace, tmp_path / "run")
+    (root / "grads.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(tl.errors.TraceFileError) as err:
+        tl.load(root)
+    assert err.value.code == "corrupt_payload"

@@ -109,6 +109,8 @@ def trace(
     grads = GradCapture(builder.payload_filter) if save_grads else None
     if grads is not None:
         builder.observers.append(grads.observe)
+        if sink is not None:
+            grads.sinks.append(sink.write_grads)
     arg_leaves, kwarg_leaves = flatten(args)[0], flatten(kwargs)[0]
     for path, tensor in arg_leaves:
         builder.add_input(_input_path(path, positional=True), tensor)

@@ -151,7 +151,8 @@ class GradCapture:
         self.store = GradStore()
         self.payload_filter = payload_filter
         self.handles: dict[str, RemovableHandle] = {}  # label -> hook on its value
-        self.sinks: list[Callable[[str, Tensor], None]] = []  # told of each grad at the end
+        # given every captured grad once backward ends (streaming writes them to disk)
+        self.sinks: list[Callable[[Mapping[str, Tensor]], None]] = []
         self.active = False  # a backward through this trace is running
         self._queued = False
         self.aliases = AliasTracker()  # records whose grad autograd merges with another's
@@ -232,10 +233,10 @@ class GradCapture:
         self.active = False
         self.store.done = True
         _remove_all(self.handles)
-        for sink in self.sinks:
-            for label, grad in self.store.values.items():
-                if self.store.has(label):
-                    sink(label, grad)
+        if self.sinks:
+            grads = {label: g for label, g in self.store.values.items() if self.store.has(label)}
+            for sink in self.sinks:
+                sink(grads)
 
     def put(self, label: str, grad: Tensor | None) -> None:
         """Keep a copy of ``grad`` (autograd may reuse its buffer)."""

@@ -12,7 +12,7 @@ reading imports.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import torch
@@ -35,6 +35,9 @@ class PayloadSink(Protocol):
 
     def close(self, trace: Trace) -> None:
         """The capture finished: make what was written complete and readable."""
+
+    def write_grads(self, grads: Mapping[str, torch.Tensor]) -> None:
+        """Backward ran through the trace (``save_grads=True``): keep its gradients too."""
 
 
 StreamSinkFactory = Callable[[str | os.PathLike], PayloadSink]

@@ -38,7 +38,8 @@ MARKER = "INCOMPLETE"
 PAYLOADS = "payloads.safetensors"
 PAYLOAD_DIR = "payloads"
 RNG = "rng.safetensors"
-_OURS = (MANIFEST, MANIFEST + ".tmp", MARKER, PAYLOADS, RNG)
+GRADS = "grads.safetensors"  # present once backward ran through a save_grads=True trace
+_OURS = (MANIFEST, MANIFEST + ".tmp", MARKER, PAYLOADS, RNG, GRADS)
 
 
 def prepare(path: str | os.PathLike) -> Path:
@@ -89,7 +90,9 @@ def dumps(data: Any) -> str:
     return json.dumps(data, sort_keys=True, indent=1, ensure_ascii=True, allow_nan=False) + "\n"
 
 
-def write_tensors(file: Path, tensors: dict[str, torch.Tensor]) -> None:
+def write_tensors(
+    file: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
+) -> None:
     """Write ``tensors`` (contiguous, CPU) as one safetensors file; shared storage is copied,
     because safetensors refuses tensors that share memory."""
     seen: set[int] = set()
@@ -101,7 +104,7 @@ def write_tensors(file: Path, tensors: dict[str, torch.Tensor]) -> None:
         elif ptr is not None:
             seen.add(ptr)
         unique[key] = tensor
-    save_file(unique, str(file))
+    save_file(unique, str(file), metadata=metadata)
 
 
 def inside(root: Path, name: Any) -> Path:

@@ -19,6 +19,7 @@ from safetensors import SafetensorError, safe_open
 from torchlens.errors import TraceFileError
 from torchlens.io import _layout
 from torchlens.io._encode import Unencodable
+from torchlens.io._grads import LoadedGrads, read_grads
 from torchlens.io._manifest import (
     FORMAT,
     FORMAT_VERSION,
@@ -80,6 +81,11 @@ def load(path: str | os.PathLike) -> Trace:
         raise _corrupt_manifest(root, f"{type(err).__name__}: {err}") from None
     if reason is not None:
         trace.meta["output_unavailable"] = reason
+    grads = read_grads(root, set(trace._by_label))
+    if grads is not None:
+        for record in (*trace.ops, *trace.sources):
+            record._grads = grads
+        trace.grad_session = LoadedGrads(grads)
     return trace
 
 

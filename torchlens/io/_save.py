@@ -7,8 +7,9 @@ from pathlib import Path
 
 import torch
 
-from torchlens.errors import PayloadUnavailableError, TraceFileError
+from torchlens.errors import InvalidArgumentError, PayloadUnavailableError, TraceFileError
 from torchlens.io import _layout
+from torchlens.io._grads import write_grads
 from torchlens.io._manifest import rng_tensors, trace_to_manifest
 from torchlens.io._payloads import FilePayloadStore, entry_for, stored_form
 from torchlens.trace import Trace
@@ -43,7 +44,10 @@ def save(trace: Trace, path: str | os.PathLike) -> Path:
         ['manifest.json', 'payloads.safetensors', 'rng.safetensors']
     """
     if not isinstance(trace, Trace):
-        raise TypeError(f"save() takes a Trace, got {type(trace).__name__}")
+        raise InvalidArgumentError(
+            f"save() takes a Trace (from tl.trace or tl.load), got {type(trace).__name__}",
+            code="not_a_trace",
+        )
     store = trace.store
     if isinstance(store, FilePayloadStore) and _same_dir(store.root, Path(path)):
         raise TraceFileError(
@@ -54,8 +58,18 @@ def save(trace: Trace, path: str | os.PathLike) -> Path:
     root = _layout.prepare(path)
     _layout.write_tensors(root / _layout.PAYLOADS, stored)
     _layout.write_tensors(root / _layout.RNG, rng_tensors(trace))
+    grads = _captured_grads(trace)
+    if grads:
+        write_grads(root, grads)
     _layout.finish(root, trace_to_manifest(trace, entries, missing))
     return root
+
+
+def _captured_grads(trace: Trace) -> dict[str, torch.Tensor]:
+    """The gradients backward capture recorded, if backward has run through ``trace``."""
+    if trace.grad_session is None:
+        return {}
+    return {label: trace.grads[label] for label in trace.grads}
 
 
 def collect_payloads(

@@ -9,10 +9,12 @@ raises leaves a directory ``tl.load`` refuses with code ``incomplete``.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 import torch
 
 from torchlens.io import _layout
+from torchlens.io._grads import write_grads
 from torchlens.io._manifest import rng_tensors, trace_to_manifest
 from torchlens.io._payloads import FilePayloadStore, entry_for, stored_form
 from torchlens.trace import MemoryPayloadStore, Trace
@@ -50,6 +52,10 @@ class StreamWriter:
         file = f"{_layout.PAYLOAD_DIR}/{self._count:06d}.safetensors"
         _layout.write_tensors(self.root / file, {label: stored})
         self.store.entries[label] = entry_for(value, stored, file, label)
+
+    def write_grads(self, grads: Mapping[str, torch.Tensor]) -> None:
+        """Write the gradients of a finished backward beside the streamed trace."""
+        write_grads(self.root, grads)
 
     def close(self, trace: Trace) -> None:
         assert self.store is not None, "attach() comes first"
