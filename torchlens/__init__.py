@@ -18,6 +18,16 @@ Example:
     ['linear', 'relu', 'linear']
     >>> trace["linear_2"].module, trace["linear_2"].parents
     ('2', ('relu_1', '2.weight', '2.bias'))
+    >>> print(trace)
+    Trace: 3 ops, 5 sources (1 inputs), 4 module calls
+    op        function  module call  shape   dtype
+    --------  --------  -----------  ------  -------
+    linear_1  linear    0:1          (2, 3)  float32
+    relu_1    relu      1:1          (2, 3)  float32
+    linear_2  linear    2:1          (2, 2)  float32
+    outputs: linear_2
+    >>> tl.validate(model, torch.randn(2, 4))
+    True
 
 Importing torchlens changes nothing in torch: interception exists only while a capture runs.
 """
