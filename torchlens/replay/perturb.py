@@ -17,6 +17,11 @@ Tensor = torch.Tensor
 # full size only: below it the cost of a call is Python overhead, which slicing cannot cut.
 SLICE_MIN_ELEMENTS = 1 << 16
 
+# Noise is drawn once as a block of this many values (a prime, so the pattern never lines up
+# with power-of-two shapes) and tiled: drawing millions of normals per large parameter cost
+# more than the perturbed calls themselves.
+NOISE_PERIOD = 4093
+
 
 class Perturber:
     """Makes perturbed values from its own generator (the caller's RNG is never drawn)."""
@@ -57,8 +62,10 @@ class Perturber:
         noise = self._noise.get(key)
         if noise is None:
             draw = torch.float64 if value.dtype == torch.float64 else torch.float32
-            noise = torch.randn(value.shape, generator=self._generator, dtype=draw)
-            noise = noise.to(dtype=value.dtype, device=value.device)
+            block = torch.randn(NOISE_PERIOD, generator=self._generator, dtype=draw)
+            count = value.numel()
+            tiled = block.repeat(-(-count // NOISE_PERIOD))[:count] if count else block[:0]
+            noise = tiled.reshape(value.shape).to(dtype=value.dtype, device=value.device)
             self._noise[key] = noise
         return noise
 
