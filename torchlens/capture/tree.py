@@ -57,11 +57,21 @@ def flatten_call(args: tuple, kwargs: dict) -> tuple[list[tuple[str, Tensor]], t
     return leaves, args_template, kwargs_template
 
 
+# Argument types that never hold a tensor: returned as they are, without a walk (the
+# common case of every call's ints, dtypes and sizes, so it is checked first).
+_ATOMS = frozenset({
+    int, float, bool, complex, str, type(None), type(Ellipsis), slice,
+    torch.dtype, torch.device, torch.Size, torch.memory_format, torch.layout,
+})  # fmt: skip
+
+
 def _walk(obj: Any, path: str, leaves: list[tuple[str, Tensor]]) -> Any:
+    kind = type(obj)
+    if kind in _ATOMS:
+        return obj
     if isinstance(obj, Tensor):
         leaves.append((path, obj))
         return ArgSlot(len(leaves) - 1)
-    kind = type(obj)
     if kind is tuple or kind is list:
         items = [_walk(item, _join(path, i), leaves) for i, item in enumerate(obj)]
         return tuple(items) if kind is tuple else items
