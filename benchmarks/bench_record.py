@@ -35,6 +35,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from models import BENCH_MODELS  # noqa: E402
+from timing import interleaved_times  # noqa: E402
 
 import torchlens as tl  # noqa: E402
 import torchlens.capture.record as record_api  # noqa: E402
@@ -92,23 +93,6 @@ def _record_cloning(model, args, save):
         record_api.RecordMode = original
 
 
-def interleaved_times(
-    fns: dict[str, Callable[[], object]], repeats: int, clock: Callable[[], float]
-) -> dict[str, list[float]]:
-    """Times of each function by ``clock``, one per round; every round runs them all in
-    turn (after two warm-up rounds), so a ratio is taken between runs seconds apart."""
-    for _ in range(2):
-        for fn in fns.values():
-            fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = clock()
-            fn()
-            times[name].append(clock() - start)
-    return times
-
-
 def ratio(times: dict[str, list[float]], a: str, b: str) -> float:
     """Median over rounds of ``a``'s time over ``b``'s time in the same round."""
     return statistics.median(x / y for x, y in zip(times[a], times[b]))
@@ -142,6 +126,7 @@ def bench_model(
             "record_stop": lambda: tl.record(model, args, save=first, stop_after=first),
         },
         repeats=repeats,
+        warmup=2,
         clock=clock,
     )
     info = {"ops": len(full), "kept": len(labels), "stop_at": full[labels[0]].index + 1}

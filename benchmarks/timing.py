@@ -19,17 +19,29 @@ def median_seconds(fn: Callable[[], object], repeats: int = 20, warmup: int = 3)
     return statistics.median(times)
 
 
-def interleaved_medians(
-    fns: dict[str, Callable[[], object]], repeats: int = 20, warmup: int = 3
-) -> dict[str, float]:
-    """Median wall time of each function, runs interleaved so drift hits all alike."""
+def interleaved_times(
+    fns: dict[str, Callable[[], object]],
+    repeats: int = 20,
+    warmup: int = 3,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[str, list[float]]:
+    """Each function's time by ``clock``, one per round; every round runs them all in turn,
+    so drift on a shared machine hits all alike and ratios can be taken round by round."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            start = time.perf_counter()
+            start = clock()
             fn()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(clock() - start)
+    return times
+
+
+def interleaved_medians(
+    fns: dict[str, Callable[[], object]], repeats: int = 20, warmup: int = 3
+) -> dict[str, float]:
+    """Median wall time of each function, runs interleaved (see :func:`interleaved_times`)."""
+    times = interleaved_times(fns, repeats, warmup)
     return {name: statistics.median(ts) for name, ts in times.items()}

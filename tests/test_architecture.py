@@ -13,7 +13,7 @@ PACKAGE = Path(tl.__file__).resolve().parent
 # Lower numbers sit lower: a module may import (at module level) only from lower layers or
 # from its own package. Lazy imports inside functions (Trace.draw -> viz) are the exception.
 LAYERS = {
-    "_version": 0, "_table": 0, "errors": 0,
+    "_version": 0, "_table": 0, "_tensors": 0, "errors": 0,
     "capabilities": 1, "trace": 1, "selectors": 1,
     "recording": 2,
     "capture": 3,

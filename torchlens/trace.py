@@ -15,6 +15,7 @@ from typing import Any, NamedTuple, Protocol
 import torch
 
 from torchlens._table import format_table
+from torchlens._tensors import version_of
 from torchlens.errors import GradUnavailableError, LookupFailedError, PayloadUnavailableError
 
 __all__ = [
@@ -57,7 +58,7 @@ class MemoryPayloadStore:
             code, message = self.missing.get(label, self.default_missing)
             raise PayloadUnavailableError(message, code=code)
         saved_version = self.versions.get(label)
-        if saved_version is not None and _version_of(value) != saved_version:
+        if saved_version is not None and version_of(value) != saved_version:
             raise PayloadUnavailableError(
                 f"the value saved for {label!r} was modified in place after capture; "
                 "clone the model's outputs before editing them, or trace again",
@@ -76,14 +77,6 @@ class MemoryPayloadStore:
     def mark_missing(self, label: str, code: str, message: str) -> None:
         self.values.pop(label, None)
         self.missing[label] = (code, message)
-
-
-def _version_of(tensor: torch.Tensor) -> int | None:
-    """A tensor's version counter; ``None`` for inference tensors, which have none."""
-    try:
-        return tensor._version
-    except RuntimeError:
-        return None
 
 
 class ArgRef(NamedTuple):

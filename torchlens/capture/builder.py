@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchlens._tensors import storage_key, version_of
 from torchlens.capture.sinks import PayloadSink
 from torchlens.trace import ArgRef, MemoryPayloadStore, ModuleCall, Op, Source, Trace
 
@@ -32,25 +33,11 @@ Tensor = torch.Tensor
 REFRESH_FUNC_NAME = "refresh"  # a value changed by a write the capture could not attribute
 
 
-def _version(tensor: Tensor) -> int | None:
-    try:
-        return tensor._version
-    except RuntimeError:  # inference tensors carry no version counter
-        return None
-
-
 def _geometry(tensor: Tensor) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
     """``(shape, stride, storage_offset)``: where a tensor's elements sit in its storage."""
     try:
         return tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset()
     except (RuntimeError, NotImplementedError):  # sparse, nested tensors
-        return None
-
-
-def _storage_key(tensor: Tensor) -> tuple[torch.device, int] | None:
-    try:
-        return (tensor.device, tensor.untyped_storage().data_ptr())
-    except (RuntimeError, NotImplementedError):  # sparse, nested, meta, functional tensors
         return None
 
 
@@ -162,7 +149,7 @@ class TraceBuilder:
 
     # -- identity -------------------------------------------------------------------------
     def _remember(self, tensor: Tensor, label: str) -> None:
-        version = _version(tensor)
+        version = version_of(tensor)
         if self.observers:
             entry = self._live.get(id(tensor))
             same = entry is not None and entry[0]() is tensor and entry[2] == version
@@ -182,7 +169,7 @@ class TraceBuilder:
         entry = self._live.get(id(tensor))
         if entry is not None and entry[0]() is tensor:
             label = entry[1]
-            if entry[2] == _version(tensor):
+            if entry[2] == version_of(tensor):
                 return label
             return self._refresh(tensor, label)
         owned = self._owned.get(id(tensor))
@@ -198,7 +185,7 @@ class TraceBuilder:
     def _refresh(self, tensor: Tensor, stale_label: str) -> str:
         """Record that ``tensor`` changed behind the capture's back (see module docstring)."""
         parents = [stale_label]
-        key = _storage_key(tensor)
+        key = storage_key(tensor)
         writer = self._last_writer.get(key) if key is not None else None
         if writer is not None and writer != stale_label:
             parents.append(writer)
@@ -212,14 +199,14 @@ class TraceBuilder:
     # -- ops ------------------------------------------------------------------------------
     def protect(self, target: Tensor) -> None:
         """Clone every saved alias of ``target``'s storage before it is written in place."""
-        key = _storage_key(target)
+        key = storage_key(target)
         if key is None:
             return
         for label in self._aliases.pop(key, ()):
             value = self.store.values.get(label)
             if value is not None:
                 copy = value.clone()
-                self.store.set(label, copy, _version(copy))
+                self.store.set(label, copy, version_of(copy))
 
     def record_call(
         self,
@@ -246,7 +233,7 @@ class TraceBuilder:
             )  # fmt: skip
             op.rng_state = rng_state
             if inplace:
-                key = _storage_key(tensor)
+                key = storage_key(tensor)
                 if key is not None:
                     self._last_writer[key] = op.label
                     op.meta["geometry"] = _geometry(tensor)  # where it wrote, for replay
@@ -324,12 +311,12 @@ class TraceBuilder:
         if copy:
             value = value.clone()
         else:
-            key = _storage_key(value)
+            key = storage_key(value)
             if key is None:
                 value = value.clone()
             else:
                 self._aliases[key].append(label)
-        self.store.set(label, value, _version(value))
+        self.store.set(label, value, version_of(value))
 
     def _new_label(self, name: str) -> str:
         self._name_counts[name] += 1

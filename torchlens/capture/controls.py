@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchlens._tensors import version_of
 from torchlens.capture import rng
 from torchlens.errors import InterventionError, InvalidArgumentError, PayloadUnavailableError
 from torchlens.selectors import Candidates, Selector, as_selector, require_match
@@ -62,13 +63,6 @@ class _Halt(BaseException):
 def original_key(label: str) -> str:
     """The store key of an edited op's value before the edit."""
     return f"{label}#original"
-
-
-def _version(tensor: Tensor) -> int | None:
-    try:
-        return tensor._version
-    except RuntimeError:
-        return None
 
 
 def apply_edit(edit: Intervention, tensor: Tensor, view: Any, inplace: bool) -> Tensor:
@@ -208,9 +202,9 @@ class Controls:
 
     def _edit_traced(self, builder: Any, op: Any, tensor: Tensor, edit: Intervention) -> Tensor:
         original = tensor.detach().clone() if edit.keep_original else None
-        version = _version(tensor)
+        version = version_of(tensor)
         new = apply_edit(edit, tensor, op, op.is_inplace)
-        if new is not tensor or _version(new) != version:
+        if new is not tensor or version_of(new) != version:
             builder.replace_output(op, new)
         if original is not None:
             builder.save_extra(original_key(op.label), original)

@@ -24,24 +24,12 @@ from typing import Any
 
 import torch
 
+from torchlens._tensors import storage_key, version_of
+
 __all__ = ["AliasTracker"]
 
 Tensor = torch.Tensor
 _MAX_NODES = 10_000  # bound on the walk inside one multi-output call
-
-
-def _version(tensor: Tensor) -> int | None:
-    try:
-        return tensor._version
-    except RuntimeError:
-        return None
-
-
-def _storage_key(tensor: Tensor) -> tuple[Any, int] | None:
-    try:
-        return (tensor.device, tensor.untyped_storage().data_ptr())
-    except (RuntimeError, NotImplementedError):
-        return None
 
 
 class AliasTracker:
@@ -62,7 +50,7 @@ class AliasTracker:
         if alias_of is not None and not op.is_inplace:
             self.passthrough[label] = alias_of
         is_view = tensor._base is not None
-        self.storage[label] = (_storage_key(tensor), _version(tensor))
+        self.storage[label] = (storage_key(tensor), version_of(tensor))
         if is_view:
             self.views.add(label)
             if op.is_inplace or op.func_name == "setitem":

@@ -26,7 +26,7 @@ from torch.nn.modules.module import (
 from torch.overrides import TorchFunctionMode
 from torch.utils.hooks import RemovableHandle
 
-from torchlens.capture.builder import _storage_key, _version
+from torchlens._tensors import storage_key, version_of
 from torchlens.capture.controls import Controls, Intervention, _Halt, apply_edit, original_key
 from torchlens.capture.mode import _inplace_targets
 from torchlens.capture.naming import func_info
@@ -197,12 +197,12 @@ class RecordMode(TorchFunctionMode):
 
     def _keep(self, view: OpView, tensor: Tensor) -> None:
         value = tensor.detach()
-        key = None if self.clone else _storage_key(value)
+        key = None if self.clone else storage_key(value)
         if key is None:
             value = value.clone()
         else:
             self._aliases.setdefault(key, []).append(view.label)
-        self.store.set(view.label, value, _version(value))
+        self.store.set(view.label, value, version_of(value))
         if view._store is None:
             view._store = self.store
             self.kept.append(view)
@@ -214,10 +214,10 @@ class RecordMode(TorchFunctionMode):
 
     def protect(self, tensor: Tensor) -> None:
         """Copy kept values that share ``tensor``'s storage (it may be written later)."""
-        key = _storage_key(tensor)
+        key = storage_key(tensor)
         for label in self._aliases.pop(key, ()) if key is not None else ():
             value = self.store.values[label].clone()
-            self.store.set(label, value, _version(value))
+            self.store.set(label, value, version_of(value))
 
     # -- module calls ---------------------------------------------------------------------
     def install_hooks(self, model: Any) -> list[RemovableHandle]:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchlens._tensors import version_of
 from torchlens.capture import rng
 from torchlens.capture.record import record
 from torchlens.capture.tree import fill, flatten
@@ -25,13 +26,6 @@ from torchlens.replay.tolerances import mismatch
 __all__ = ["ModelState", "copy_inputs", "compare_outputs", "rerun"]
 
 Tensor = torch.Tensor
-
-
-def _version(tensor: Tensor) -> int | None:
-    try:
-        return tensor._version
-    except RuntimeError:
-        return None
 
 
 def copy_inputs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -51,9 +45,9 @@ class ModelState:
         if self.model is None:
             return
         for name, buf in self.model.named_buffers(remove_duplicate=False):
-            self.buffers[name] = (buf, _version(buf), buf.detach().clone())
+            self.buffers[name] = (buf, version_of(buf), buf.detach().clone())
         for name, param in self.model.named_parameters(remove_duplicate=False):
-            self.params[name] = (param, _version(param))
+            self.params[name] = (param, version_of(param))
 
     def changed_parameters(self) -> list[str]:
         """Parameters the forward modified or replaced (the rerun cannot start from before)."""
@@ -61,7 +55,7 @@ class ModelState:
         return [
             name
             for name, (param, version) in self.params.items()
-            if current.get(name) is not param or _version(param) != version
+            if current.get(name) is not param or version_of(param) != version
         ]
 
     def rerun_blocked(self, findings: Findings) -> bool:
@@ -109,7 +103,7 @@ class ModelState:
 def _same(buffer: Tensor, saved: Tensor, version: int | None) -> bool:
     """Unchanged since the snapshot. Kernels such as batch norm update their running
     statistics without bumping the version counter, so the values are compared too."""
-    if _version(buffer) != version:
+    if version_of(buffer) != version:
         return False
     return (
         buffer.shape == saved.shape and buffer.dtype == saved.dtype and torch.equal(buffer, saved)
