@@ -45,3 +45,18 @@ def interleaved_medians(
     """Median wall time of each function, runs interleaved (see :func:`interleaved_times`)."""
     times = interleaved_times(fns, repeats, warmup)
     return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def interleaved_ratios(
+    fns: dict[str, Callable[[], object]], base: str, repeats: int = 20, warmup: int = 3
+) -> dict[str, float]:
+    """Median over rounds of each function's time divided by ``base``'s in the same round.
+
+    On a shared machine whose speed drifts by tens of percent between seconds, a ratio taken
+    within one round is steadier than a ratio of medians taken over the whole run.
+    """
+    times = interleaved_times(fns, repeats, warmup)
+    return {
+        name: statistics.median(t / b for t, b in zip(ts, times[base]))
+        for name, ts in times.items()
+    }

@@ -218,3 +218,54 @@ def test_buffer_changed_by_forward_is_rewound_for_the_rerun():
             return x * self.calls  # a second forward would give 2x: rewound, it must not
 
     assert tl.validate(Drifting(), torch.randn(3))
+
+
+def test_forward_that_moves_its_parameters_is_unverified_not_failed():
+    class SelfUpdating(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(3))
+
+        def forward(self, x):
+            with torch.no_grad():
+                self.weight.add_(1.0)  # no rewind exists for parameters
+            return x * self.weight
+
+    model = SelfUpdating()
+    status = tl.replay(model, torch.randn(3))
+    assert status.state == "unverified", str(status)
+    assert [(gap.label, gap.arm) for gap in status.unchecked] == [("weight", "ground_truth")]
+    assert status.replayed == status.ops  # the other arms still ran
+    assert torch.equal(model.weight.detach(), torch.full((3,), 3.0))  # moved by both forwards
+
+
+def test_refusals_come_before_the_model_runs():
+    class Counting(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+        def forward(self, x):
+            self.calls += 1
+            return x + 1
+
+    scripted = torch.jit.script(Counting())
+    with pytest.raises(tl.errors.UnsupportedModelError) as err:
+        tl.validate(scripted, torch.randn(2))
+    assert err.value.code == "torchscript_module"
+    assert int(scripted.calls) == 0
+
+    inner, refusals = Counting(), []
+
+    class Outer(nn.Module):
+        def forward(self, x):
+            try:
+                tl.validate(inner, x)
+            except tl.errors.ReentrantCaptureError as refused:
+                refusals.append(refused.code)
+            return x * 2
+
+    trace = tl.trace(Outer(), torch.randn(2))
+    assert refusals == ["reentrant_capture"]
+    assert int(inner.calls) == 0  # never ran, so nothing leaked into the outer trace
+    assert [op.func_name for op in trace] == ["mul"]

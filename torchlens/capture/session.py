@@ -21,7 +21,7 @@ from torchlens.capture.hooks import install_module_hooks
 from torchlens.capture.mode import CaptureMode, OpHook
 from torchlens.errors import ReentrantCaptureError
 
-__all__ = ["CaptureSession", "active_session", "suspended"]
+__all__ = ["CaptureSession", "active_session", "refuse_reentry", "suspended"]
 
 _local = threading.local()
 
@@ -29,6 +29,15 @@ _local = threading.local()
 def active_session() -> CaptureSession | None:
     """The capture session running in this thread, if any."""
     return getattr(_local, "session", None)
+
+
+def refuse_reentry() -> None:
+    """Raise :class:`ReentrantCaptureError` if this thread is inside a capture already."""
+    if active_session() is not None:
+        raise ReentrantCaptureError(
+            "tl.trace was called from inside a forward that is already being traced; "
+            "trace the outer model once, or call tl.trace after the outer capture ends",
+        )
 
 
 class CaptureSession:
@@ -43,11 +52,7 @@ class CaptureSession:
         self._stack = ExitStack()
 
     def __enter__(self) -> CaptureSession:
-        if active_session() is not None:
-            raise ReentrantCaptureError(
-                "tl.trace was called from inside a forward that is already being traced; "
-                "trace the outer model once, or call tl.trace after the outer capture ends",
-            )
+        refuse_reentry()
         with ExitStack() as stack:
             _local.session = self
             stack.callback(_clear_session)

@@ -1,11 +1,11 @@
 """Arm 1, the ground truth: rerun the pristine model and compare with what was captured.
 
-The rerun must start where the capture started: the same inputs (copied before the capture,
-since a forward may modify them), the same buffers (batch norm in training mode updates its
-statistics) and the same RNG state (``trace.rng_state``). Buffers are snapshotted before the
-capture and put back only if the forward changed them, and after the rerun they must equal
-what the capture left. Parameters are only watched (version counters), since copying every
-weight would add a full pass over the model to each validation.
+The rerun and the capture must start from the same state: the same inputs (the rerun gets
+copies, since a forward may modify them), the same buffers (batch norm in training mode
+updates its statistics) and the same RNG state. Buffers are snapshotted before the first
+of the two forwards and put back only if it changed them, and after the second they must
+equal what the first left. Parameters are only watched (version counters), since copying
+every weight would add a full pass over the model to each validation.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from torchlens.errors import PayloadUnavailableError
 from torchlens.replay.findings import Findings
 from torchlens.replay.tolerances import mismatch
 
-__all__ = ["ModelState", "copy_inputs", "compare_outputs", "rerun"]
+__all__ = ["ModelState", "copy_inputs", "compare_outputs", "detached", "rerun"]
 
 Tensor = torch.Tensor
 
@@ -33,6 +33,14 @@ def copy_inputs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     leaves, template = flatten((args, kwargs))
     copies = [t.detach().clone().requires_grad_(t.requires_grad) for _, t in leaves]
     return fill(template, copies)
+
+
+def detached(obj: Any) -> Any:
+    """``obj`` with its tensors detached, so the autograd graph behind them (every
+    activation the forward saved for backward) is freed rather than held through the checks.
+    """
+    leaves, template = flatten(obj)
+    return fill(template, [t.detach() for _, t in leaves])
 
 
 class ModelState:
@@ -89,15 +97,17 @@ class ModelState:
         return after
 
     def compare_buffers(self, after: dict[str, Tensor], findings: Findings, atol, rtol) -> None:
-        """Buffers after the rerun must equal the buffers after the capture."""
+        """Buffers now (after the second forward) must equal ``after`` (after the first)."""
         current = dict(self.model.named_buffers(remove_duplicate=False)) if self.model else {}
         for name, expected in after.items():
             now = current.get(name)
-            problem = (
-                "missing after the rerun" if now is None else mismatch(now, expected, atol, rtol)
-            )
+            problem = "missing" if now is None else mismatch(now, expected, atol, rtol)
             if problem:
-                findings.fail(name, "ground_truth", f"buffer after the rerun: {problem}")
+                findings.fail(
+                    name,
+                    "ground_truth",
+                    f"buffer differs between the rerun and the capture: {problem}",
+                )
 
 
 def _same(buffer: Tensor, saved: Tensor, version: int | None) -> bool:

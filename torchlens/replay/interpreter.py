@@ -27,8 +27,8 @@ from torchlens.replay.exemptions import (
     exempt_reason,
     parent_kind_reason,
 )
-from torchlens.replay.perturb import Perturber, sliced
-from torchlens.replay.tolerances import differs, mismatch
+from torchlens.replay.perturb import Perturber, same_elements, sliced
+from torchlens.replay.tolerances import Reference, mismatch
 
 __all__ = ["Interpreter", "Checker", "Unreplayable", "calls"]
 
@@ -134,6 +134,16 @@ class Checker(Interpreter):
         self.findings = findings
         self.atol, self.rtol = atol, rtol
         self.perturber = Perturber()
+        self._uncut_weights: set[str] = set()  # functions that refused cut weights
+
+    def run(self) -> None:
+        """Check every call; the caller's RNG state is put back once, at the end."""
+        with rng.restored(rng.snapshot()):
+            super().run()
+
+    def execute_stochastic(self, op: Any, values: list[Tensor]) -> list[Tensor]:
+        rng.restore(op.rng_state)  # no need to save the state between calls: see run()
+        return self.execute_call(op, values)
 
     def visit(self, ops: list[Any]) -> None:
         head, record = ops[0], self.findings
@@ -193,13 +203,15 @@ class Checker(Interpreter):
         other floating arguments are moved too: an edge can be real yet annihilated by
         another argument's value (a zero weight, a zero initial hidden state).
         """
-        values, baseline = points.recorded
+        values = points.values
         positions = [head.parent_args[i].position for i in indices]
         reason = parent_kind_reason(values[indices[0]]) or exempt_reason(head, positions)
         if reason:
             return "exempt", f"{label}: {reason}"
-        if all(out.numel() == 0 for out in baseline):
+        if all(out.numel() == 0 for out in points.outputs):
             return "exempt", f"{label}: the output has zero elements"
+        if any(same_elements(out, values[indices[0]]) for out in points.outputs):
+            return "verified", label  # the output is the parent's memory, reordered at most
         errors: list[str] = []
         for point_values, point_baseline in points:
             for attempt in range(3):
@@ -208,7 +220,7 @@ class Checker(Interpreter):
         elsewhere = self.perturber.others(values, set(indices))
         if elsewhere is not None:
             try:
-                moved = self.execute(head, self._guarded(head, elsewhere))
+                moved = self.references(self.execute(head, self._guarded(head, elsewhere)))
                 if self._effect(head, elsewhere, indices, 0, moved, errors):
                     return "verified", label
             except Exception as err:  # noqa: BLE001 - a point where the call is invalid
@@ -220,7 +232,8 @@ class Checker(Interpreter):
         return "failed", f"output did not change when parent {label!r} was perturbed"
 
     def _effect(self, head, values, indices, attempt, baseline, errors: list[str]) -> bool:
-        """Whether replacing the parent at ``indices`` changes the call's outputs."""
+        """Whether replacing the parent at ``indices`` changes the call's outputs
+        (``baseline``: :class:`Reference` s to the unchanged outputs)."""
         changed = list(values)
         bumped = self.perturber.moved(values[indices[0]], attempt)
         for i in indices:
@@ -232,18 +245,28 @@ class Checker(Interpreter):
             return False
         if len(outputs) != len(baseline):
             return True
-        return any(differs(a, b, self.atol, self.rtol) for a, b in zip(outputs, baseline))
+        return any(ref.differs(out) for out, ref in zip(outputs, baseline))
 
-    def small_point(self, head, values, baseline, dims: int) -> tuple[list, list] | None:
-        """The call at the first entry of ``dims`` leading batch-like dimensions, when that
-        runs (see :func:`~torchlens.replay.perturb.sliced`)."""
+    def references(self, outputs: list[Tensor]) -> list[Reference]:
+        """What perturbed outputs are compared with, under this check's tolerances."""
+        return [Reference(out, self.atol, self.rtol) for out in outputs]
+
+    def small_point(
+        self, head, values, baseline, dims: int, weights: bool
+    ) -> tuple[list, list] | None:
+        """The call at the first entry of ``dims`` leading batch-like dimensions (and of its
+        weights), when that runs (see :func:`~torchlens.replay.perturb.sliced`)."""
+        if weights and head.func_name in self._uncut_weights:
+            return None
         kinds = [getattr(self.trace[ref.label], "kind", "op") for ref in head.parent_args]
-        small = sliced(values, kinds, baseline, dims)
+        small = sliced(values, kinds, baseline, dims, weights)
         if small is None:
             return None
         try:
-            return small, self.execute(head, self._guarded(head, small))
+            return small, self.references(self.execute(head, self._guarded(head, small)))
         except Exception:  # noqa: BLE001 - the call is not separable this way
+            if weights:  # e.g. layer_norm: its weight's shape is fixed; do not try again
+                self._uncut_weights.add(head.func_name)
             return None
 
     @staticmethod
@@ -255,22 +278,34 @@ class Checker(Interpreter):
 
 
 class _Points:
-    """Where to perturb a call: one position of its batch-like arguments, then one row,
-    then the recorded point. Each sliced point is computed the first time a parent needs
-    it, so a call whose edges the smallest point proves pays for nothing larger."""
+    """Where to perturb a call: one position of its batch-like arguments with its weights
+    cut to one entry, then without cutting the weights, then one row, then the recorded
+    point. Each sliced point is computed the first time a parent needs it, so a call
+    whose edges the smallest point proves pays for nothing larger."""
 
     def __init__(self, checker: Checker, head: Any, values: list[Tensor], baseline) -> None:
-        self.recorded = (values, baseline)
+        self.values, self.outputs = values, baseline
         self._checker, self._head = checker, head
-        self._pending = [2, 1] if head.func is not None else []
+        self._pending = [(2, True), (2, False), (1, False)] if head.func is not None else []
         self._ready: list[tuple[list, list]] = []
+        self._recorded: tuple[list, list] | None = None
+
+    @property
+    def recorded(self) -> tuple[list[Tensor], list[Reference]]:
+        """The recorded point: its values and references to its outputs (made on first use,
+        since most edges are proved at a sliced point)."""
+        if self._recorded is None:
+            self._recorded = (self.values, self._checker.references(self.outputs))
+        return self._recorded
 
     def __iter__(self):
         index = 0
         while True:
             while index >= len(self._ready) and self._pending:
-                dims = self._pending.pop(0)
-                point = self._checker.small_point(self._head, *self.recorded, dims)
+                dims, weights = self._pending.pop(0)
+                point = self._checker.small_point(
+                    self._head, self.values, self.outputs, dims, weights
+                )
                 if point is not None:
                     self._ready.append(point)
             if index >= len(self._ready):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["TOLERANCES", "tolerance", "mismatch", "differs"]
+__all__ = ["TOLERANCES", "tolerance", "mismatch", "differs", "Reference"]
 
 # dtype -> (rtol, atol); dtypes missing here compare exactly.
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
@@ -60,6 +60,8 @@ def mismatch(
         return f"dtype {actual.dtype} but recorded {expected.dtype}"
     if actual.device != expected.device:
         expected = expected.to(actual.device)
+    if _same_memory(actual, expected):  # a view or an alias of the saved value itself
+        return None
     a, e = _comparable(actual), _comparable(expected)
     if torch.equal(a, e):  # the common case, in one pass
         return None
@@ -87,26 +89,68 @@ def differs(
         >>> differs(torch.ones(3), torch.ones(3) + 1e-9), differs(torch.ones(3), torch.zeros(3))
         (False, True)
     """
-    if tuple(a.shape) != tuple(b.shape) or a.dtype != b.dtype:
-        return True
-    if a.numel() == 0:
+    return Reference(b, atol, rtol).differs(a)
+
+
+class Reference:
+    """A value that several others are compared with (the unperturbed output of a call, in
+    the perturbation arm): its tolerance and its bound are worked out once, not per value.
+    """
+
+    __slots__ = ("shape", "dtype", "value", "rtol", "atol", "_bound", "_wide")
+
+    def __init__(self, value: torch.Tensor, atol: float | None = None, rtol: float | None = None):
+        self.shape, self.dtype = value.shape, value.dtype
+        self.rtol, self.atol = tolerance(value.dtype, atol, rtol)
+        self.value = _comparable(value)
+        self._bound: float | None = None
+        self._wide: torch.Tensor | None = None
+
+    def differs(self, other: torch.Tensor) -> bool:
+        """Whether ``other`` differs from this value beyond the tolerance (or in shape or
+        dtype). The largest difference beating the loosest bound proves a difference in
+        one pass; zero proves equality; anything else (NaN, a close call) is decided
+        element by element."""
+        if other.shape != self.shape or other.dtype != self.dtype:
+            return True
+        b = self.value
+        if b.numel() == 0:
+            return False
+        a = _comparable(other)
+        if self.rtol == 0 and self.atol == 0:
+            return not torch.equal(a, b)
+        if b.dtype in (torch.float16, torch.bfloat16):  # compared in float32
+            a, b = a.float(), self.widened()
+        largest = float(torch.sub(a, b).abs_().max())
+        if largest > self.bound():
+            return True
+        if largest == 0:
+            return False
+        return not bool(_close(a, b, self.rtol, self.atol).all())
+
+    def bound(self) -> float:
+        """``atol + rtol * max |value|``: no element within tolerance differs by more."""
+        if self._bound is None:
+            self._bound = self.atol + self.rtol * float(self.value.abs().max())
+        return self._bound
+
+    def widened(self) -> torch.Tensor:
+        """The value in float32, made once, for comparing half-precision values."""
+        if self._wide is None:
+            self._wide = self.value.float()
+        return self._wide
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Both read the same elements of the same storage (shape and dtype already match)."""
+    if a.layout != torch.strided or b.layout != torch.strided or a.is_quantized:
         return False
-    a, b = _comparable(a), _comparable(b)
-    rtol_, atol_ = tolerance(a.dtype, atol, rtol)
-    if rtol_ == 0 and atol_ == 0:
-        return not torch.equal(a, b)
-    if a.dtype in (torch.float16, torch.bfloat16):
-        a, b = a.float(), b.float()
-    # the largest difference beating the loosest bound proves a difference cheaply; zero
-    # proves equality; anything else (NaN, a close call) is decided element by element
-    largest = (a - b).abs_().max()
-    low, high = torch.aminmax(b)
-    bound = atol_ + rtol_ * max(abs(float(low)), abs(float(high)))
-    if bool(largest > bound):
-        return True
-    if bool(largest == 0):
-        return False
-    return not bool(_close(a, b, rtol_, atol_).all())
+    return (
+        a.data_ptr() == b.data_ptr()
+        and a.stride() == b.stride()
+        and a.is_conj() == b.is_conj()
+        and a.is_neg() == b.is_neg()
+    )
 
 
 def _comparable(t: torch.Tensor) -> torch.Tensor:
