@@ -102,8 +102,10 @@ def _fill(template: Any, values: Sequence[Any]) -> Any:
     kind = type(template)
     if kind is ArgSlot:
         return values[template.index]
+    if kind in _ATOMS:
+        return template
     if kind is tuple:
-        return tuple(_fill(item, values) for item in template)
+        return tuple([_fill(item, values) for item in template])
     if kind is list:
         return [_fill(item, values) for item in template]
     if kind is _TemplateDataclass:

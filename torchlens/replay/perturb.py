@@ -93,27 +93,28 @@ def _magnitude(value: Tensor, sample: int = 4096) -> float:
 def sliced(
     values: list[Tensor],
     kinds: list[str],
-    outputs: list[Tensor],
+    shapes: list[tuple[int, ...]],
     dims: int = 1,
     weights: bool = False,
 ) -> list[Tensor] | None:
     """The arguments cut to the first entry of the output's ``dims`` leading dimensions.
 
-    Batch-like arguments (not parameters or buffers) whose leading sizes equal the first
-    output's are cut to one entry in each of those dimensions: ``dims=1`` keeps one row of a
-    batch, ``dims=2`` one position of one sequence. With ``weights``, parameters and buffers
-    are cut to their first entry too (a linear or convolution layer's first output unit);
-    then reading a large weight no longer dominates each perturbed call. A parent that
-    changes the sliced call's output is read by the function: the same proof as at full
-    size, for a fraction of the cost. Calls that are small (see
-    :data:`SLICE_MIN_ELEMENTS`), have nothing to cut, or fail when cut are perturbed at a
-    larger point.
+    ``shapes`` are the call's output shapes. Batch-like arguments (not parameters or
+    buffers) whose leading sizes equal the first output's are cut to one entry in each of
+    those dimensions: ``dims=1`` keeps one row of a batch, ``dims=2`` one position of one
+    sequence. With ``weights``, parameters and buffers are cut to their first entry too (a
+    linear or convolution layer's first output unit); then reading a large weight no longer
+    dominates each perturbed call. A parent that changes the sliced call's output is read
+    by the function: the same proof as at full size, for a fraction of the cost. Calls that
+    are small (see :data:`SLICE_MIN_ELEMENTS`), have nothing to cut, or fail when cut are
+    perturbed at a larger point.
     """
-    if not outputs or outputs[0].dim() < dims or any(n < 2 for n in outputs[0].shape[:dims]):
+    if not shapes or len(shapes[0]) < dims or any(n < 2 for n in shapes[0][:dims]):
         return None
-    if sum(t.numel() for t in (*values, *outputs)) < SLICE_MIN_ELEMENTS:
+    total = sum(t.numel() for t in values) + sum(math.prod(shape) for shape in shapes)
+    if total < SLICE_MIN_ELEMENTS:
         return None
-    lead = tuple(outputs[0].shape[:dims])
+    lead = tuple(shapes[0][:dims])
     small, cut, cut_weights = list(values), False, False
     for i, (value, kind) in enumerate(zip(values, kinds)):
         if kind not in ("parameter", "buffer"):

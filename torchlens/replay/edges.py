@@ -1,0 +1,228 @@
+"""Arm 3, perturbation: prove that every recorded edge is a real dependency.
+
+For each tensor parent of each call, the parent's value is moved and the call rerun; the
+output must change. Edges decided without a call come first: exempt kinds and positions,
+outputs with no elements, and outputs that are the parent's own memory (a view). The rest
+are tried at cheap sliced points before the recorded one (see :class:`_Points`).
+
+The checker hands every call over right after replaying it. Calls that have a sliced point
+are proved later, after the whole replay: their perturbed calls are tiny and Python-bound,
+and run about a third faster together than each squeezed between two full-size calls that
+sweep the CPU caches. Only the parent values are kept for them; the recorded point's
+outputs are recomputed in the rare case a sliced point proves nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import torch
+
+from torchlens.replay.exemptions import MAY_NOT_CHANGE, exempt_reason, parent_kind_reason
+from torchlens.replay.perturb import Perturber, same_elements, sliced
+from torchlens.replay.tolerances import Reference
+
+__all__ = ["EdgeProver", "Runner"]
+
+Tensor = torch.Tensor
+Verdict = tuple[str, str]  # (verified | exempt | failed | unchecked, reason or label)
+
+# The sliced points tried before the recorded one, cheapest first: (leading batch-like
+# dimensions cut, whether parameters and buffers are cut too).
+SLICES = ((2, True), (2, False), (1, False))
+
+
+class Runner(Protocol):
+    """What the prover needs from the checker: running a recorded call on given values."""
+
+    trace: Any
+    findings: Any
+    atol: float | None
+    rtol: float | None
+
+    def run_call(self, op: Any, values: list[Tensor], skip: set[int] = ...) -> list[Tensor]: ...
+
+
+class EdgeProver:
+    """Proves the edges of the calls it is handed; verdicts go to the runner's findings."""
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self.perturber = Perturber()
+        self.uncut_weights: set[str] = set()  # functions that refused cut weights
+        self._later: list[tuple[list[Any], dict, list, _Points]] = []
+
+    def prove(self, ops: list[Any], values: list[Tensor], outputs: list[Tensor]) -> None:
+        """Prove the edges of one call (its ``ops``), replayed from ``values`` to ``outputs``,
+        now or (when it has a sliced point) at :meth:`finish`."""
+        head = ops[0]
+        slots: dict[str, list[int]] = {}
+        for i, ref in enumerate(head.parent_args):
+            slots.setdefault(ref.label, []).append(i)
+        decided = {
+            label: verdict
+            for label, indices in slots.items()
+            if (verdict := self._without_calls(head, label, indices, values, outputs))
+        }
+        pending = [(label, indices) for label, indices in slots.items() if label not in decided]
+        if not pending:
+            self._record(ops, [decided[label] for label in slots])
+            return
+        points = _Points(self, head, values, outputs)
+        if points.sliced:
+            points.release()
+            self._later.append((ops, decided, pending, points))
+        else:
+            self._settle(ops, decided, pending, points)
+
+    def finish(self) -> None:
+        """Prove the calls kept for later."""
+        for job in self._later:
+            self._settle(*job)
+        self._later.clear()
+
+    def _settle(self, ops, decided: dict, pending: list, points: _Points) -> None:
+        head = ops[0]
+        proved = {label: self._perturb(head, label, indices, points) for label, indices in pending}
+        self._record(ops, [decided.get(label) or proved[label] for label in _labels(head)])
+
+    def _record(self, ops: list[Any], verdicts: list[Verdict]) -> None:
+        for op in ops:
+            self.runner.findings.perturbed(op.label, verdicts)
+
+    def _without_calls(self, head, label, indices, values, outputs) -> Verdict | None:
+        """The verdict when no call is needed: an exemption, nothing in the output, or an
+        output that is the parent's own memory, reordered at most."""
+        positions = [head.parent_args[i].position for i in indices]
+        parent = values[indices[0]]
+        reason = parent_kind_reason(parent) or exempt_reason(head, positions)
+        if reason:
+            return "exempt", f"{label}: {reason}"
+        if all(out.numel() == 0 for out in outputs):
+            return "exempt", f"{label}: the output has zero elements"
+        if any(same_elements(out, parent) for out in outputs):
+            return "verified", label
+        return None
+
+    def _perturb(self, head, label, indices, points: _Points) -> Verdict:
+        """At each point (sliced ones first, then the recorded one) the parent is moved by
+        noise, halved, then negated. If nothing changes the output, the other floating
+        arguments are moved too: an edge can be real yet annihilated by another argument's
+        value (a zero weight, a zero initial hidden state)."""
+        errors: list[str] = []
+        for point_values, baseline in points:
+            for attempt in range(3):
+                if self._effect(head, point_values, indices, attempt, baseline, errors):
+                    return "verified", label
+        elsewhere = self.perturber.others(points.values, set(indices))
+        if elsewhere is not None:
+            try:
+                moved = self.references(self.runner.run_call(head, elsewhere))
+                if self._effect(head, elsewhere, indices, 0, moved, errors):
+                    return "verified", label
+            except Exception as err:  # noqa: BLE001 - a point where the call is invalid
+                errors.append(f"{type(err).__name__}: {err}")
+        if head.func_name in MAY_NOT_CHANGE:
+            return "exempt", f"{label}: output unchanged; {MAY_NOT_CHANGE[head.func_name]}"
+        if errors:
+            return "unchecked", f"perturbing {label!r} made the call raise {errors[-1]}"
+        return "failed", f"output did not change when parent {label!r} was perturbed"
+
+    def _effect(self, head, values, indices, attempt, baseline, errors: list[str]) -> bool:
+        """Whether replacing the parent at ``indices`` changes the call's outputs
+        (``baseline``: :class:`Reference` s to the unchanged outputs)."""
+        changed = list(values)
+        bumped = self.perturber.moved(values[indices[0]], attempt)
+        for i in indices:
+            changed[i] = bumped
+        try:
+            outputs = self.runner.run_call(head, changed, skip=set(indices))
+        except Exception as err:  # noqa: BLE001 - the perturbed value is outside the domain
+            errors.append(f"{type(err).__name__}: {err}")
+            return False
+        if len(outputs) != len(baseline):
+            return True
+        return any(ref.differs(out) for out, ref in zip(outputs, baseline))
+
+    def references(self, outputs: list[Tensor]) -> list[Reference]:
+        """What perturbed outputs are compared with, under the check's tolerances."""
+        return [Reference(out, self.runner.atol, self.runner.rtol) for out in outputs]
+
+
+def _labels(head: Any) -> list[str]:
+    return list(dict.fromkeys(ref.label for ref in head.parent_args))
+
+
+class _Points:
+    """Where to perturb a call: the sliced points of :data:`SLICES` that exist, then the
+    recorded point. A sliced point's outputs are computed the first time a parent needs
+    them, so a call whose edges the smallest point proves pays for nothing larger."""
+
+    def __init__(
+        self, prover: EdgeProver, head: Any, values: list[Tensor], outputs: list[Tensor]
+    ) -> None:
+        self.values = values
+        self._prover, self._head = prover, head
+        self._outputs: list[Tensor] | None = outputs
+        self._recorded: tuple[list, list] | None = None
+        self.sliced = self._slices(values, [out.shape for out in outputs])
+        self._ready: list[tuple[list, list]] = []
+
+    def _slices(self, values: list[Tensor], shapes: list) -> list[tuple[list, bool]]:
+        if self._head.func is None:
+            return []
+        trace = self._prover.runner.trace
+        kinds = [getattr(trace[ref.label], "kind", "op") for ref in self._head.parent_args]
+        found = []
+        for dims, weights in SLICES:
+            if weights and self._head.func_name in self._prover.uncut_weights:
+                continue
+            small = sliced(values, kinds, shapes, dims, weights)
+            if small is not None:
+                found.append((small, weights))
+        return found
+
+    def release(self) -> None:
+        """Drop the recorded outputs until they are needed again."""
+        self._outputs = None
+
+    @property
+    def recorded(self) -> tuple[list[Tensor], list[Reference]] | None:
+        """The recorded point and references to its outputs, made on first use (most
+        edges are proved at a sliced point); None if the call no longer runs."""
+        if self._recorded is None:
+            outputs = self._outputs
+            if outputs is None:
+                try:
+                    outputs = self._prover.runner.run_call(self._head, self.values)
+                except Exception:  # noqa: BLE001 - it ran in the replay; be safe anyway
+                    return None
+            self._recorded = (self.values, self._prover.references(outputs))
+        return self._recorded
+
+    def __iter__(self) -> Iterator[tuple[list[Tensor], list[Reference]]]:
+        index = 0
+        while True:
+            while index >= len(self._ready) and self.sliced:
+                small, weights = self.sliced.pop(0)
+                point = self._run(small, weights)
+                if point is not None:
+                    self._ready.append(point)
+            if index >= len(self._ready):
+                if self.recorded is not None:
+                    yield self.recorded
+                return
+            yield self._ready[index]
+            index += 1
+
+    def _run(self, small: list[Tensor], weights: bool) -> tuple[list, list] | None:
+        prover = self._prover
+        if weights and self._head.func_name in prover.uncut_weights:
+            return None
+        try:
+            return small, prover.references(prover.runner.run_call(self._head, small))
+        except Exception:  # noqa: BLE001 - the call is not separable this way
+            if weights:  # e.g. layer_norm: its weight's shape is fixed; do not try again
+                prover.uncut_weights.add(self._head.func_name)
+            return None
