@@ -56,14 +56,18 @@ class CaptureSession:
         with ExitStack() as stack:
             _local.session = self
             stack.callback(_clear_session)
-            for handle in install_module_hooks(self.model, self.builder):
-                stack.callback(handle.remove)
+            stack.callback(_remove_all, install_module_hooks(self.model, self.builder))
             stack.enter_context(self.mode)
             self._stack = stack.pop_all()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
+
+
+def _remove_all(handles: list) -> None:
+    for handle in handles:
+        handle.remove()
 
 
 def _clear_session() -> None:

@@ -17,8 +17,9 @@ Tensor = torch.Tensor
 # full size only: below it the cost of a call is Python overhead, which slicing cannot cut.
 SLICE_MIN_ELEMENTS = 1 << 16
 
-# Noise is drawn once as a block of this many values (a prime, so the pattern never lines up
-# with power-of-two shapes) and tiled: drawing millions of normals per large parameter cost
+# Noise is a vector along the last dimension, drawn as a block of this many values (a prime,
+# so the pattern never lines up with power-of-two shapes) and tiled when the dimension is
+# longer; it is broadcast over the other dimensions. A full-size noise tensor per shape cost
 # more than the perturbed calls themselves.
 NOISE_PERIOD = 4093
 

@@ -1,0 +1,157 @@
+"""The perturbation arm's parts: how values are moved, where calls are cut, which edges need
+no call, how outputs are compared, and that the cheap paths still fail a false edge."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import torchlens as tl
+from torchlens.replay import check_trace
+from torchlens.replay.interpreter import Checker
+from torchlens.replay.perturb import SLICE_MIN_ELEMENTS, Perturber, same_elements, sliced
+from torchlens.replay.tolerances import Reference, differs, mismatch
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        torch.randn(3, 5),
+        torch.randn(()),
+        torch.randn(2, 5000),  # wider than the noise block: tiled
+        torch.randn(4, 3).half(),
+        torch.randn(4, 3).bfloat16(),
+        torch.randn(2, 3, dtype=torch.complex64),
+        torch.zeros(0, 4),
+    ],
+    ids=["float", "0-d", "wide", "half", "bfloat16", "complex", "empty"],
+)
+def test_first_move_keeps_shape_and_dtype_and_changes_every_element(value):
+    moved = Perturber().moved(value, 0)
+    assert (moved.shape, moved.dtype) == (value.shape, value.dtype)
+    assert bool((moved != value).all())
+
+
+def test_first_move_is_relative_for_large_entries():
+    value = torch.full((8,), 1e6)
+    change = (Perturber().moved(value, 0) - value).abs()
+    assert bool((change > 1e6 * 1e-3).all())  # far outside float32 tolerance
+
+
+def test_later_moves_make_non_finite_entries_finite():
+    value = torch.tensor([1.0, float("inf"), float("nan"), -2.0])
+    for attempt in (1, 2):
+        moved = Perturber().moved(value, attempt)
+        assert bool(moved.isfinite().all()), moved
+        assert moved[0] != value[0] and moved[3] != value[3]
+
+
+def test_perturber_never_draws_from_the_callers_rng():
+    value = torch.randn(3, 4)
+    state = torch.get_rng_state()
+    Perturber().moved(value, 0)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_same_elements_holds_for_permutations_and_reshapes_only():
+    x = torch.randn(4, 6)
+    assert same_elements(x.t(), x)
+    assert same_elements(x.view(6, 4), x)
+    assert same_elements(x[:, ::2].t(), x[:, ::2])
+    assert not same_elements(x[:, :3], x)  # a part of it
+    assert not same_elements(x[1], x[0])  # same storage, other elements
+    assert not same_elements(x.clone(), x)
+    assert not same_elements(x.as_strided((2, 2), (1, 1)), x.as_strided((4,), (1,)))
+    assert not same_elements(x[:0], x[:0])  # nothing to change
+
+
+def test_sliced_cuts_batch_like_arguments_and_optionally_weights():
+    x, w, b = torch.randn(8, 64, 256), torch.randn(512, 256), torch.randn(512)
+    kinds, shapes = ["input", "parameter", "parameter"], [(8, 64, 512)]
+    position = sliced([x, w, b], kinds, shapes, dims=2)
+    assert [tuple(t.shape) for t in position] == [(1, 1, 256), (512, 256), (512,)]
+    cut = sliced([x, w, b], kinds, shapes, dims=2, weights=True)
+    assert [tuple(t.shape) for t in cut] == [(1, 1, 256), (1, 256), (1,)]
+    assert cut[1].data_ptr() == w.data_ptr()  # views, not copies
+    small = torch.randn(2, 3)
+    assert sliced([small], ["input"], [(2, 3)], dims=1) is None  # below SLICE_MIN_ELEMENTS
+    assert 2 * 3 * 2 < SLICE_MIN_ELEMENTS
+    assert sliced([x], ["input"], [(8, 64, 256)], dims=2, weights=True) is None  # no weights
+
+
+def test_reference_differs_under_the_tolerance_table():
+    x = torch.randn(4, 5)
+    c = torch.randn(3, dtype=torch.complex64)
+    nan = torch.tensor([float("nan"), 1.0])
+    same = [(x, x.clone()), (x, x + 1e-9), (x.half(), x.half()), (c, c.clone()), (nan, nan)]
+    other = [(x, x + 1), (x.half(), (x + 0.5).half()), (c, c * 1j), (nan, torch.ones(2))]
+    other += [(torch.tensor([1, 2]), torch.tensor([1, 3])), (x, x.double()), (x, x[:2])]
+    assert [differs(a, b) for a, b in same] == [False] * len(same)
+    assert [differs(a, b) for a, b in other] == [True] * len(other)
+    ref = Reference(x)
+    assert ref.differs(x + 1) and not ref.differs(x.clone())
+    assert ref.bound() == pytest.approx(1e-5 + 1.3e-6 * float(x.abs().max()))
+
+
+def test_mismatch_skips_the_pass_only_for_the_very_same_memory():
+    x = torch.randn(3, 4)
+    assert mismatch(x.t(), x.t()) is None
+    assert mismatch(x[:, :2], x[:, 1:3]) is not None  # same storage, other elements
+
+
+def _spy_calls(monkeypatch) -> list[tuple[str, tuple]]:
+    """Record every call the checker runs: (function name, its tensor arguments' shapes)."""
+    seen: list[tuple[str, tuple]] = []
+    original = Checker.run_call
+
+    def spy(self, op, values, skip=frozenset()):
+        seen.append((op.func_name, tuple(tuple(v.shape) for v in values)))
+        return original(self, op, values, skip)
+
+    monkeypatch.setattr(Checker, "run_call", spy)
+    return seen
+
+
+def test_a_view_edge_is_proved_without_a_perturbed_call(monkeypatch):
+    trace = tl.trace(lambda x: x.transpose(0, 1) * 2, torch.randn(3, 4))
+    seen = _spy_calls(monkeypatch)
+    status = check_trace(trace)
+    assert status.state == "passed" and status.perturbation_verified == 2
+    assert [name for name, _ in seen].count("transpose") == 1  # the replay only
+
+
+def test_weights_are_cut_before_the_call_is_perturbed(monkeypatch):
+    torch.manual_seed(0)
+    layer = nn.Linear(256, 512)
+    trace = tl.trace(layer, torch.randn(8, 64, 256))
+    seen = _spy_calls(monkeypatch)
+    assert check_trace(trace).state == "passed"
+    replay, *perturbed = [shapes for name, shapes in seen if name == "linear"]
+    assert replay == ((8, 64, 256), (512, 256), (512,))
+    assert perturbed and all(shapes == ((1, 1, 256), (1, 256), (1,)) for shapes in perturbed)
+
+
+def test_recorded_point_is_recomputed_when_no_sliced_point_shows_the_edge(monkeypatch):
+    """Row 0 of x is zero, so w cannot matter at any sliced point; the full call shows it."""
+    w = nn.Parameter(torch.randn(256))
+    x = torch.randn(4, 64, 256)
+    x[0] = 0.0
+    trace = tl.trace(lambda t: t * w, x)
+    seen = _spy_calls(monkeypatch)
+    status = check_trace(trace)
+    assert status.state == "passed", str(status)
+    full = ((4, 64, 256), (256,))
+    assert seen.count(("mul", full)) >= 2  # the replay, then the recorded point again
+
+
+def test_a_function_that_ignores_its_bias_fails_even_with_weights_cut():
+    torch.manual_seed(0)
+    trace = tl.trace(nn.Linear(256, 512), torch.randn(8, 64, 256))
+    op = trace["linear_1"]
+    bias = trace["bias"].out.clone()
+    op.func = lambda x, w, b: F.linear(x, w) + bias[: w.shape[0]]  # never reads b
+    status = check_trace(trace)
+    assert [(f.label, f.arm) for f in status.failures] == [("linear_1", "perturbation")]
+    assert "'bias'" in status.failures[0].reason
