@@ -16,22 +16,24 @@ from torchlens.replay.tolerances import Reference, differs, mismatch
 
 
 @pytest.mark.parametrize(
-    "value",
+    "dtype, shape",
     [
-        torch.randn(3, 5),
-        torch.randn(()),
-        torch.randn(2, 5000),  # wider than the noise block: tiled
-        torch.randn(4, 3).half(),
-        torch.randn(4, 3).bfloat16(),
-        torch.randn(2, 3, dtype=torch.complex64),
-        torch.zeros(0, 4),
+        (torch.float32, (3, 5)),
+        (torch.float32, ()),
+        (torch.float32, (2, 5000)),  # wider than the noise block: tiled
+        (torch.float16, (4, 3)),
+        (torch.bfloat16, (4, 3)),
+        (torch.complex64, (2, 3)),
+        (torch.float32, (0, 4)),
     ],
     ids=["float", "0-d", "wide", "half", "bfloat16", "complex", "empty"],
 )
-def test_first_move_keeps_shape_and_dtype_and_changes_every_element(value):
+def test_first_move_keeps_shape_and_dtype_and_is_clearly_different(dtype, shape):
+    value = torch.randn(shape, generator=torch.Generator().manual_seed(3)).to(dtype)
     moved = Perturber().moved(value, 0)
     assert (moved.shape, moved.dtype) == (value.shape, value.dtype)
-    assert bool((moved != value).all())
+    assert differs(moved, value) or value.numel() == 0  # beyond the dtype's tolerance
+    assert float((moved != value).float().mean()) > 0.9 if value.numel() else True
 
 
 def test_first_move_is_relative_for_large_entries():
