@@ -31,7 +31,7 @@ TARGET = 4.0
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeats", type=int, default=11)
+    parser.add_argument("--repeats", type=int, default=21)
     opts = parser.parse_args(argv)
     header = ("model", "ops", "forward ms", "trace x", "arms x", "validate x", "target")
     print("{:<22}{:>6}{:>12}{:>9}{:>8}{:>12}{:>8}".format(*header))
