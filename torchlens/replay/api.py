@@ -22,6 +22,7 @@ from torchlens.replay.ground_truth import (
     copy_inputs,
     detached,
     expected_outputs,
+    note_moved_parameters,
     rerun,
 )
 from torchlens.replay.interpreter import Checker
@@ -121,13 +122,10 @@ def replay(
     arms = _check_payloads(trace, findings, atol, rtol)
     if trace.structure_only:
         return findings.status(arms, unavailable=True)
-    if moved_parameters:
-        findings.unchecked(
-            moved_parameters[0], "ground_truth",
-            f"the forward modified parameter(s) {moved_parameters} in place, so the capture "
-            "could not start where the rerun did",
-        )  # fmt: skip
-    else:
+    note_moved_parameters(
+        findings, moved_parameters, "the capture could not start where the rerun did"
+    )
+    if not moved_parameters:
         compare_outputs(trace, expected_outputs(trace), reference, findings, atol, rtol)
         state.compare_buffers(after_rerun, findings, atol, rtol)
     rng.restore(after_capture)

@@ -70,7 +70,7 @@ class EdgeProver:
             self._record(ops, [decided[label] for label in slots])
             return
         points = _Points(self, head, values, outputs)
-        if points.sliced:
+        if points.sliceable:
             points.release()
             self._later.append((ops, decided, pending, points))
         else:
@@ -166,8 +166,13 @@ class _Points:
         self._prover, self._head = prover, head
         self._outputs: list[Tensor] | None = outputs
         self._recorded: tuple[list, list] | None = None
-        self.sliced = self._slices(values, [out.shape for out in outputs])
+        self._pending = self._slices(values, [out.shape for out in outputs])
         self._ready: list[tuple[list, list]] = []
+
+    @property
+    def sliceable(self) -> bool:
+        """Whether the call has a sliced point (asked before any point is tried)."""
+        return bool(self._pending)
 
     def _slices(self, values: list[Tensor], shapes: list) -> list[tuple[list, bool]]:
         if self._head.func is None:
@@ -204,8 +209,8 @@ class _Points:
     def __iter__(self) -> Iterator[tuple[list[Tensor], list[Reference]]]:
         index = 0
         while True:
-            while index >= len(self._ready) and self.sliced:
-                small, weights = self.sliced.pop(0)
+            while index >= len(self._ready) and self._pending:
+                small, weights = self._pending.pop(0)
                 point = self._run(small, weights)
                 if point is not None:
                     self._ready.append(point)

@@ -23,7 +23,14 @@ from torchlens.errors import PayloadUnavailableError
 from torchlens.replay.findings import Findings
 from torchlens.replay.tolerances import mismatch
 
-__all__ = ["ModelState", "copy_inputs", "compare_outputs", "detached", "rerun"]
+__all__ = [
+    "ModelState",
+    "copy_inputs",
+    "compare_outputs",
+    "detached",
+    "note_moved_parameters",
+    "rerun",
+]
 
 Tensor = torch.Tensor
 
@@ -70,12 +77,7 @@ class ModelState:
         """Whether the forward changed parameters in place, which rules out a faithful
         rerun; if so, the ground-truth arm is noted as unverified in ``findings``."""
         changed = self.changed_parameters()
-        if changed:
-            findings.unchecked(
-                changed[0], "ground_truth",
-                f"the forward modified parameter(s) {changed} in place, so the rerun cannot "
-                "start from the captured state",
-            )  # fmt: skip
+        note_moved_parameters(findings, changed, "the rerun cannot start from the captured state")
         return bool(changed)
 
     def rewind(self) -> dict[str, Tensor]:
@@ -108,6 +110,16 @@ class ModelState:
                     "ground_truth",
                     f"buffer differs between the rerun and the capture: {problem}",
                 )
+
+
+def note_moved_parameters(findings: Findings, changed: list[str], consequence: str) -> None:
+    """Note the ground-truth arm unverified when the forward modified ``changed``
+    parameters in place (they cannot be rewound); ``consequence`` says what that ruled out."""
+    if changed:
+        findings.unchecked(
+            changed[0], "ground_truth",
+            f"the forward modified parameter(s) {changed} in place, so {consequence}",
+        )  # fmt: skip
 
 
 def _same(buffer: Tensor, saved: Tensor, version: int | None) -> bool:
