@@ -1,0 +1,825 @@
+"""The real-model zoo: real architectures from ``transformers``, ``timm`` and ``torchvision``.
+
+Every entry of :data:`CASES` is a :class:`RealCase`: a name, a family, the packages it needs
+and a ``build()`` that returns ``(model, args, kwargs)`` for one forward call. Models are
+built from configs (Hugging Face) or with ``pretrained=False`` / ``weights=None`` (timm,
+torchvision): random weights, nothing downloaded. Sizes are tiny (2 layers, hidden 32-64, a
+vocabulary of 96, sequences of 8 tokens, images of 32-96 pixels) so the whole zoo runs in a
+few minutes on two CPU cores. ``build()`` seeds torch itself, so two builds are identical.
+
+Hugging Face attention: every model that has a choice is built with
+``attn_implementation="eager"`` (the plain matmul/softmax path, the one every model has),
+except the cases named ``*_sdpa``, which use ``"sdpa"`` on purpose.
+
+Families (the benchmark groups by them): ``hf_decoder``, ``hf_encoder``, ``hf_encdec``,
+``hf_vision``, ``hf_audio``, ``timm``, ``torchvision``.
+
+What is covered besides plain forwards, by tag: ``kwargs`` (called with keyword arguments),
+``mask`` (attention mask with padding), ``cache`` (``use_cache=True`` or a ``past_key_values``
+cache passed in), ``train`` (train mode: dropout / drop-path draw random numbers),
+``checkpointing`` (``gradient_checkpointing_enable()`` in train mode), ``moe``
+(mixture-of-experts routing), ``ssm`` (state-space), ``detection`` (detection / segmentation).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["CASES", "CASES_BY_NAME", "FAMILIES", "RealCase", "missing_packages"]
+
+FAMILIES = ("hf_decoder", "hf_encoder", "hf_encdec", "hf_vision", "hf_audio", "timm", "torchvision")
+
+VOCAB = 96
+SEQ = 8
+BATCH = 2
+SEED = 0
+
+
+@dataclass(frozen=True)
+class RealCase:
+    """One real model: ``build()`` gives a fresh ``(model, args, kwargs)``."""
+
+    name: str
+    family: str  # one of FAMILIES
+    build: Callable[[], tuple[Any, tuple, dict]]
+    needs: tuple[str, ...]  # importable packages the case requires
+    tags: frozenset[str] = field(default_factory=frozenset)
+
+    def __repr__(self) -> str:  # short pytest ids
+        return f"RealCase({self.name!r})"
+
+
+def missing_packages(case: RealCase) -> list[str]:
+    """The packages of ``case.needs`` that cannot be imported here, with the error."""
+    missing = []
+    for name in case.needs:
+        try:
+            importlib.import_module(name)
+        except Exception as error:  # torchvision fails with RuntimeError on a torch mismatch
+            missing.append(f"{name} ({type(error).__name__}: {error})".splitlines()[0])
+    return missing
+
+
+# ---------------------------------------------------------------------------
+# Inputs
+# ---------------------------------------------------------------------------
+
+
+def _ids(batch: int = BATCH, seq: int = SEQ, vocab: int = VOCAB) -> torch.Tensor:
+    return torch.randint(3, vocab, (batch, seq))
+
+
+def _padded_mask(batch: int = BATCH, seq: int = SEQ, pad: int = 3) -> torch.Tensor:
+    """All ones except the last ``pad`` positions of the last row (right padding)."""
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    mask[-1, seq - pad :] = 0
+    return mask
+
+
+def _left_padded_mask(batch: int = BATCH, seq: int = SEQ, pad: int = 3) -> torch.Tensor:
+    """All ones except the first ``pad`` positions of the last row (left padding)."""
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    mask[-1, :pad] = 0
+    return mask
+
+
+def _image(size: int, batch: int = BATCH, channels: int = 3) -> torch.Tensor:
+    return torch.randn(batch, channels, size, size)
+
+
+# ---------------------------------------------------------------------------
+# Hugging Face helpers
+# ---------------------------------------------------------------------------
+
+_TEXT = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
+_LLAMA_LIKE = dict(**_TEXT, intermediate_size=64, num_key_value_heads=2, max_position_embeddings=64)
+
+
+def _hf_model(model_class: str, config_class: str, attn: str | None = "eager", **config):
+    """A randomly initialised ``transformers`` model from a tiny config, in eval mode."""
+    import transformers
+
+    torch.manual_seed(SEED)
+    if attn is not None:
+        config["attn_implementation"] = attn
+    cfg = getattr(transformers, config_class)(**config)
+    model = getattr(transformers, model_class)(cfg)
+    return model.eval()
+
+
+def _train(model, checkpointing: bool = False):
+    model.train()
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+    return model
+
+
+def _lm(model_class: str, config_class: str, mask=_padded_mask, attn="eager", **config):
+    """A builder for a causal LM called with ``input_ids`` (+ ``attention_mask``) kwargs."""
+
+    def build():
+        model = _hf_model(model_class, config_class, attn=attn, **config)
+        torch.manual_seed(SEED + 1)
+        kwargs = {"input_ids": _ids()}
+        if mask is not None:
+            kwargs["attention_mask"] = mask()
+        return model, (), kwargs
+
+    return build
+
+
+def _gpt2_config(**extra):
+    return dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, **extra)
+
+
+def _gpt2_past_key_values():
+    """GPT-2 continuing from a cache: the forward extends the ``DynamicCache`` it is given."""
+    model = _hf_model("GPT2LMHeadModel", "GPT2Config", **_gpt2_config())
+    torch.manual_seed(SEED + 1)
+    prefix = _ids(seq=5)
+    with torch.no_grad():
+        cache = model(input_ids=prefix, use_cache=True).past_key_values
+    new = _ids(seq=3)
+    mask = torch.ones(BATCH, 8, dtype=torch.long)
+    return model, (), {"input_ids": new, "past_key_values": cache, "attention_mask": mask}
+
+
+def _llama_use_cache():
+    model = _hf_model("LlamaForCausalLM", "LlamaConfig", **_LLAMA_LIKE)
+    torch.manual_seed(SEED + 1)
+    return model, (), {"input_ids": _ids(), "attention_mask": _padded_mask(), "use_cache": True}
+
+
+def _gpt2_train(checkpointing: bool):
+    def build():
+        model = _hf_model(
+            "GPT2LMHeadModel", "GPT2Config", **_gpt2_config(resid_pdrop=0.1, attn_pdrop=0.1)
+        )
+        _train(model, checkpointing)
+        torch.manual_seed(SEED + 1)
+        ids = _ids()
+        return model, (), {"input_ids": ids, "labels": ids, "use_cache": False}
+
+    return build
+
+
+def _llama_train_checkpointing():
+    model = _hf_model("LlamaForCausalLM", "LlamaConfig", attention_dropout=0.1, **_LLAMA_LIKE)
+    _train(model, checkpointing=True)
+    torch.manual_seed(SEED + 1)
+    return model, (), {"input_ids": _ids(), "use_cache": False}
+
+
+def _encoder(model_class: str, config_class: str, token_types=False, train=False, **config):
+    def build():
+        model = _hf_model(model_class, config_class, **config)
+        if train:
+            _train(model)
+        torch.manual_seed(SEED + 1)
+        kwargs = {"input_ids": _ids(), "attention_mask": _padded_mask()}
+        if token_types:
+            kwargs["token_type_ids"] = torch.tensor([[0] * 4 + [1] * 4] * BATCH)
+        return model, (), kwargs
+
+    return build
+
+
+_BERT_LIKE = dict(**_TEXT, intermediate_size=64, max_position_embeddings=64)
+
+
+def _seq2seq(model_class: str, config_class: str, decoder_start: int = 0, **config):
+    def build():
+        model = _hf_model(model_class, config_class, **config)
+        torch.manual_seed(SEED + 1)
+        return (
+            model,
+            (),
+            {
+                "input_ids": _ids(),
+                "attention_mask": _padded_mask(),
+                "decoder_input_ids": _ids(seq=5),
+            },
+        )
+
+    return build
+
+
+_BART_LIKE = dict(
+    vocab_size=VOCAB,
+    d_model=32,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=64,
+    decoder_ffn_dim=64,
+    max_position_embeddings=64,
+    pad_token_id=1,
+    decoder_start_token_id=2,
+)
+
+
+def _whisper():
+    model = _hf_model(
+        "WhisperForConditionalGeneration",
+        "WhisperConfig",
+        vocab_size=VOCAB,
+        num_mel_bins=16,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_source_positions=16,
+        max_target_positions=32,
+        pad_token_id=1,
+        decoder_start_token_id=2,
+        bos_token_id=2,
+        eos_token_id=3,
+        suppress_tokens=None,
+        begin_suppress_tokens=None,
+    )
+    torch.manual_seed(SEED + 1)
+    features = torch.randn(BATCH, 16, 32)  # 2 * max_source_positions frames
+    return model, (), {"input_features": features, "decoder_input_ids": _ids(seq=5)}
+
+
+def _vision(model_class: str, config_class: str, size: int, attn="eager", train=False, **config):
+    def build():
+        model = _hf_model(model_class, config_class, attn=attn, **config)
+        if train:
+            _train(model)
+        torch.manual_seed(SEED + 1)
+        return model, (_image(size),), {}
+
+    return build
+
+
+_VIT_LIKE = dict(
+    image_size=32,
+    patch_size=8,
+    num_channels=3,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+)
+
+_WAV2VEC2_LIKE = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    conv_dim=(16, 16),
+    conv_stride=(5, 2),
+    conv_kernel=(10, 3),
+    num_conv_pos_embeddings=16,
+    num_conv_pos_embedding_groups=4,
+    mask_time_prob=0.0,
+)
+
+
+def _audio(model_class: str, config_class: str, **config):
+    def build():
+        model = _hf_model(model_class, config_class, **config)
+        torch.manual_seed(SEED + 1)
+        values = torch.randn(BATCH, 400)
+        mask = torch.ones(BATCH, 400, dtype=torch.long)
+        mask[-1, 300:] = 0
+        return model, (values,), {"attention_mask": mask}
+
+    return build
+
+
+# ---------------------------------------------------------------------------
+# timm and torchvision helpers
+# ---------------------------------------------------------------------------
+
+
+def _timm(name: str, size: int, train: bool = False, **kwargs):
+    def build():
+        import timm
+
+        torch.manual_seed(SEED)
+        model = timm.create_model(name, pretrained=False, **kwargs)
+        model.train(train)
+        torch.manual_seed(SEED + 1)
+        return model, (_image(size),), {}
+
+    return build
+
+
+def _tv(name: str, size: int, train: bool = False, batch: int = BATCH, **kwargs):
+    def build():
+        import torchvision
+
+        torch.manual_seed(SEED)
+        model = getattr(torchvision.models, name)(weights=None, **kwargs)
+        model.train(train)
+        torch.manual_seed(SEED + 1)
+        return model, (_image(size, batch=batch),), {}
+
+    return build
+
+
+def _tv_segmentation(name: str, size: int):
+    def build():
+        import torchvision
+
+        torch.manual_seed(SEED)
+        model = getattr(torchvision.models.segmentation, name)(
+            weights=None, weights_backbone=None, num_classes=3
+        )
+        model.eval()
+        torch.manual_seed(SEED + 1)
+        return model, (_image(size),), {}
+
+    return build
+
+
+def _tv_detection(name: str, size: int):
+    """A detection model in eval mode: images as a list, boxes out of NMS."""
+
+    def build():
+        import torchvision
+
+        torch.manual_seed(SEED)
+        model = getattr(torchvision.models.detection, name)(
+            weights=None, weights_backbone=None, num_classes=3, min_size=size, max_size=size
+        )
+        model.eval()
+        torch.manual_seed(SEED + 1)
+        images = [torch.rand(3, size, size), torch.rand(3, size, size)]
+        return model, (images,), {}
+
+    return build
+
+
+def _tv_fpn_backbone():
+    """The ResNet-18 + FPN backbone torchvision's detection models use."""
+    from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
+
+    torch.manual_seed(SEED)
+    model = resnet_fpn_backbone(backbone_name="resnet18", weights=None, trainable_layers=5)
+    model.eval()
+    torch.manual_seed(SEED + 1)
+    return model, (_image(64),), {}
+
+
+# ---------------------------------------------------------------------------
+# The cases
+# ---------------------------------------------------------------------------
+
+_HF = ("transformers",)
+_TIMM = ("timm", "torchvision")  # timm imports torchvision
+_TV = ("torchvision",)
+
+
+def _c(name, family, build, needs=_HF, tags=()):
+    return RealCase(name, family, build, needs, frozenset(tags))
+
+
+CASES: list[RealCase] = [
+    # --- Hugging Face decoders -------------------------------------------------------------
+    _c(
+        "gpt2",
+        "hf_decoder",
+        _lm("GPT2LMHeadModel", "GPT2Config", **_gpt2_config()),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "gpt2_sdpa",
+        "hf_decoder",
+        _lm("GPT2LMHeadModel", "GPT2Config", attn="sdpa", **_gpt2_config()),
+        tags={"kwargs", "mask"},
+    ),
+    _c("gpt2_past_key_values", "hf_decoder", _gpt2_past_key_values, tags={"kwargs", "cache"}),
+    _c("gpt2_train_dropout", "hf_decoder", _gpt2_train(False), tags={"kwargs", "train"}),
+    _c(
+        "gpt2_grad_checkpointing",
+        "hf_decoder",
+        _gpt2_train(True),
+        tags={"kwargs", "train", "checkpointing"},
+    ),
+    _c(
+        "llama",
+        "hf_decoder",
+        _lm("LlamaForCausalLM", "LlamaConfig", mask=_left_padded_mask, **_LLAMA_LIKE),
+        tags={"kwargs", "mask"},
+    ),
+    _c("llama_use_cache", "hf_decoder", _llama_use_cache, tags={"kwargs", "mask", "cache"}),
+    _c(
+        "llama_grad_checkpointing",
+        "hf_decoder",
+        _llama_train_checkpointing,
+        tags={"kwargs", "train", "checkpointing"},
+    ),
+    _c(
+        "mistral",
+        "hf_decoder",
+        _lm("MistralForCausalLM", "MistralConfig", sliding_window=4, **_LLAMA_LIKE),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "qwen2",
+        "hf_decoder",
+        _lm("Qwen2ForCausalLM", "Qwen2Config", **_LLAMA_LIKE),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "phi",
+        "hf_decoder",
+        _lm(
+            "PhiForCausalLM",
+            "PhiConfig",
+            **_TEXT,
+            intermediate_size=64,
+            max_position_embeddings=64,
+            partial_rotary_factor=0.5,
+        ),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "phi3",
+        "hf_decoder",
+        _lm(
+            "Phi3ForCausalLM",
+            "Phi3Config",
+            **_LLAMA_LIKE,
+            pad_token_id=0,
+        ),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "gemma",
+        "hf_decoder",
+        _lm("GemmaForCausalLM", "GemmaConfig", head_dim=8, **_LLAMA_LIKE),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "gpt_neox",
+        "hf_decoder",
+        _lm(
+            "GPTNeoXForCausalLM",
+            "GPTNeoXConfig",
+            **_TEXT,
+            intermediate_size=64,
+            max_position_embeddings=64,
+        ),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "opt",
+        "hf_decoder",
+        _lm(
+            "OPTForCausalLM",
+            "OPTConfig",
+            **_TEXT,
+            ffn_dim=64,
+            max_position_embeddings=64,
+            word_embed_proj_dim=32,
+        ),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "bloom",
+        "hf_decoder",
+        _lm(
+            "BloomForCausalLM", "BloomConfig", vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4
+        ),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "falcon",
+        "hf_decoder",
+        _lm(
+            "FalconForCausalLM",
+            "FalconConfig",
+            **_TEXT,
+            new_decoder_architecture=False,
+            multi_query=True,
+        ),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "mixtral_moe",
+        "hf_decoder",
+        _lm(
+            "MixtralForCausalLM",
+            "MixtralConfig",
+            **_LLAMA_LIKE,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+        ),
+        tags={"kwargs", "mask", "moe"},
+    ),
+    _c(
+        "qwen2_moe",
+        "hf_decoder",
+        _lm(
+            "Qwen2MoeForCausalLM",
+            "Qwen2MoeConfig",
+            **_LLAMA_LIKE,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+        ),
+        tags={"kwargs", "mask", "moe"},
+    ),
+    _c(
+        "mamba",
+        "hf_decoder",
+        _lm(
+            "MambaForCausalLM",
+            "MambaConfig",
+            mask=None,
+            attn=None,
+            vocab_size=VOCAB,
+            hidden_size=32,
+            state_size=8,
+            num_hidden_layers=2,
+            expand=2,
+            conv_kernel=4,
+            use_mambapy=False,
+        ),
+        tags={"kwargs", "ssm"},
+    ),
+    # --- Hugging Face encoders -------------------------------------------------------------
+    _c(
+        "bert",
+        "hf_encoder",
+        _encoder("BertModel", "BertConfig", token_types=True, **_BERT_LIKE),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "bert_train_dropout",
+        "hf_encoder",
+        _encoder("BertForMaskedLM", "BertConfig", train=True, **_BERT_LIKE),
+        tags={"kwargs", "mask", "train"},
+    ),
+    _c(
+        "roberta",
+        "hf_encoder",
+        _encoder("RobertaModel", "RobertaConfig", pad_token_id=1, **_BERT_LIKE),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "distilbert",
+        "hf_encoder",
+        _encoder(
+            "DistilBertModel",
+            "DistilBertConfig",
+            vocab_size=VOCAB,
+            dim=32,
+            n_layers=2,
+            n_heads=4,
+            hidden_dim=64,
+            max_position_embeddings=64,
+        ),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "albert",
+        "hf_encoder",
+        _encoder("AlbertModel", "AlbertConfig", embedding_size=16, **_BERT_LIKE),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "deberta_v2",
+        "hf_encoder",
+        _encoder(
+            "DebertaV2Model",
+            "DebertaV2Config",
+            attn=None,
+            relative_attention=True,
+            position_buckets=8,
+            pos_att_type=["p2c", "c2p"],
+            **_BERT_LIKE,
+        ),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "electra",
+        "hf_encoder",
+        _encoder("ElectraModel", "ElectraConfig", embedding_size=16, **_BERT_LIKE),
+        tags={"kwargs", "mask"},
+    ),
+    # --- Hugging Face encoder-decoders -----------------------------------------------------
+    _c(
+        "t5",
+        "hf_encdec",
+        _seq2seq(
+            "T5ForConditionalGeneration",
+            "T5Config",
+            vocab_size=VOCAB,
+            d_model=32,
+            d_kv=8,
+            d_ff=64,
+            num_layers=2,
+            num_heads=4,
+            relative_attention_num_buckets=8,
+            decoder_start_token_id=0,
+        ),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "bart",
+        "hf_encdec",
+        _seq2seq("BartForConditionalGeneration", "BartConfig", **_BART_LIKE),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "marian",
+        "hf_encdec",
+        _seq2seq("MarianMTModel", "MarianConfig", **_BART_LIKE),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "pegasus",
+        "hf_encdec",
+        _seq2seq("PegasusForConditionalGeneration", "PegasusConfig", **_BART_LIKE),
+        tags={"kwargs", "mask"},
+    ),
+    _c("whisper", "hf_encdec", _whisper, tags={"kwargs"}),
+    # --- Hugging Face vision ---------------------------------------------------------------
+    _c("vit", "hf_vision", _vision("ViTModel", "ViTConfig", 32, **_VIT_LIKE)),
+    _c(
+        "deit",
+        "hf_vision",
+        _vision("DeiTForImageClassification", "DeiTConfig", 32, num_labels=5, **_VIT_LIKE),
+    ),
+    _c(
+        "vit_train_dropout",
+        "hf_vision",
+        _vision(
+            "ViTForImageClassification",
+            "ViTConfig",
+            32,
+            train=True,
+            hidden_dropout_prob=0.1,
+            attention_probs_dropout_prob=0.1,
+            **_VIT_LIKE,
+        ),
+        tags={"train"},
+    ),
+    _c(
+        "clip_vision",
+        "hf_vision",
+        _vision(
+            "CLIPVisionModel",
+            "CLIPVisionConfig",
+            32,
+            **_VIT_LIKE,
+        ),
+    ),
+    _c(
+        "swin",
+        "hf_vision",
+        _vision(
+            "SwinModel",
+            "SwinConfig",
+            32,
+            image_size=32,
+            patch_size=2,
+            embed_dim=16,
+            depths=[1, 1],
+            num_heads=[2, 2],
+            window_size=4,
+        ),
+    ),
+    _c(
+        "convnext",
+        "hf_vision",
+        _vision(
+            "ConvNextModel",
+            "ConvNextConfig",
+            32,
+            attn=None,
+            hidden_sizes=[16, 32],
+            depths=[1, 1],
+            num_stages=2,
+        ),
+    ),
+    _c(
+        "resnet",
+        "hf_vision",
+        _vision(
+            "ResNetModel",
+            "ResNetConfig",
+            32,
+            attn=None,
+            embedding_size=16,
+            hidden_sizes=[16, 32],
+            depths=[1, 1],
+        ),
+    ),
+    _c(
+        "mobilevit",
+        "hf_vision",
+        _vision(
+            "MobileViTModel",
+            "MobileViTConfig",
+            64,
+            attn=None,
+            image_size=64,
+            hidden_sizes=[32, 40, 48],
+            neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64],
+            num_attention_heads=2,
+        ),
+    ),
+    # --- Hugging Face audio ----------------------------------------------------------------
+    _c(
+        "wav2vec2",
+        "hf_audio",
+        _audio("Wav2Vec2Model", "Wav2Vec2Config", **_WAV2VEC2_LIKE),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "hubert",
+        "hf_audio",
+        _audio("HubertModel", "HubertConfig", **_WAV2VEC2_LIKE),
+        tags={"kwargs", "mask"},
+    ),
+    # --- timm ------------------------------------------------------------------------------
+    _c("timm_resnet18", "timm", _timm("resnet18", 64), _TIMM),
+    _c("timm_vit_tiny", "timm", _timm("vit_tiny_patch16_224", 32, img_size=32), _TIMM),
+    _c(
+        "timm_vit_tiny_train_drop_path",
+        "timm",
+        _timm("vit_tiny_patch16_224", 32, train=True, img_size=32, drop_path_rate=0.1),
+        _TIMM,
+        tags={"train"},
+    ),
+    _c("timm_deit_tiny", "timm", _timm("deit_tiny_patch16_224", 32, img_size=32), _TIMM),
+    _c("timm_convnext_atto", "timm", _timm("convnext_atto", 64), _TIMM),
+    _c(
+        "timm_efficientnet_b0_train_drop_path",
+        "timm",
+        _timm("efficientnet_b0", 64, train=True, drop_path_rate=0.1),
+        _TIMM,
+        tags={"train"},
+    ),
+    _c("timm_mobilenetv3", "timm", _timm("mobilenetv3_small_050", 64), _TIMM),
+    _c("timm_regnetx_002", "timm", _timm("regnetx_002", 64), _TIMM),
+    _c("timm_mobilevit_xxs", "timm", _timm("mobilevit_xxs", 64), _TIMM),
+    _c(
+        "timm_swin_tiny",
+        "timm",
+        _timm("swin_tiny_patch4_window7_224", 56, img_size=56, window_size=7),
+        _TIMM,
+    ),
+    # --- torchvision -----------------------------------------------------------------------
+    _c("tv_resnet18", "torchvision", _tv("resnet18", 64), _TV),
+    _c(
+        "tv_googlenet",
+        "torchvision",
+        _tv("googlenet", 64, aux_logits=False, init_weights=True),
+        _TV,
+    ),
+    _c(
+        "tv_inception_v3",
+        "torchvision",
+        _tv("inception_v3", 80, aux_logits=False, init_weights=True),
+        _TV,
+    ),
+    _c("tv_mobilenet_v3_small", "torchvision", _tv("mobilenet_v3_small", 64), _TV),
+    _c("tv_mobilenet_v3_large", "torchvision", _tv("mobilenet_v3_large", 64), _TV),
+    _c("tv_efficientnet_b0", "torchvision", _tv("efficientnet_b0", 64), _TV),
+    _c("tv_shufflenet_v2", "torchvision", _tv("shufflenet_v2_x0_5", 64), _TV),
+    _c("tv_squeezenet", "torchvision", _tv("squeezenet1_1", 64), _TV),
+    _c("tv_densenet121", "torchvision", _tv("densenet121", 64), _TV),
+    _c("tv_mnasnet", "torchvision", _tv("mnasnet0_5", 64), _TV),
+    _c(
+        "tv_resnet18_train",
+        "torchvision",
+        _tv("resnet18", 64, train=True),
+        _TV,
+        tags={"train"},
+    ),
+    _c("tv_fpn_backbone", "torchvision", _tv_fpn_backbone, _TV, tags={"detection"}),
+    _c(
+        "tv_lraspp_mobilenet_v3",
+        "torchvision",
+        _tv_segmentation("lraspp_mobilenet_v3_large", 64),
+        _TV,
+        tags={"detection"},
+    ),
+    _c(
+        "tv_fasterrcnn_mobilenet_v3",
+        "torchvision",
+        _tv_detection("fasterrcnn_mobilenet_v3_large_fpn", 64),
+        _TV,
+        tags={"detection"},
+    ),
+]
+
+CASES_BY_NAME = {case.name: case for case in CASES}
