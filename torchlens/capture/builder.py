@@ -85,12 +85,14 @@ class TraceBuilder:
         self.module_calls: list[ModuleCall] = []
         self.input_labels: list[str] = []
         self._records: dict[str, Op | Source] = {}
-        # id(tensor) -> (weak reference, label of its current value, version at that time)
-        self._live: dict[int, tuple[weakref.ref, str, int | None]] = {}
+        # id(tensor) -> (weak reference, label of its current value, version at that time,
+        # call count at that time: writes into its storage after it are what a refresh redoes)
+        self._live: dict[int, tuple[weakref.ref, str, int | None, int]] = {}
         self._owned: dict[int, tuple[str, str, Tensor]] = {}  # id -> (kind, address, tensor)
         self._name_counts: dict[str, int] = defaultdict(int)
         self._aliases: dict[tuple[torch.device, int], list[str]] = defaultdict(list)
-        self._last_writer: dict[tuple[torch.device, int], str] = {}
+        # storage -> [(call count, label)] of the in-place writes into it, in order
+        self._writers: dict[tuple[torch.device, int], list[tuple[int, str]]] = defaultdict(list)
         self._call_count = 0
         self._module_call_counts: dict[int, int] = defaultdict(int)
         self._open_calls: list[ModuleCall] = []
@@ -155,7 +157,7 @@ class TraceBuilder:
             same = entry is not None and entry[0]() is tensor and entry[2] == version
             for observe in self.observers:
                 observe(self._records[label], tensor, entry[1] if same else None)
-        self._live[id(tensor)] = (weakref.ref(tensor), label, version)
+        self._live[id(tensor)] = (weakref.ref(tensor), label, version, self._call_count)
 
     def _current_label(self, tensor: Tensor) -> str | None:
         entry = self._live.get(id(tensor))
@@ -171,7 +173,7 @@ class TraceBuilder:
             label = entry[1]
             if entry[2] == version_of(tensor):
                 return label
-            return self._refresh(tensor, label)
+            return self._refresh(tensor, label, entry[3])
         owned = self._owned.get(id(tensor))
         if owned is not None and owned[2] is tensor:
             kind, address, _ = owned
@@ -182,13 +184,19 @@ class TraceBuilder:
         self._add_source(label, "constant", "closure", tensor)
         return label
 
-    def _refresh(self, tensor: Tensor, stale_label: str) -> str:
-        """Record that ``tensor`` changed behind the capture's back (see module docstring)."""
+    def _refresh(self, tensor: Tensor, stale_label: str, since: int) -> str:
+        """Record that ``tensor`` changed behind the capture's back (see module docstring).
+
+        Its parents are the stale value, then every recorded write into its storage since
+        that value was taken (call count ``since``), in order: replay redoes each of them.
+        A write into memory later reused by this storage came before ``since``, so the
+        call counts also keep writes into freed tensors out.
+        """
         parents = [stale_label]
         key = storage_key(tensor)
-        writer = self._last_writer.get(key) if key is not None else None
-        if writer is not None and writer != stale_label:
-            parents.append(writer)
+        for when, writer in self._writers.get(key, ()) if key is not None else ():
+            if when > since and writer != stale_label:
+                parents.append(writer)
         refs = [ArgRef(label, str(i)) for i, label in enumerate(parents)]
         self._call_count += 1  # a call of its own, not part of the previous one
         op = self._new_op(REFRESH_FUNC_NAME, None, (), {}, refs, tensor, 0, False)
@@ -235,7 +243,7 @@ class TraceBuilder:
             if inplace:
                 key = storage_key(tensor)
                 if key is not None:
-                    self._last_writer[key] = op.label
+                    self._writers[key].append((self._call_count, op.label))
                     op.meta["geometry"] = _geometry(tensor)  # where it wrote, for replay
             ops.append(op)
         return ops
@@ -386,4 +394,5 @@ class TraceBuilder:
         self._live.clear()
         self._owned.clear()
         self._aliases.clear()
+        self._writers.clear()
         return trace

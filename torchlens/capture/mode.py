@@ -16,6 +16,7 @@ from torch.overrides import TorchFunctionMode
 from torchlens.capture import rng
 from torchlens.capture.autocast import autocast_state
 from torchlens.capture.builder import TraceBuilder
+from torchlens.capture.failures import note_model_error
 from torchlens.capture.naming import func_info
 from torchlens.capture.special import SPECIAL_OUTPUTS
 from torchlens.capture.tree import fill, flatten, flatten_call
@@ -43,6 +44,8 @@ class CaptureMode(TorchFunctionMode):
         info = func_info(func)
         if info.never_tensor:
             return func(*args, **kwargs)
+        if info.inplace and not args and kwargs:  # torch.nn.init passes tensor=...
+            args, kwargs = _target_first(args, kwargs)
         leaves, args_template, kwargs_template = flatten_call(args, kwargs)
         builder = self.builder
         parent_args = [ArgRef(builder.label_of(t), pos) for pos, t in leaves]
@@ -52,7 +55,11 @@ class CaptureMode(TorchFunctionMode):
         rng_state = rng.snapshot() if info.stochastic else None
         autocast = autocast_state()
 
-        result = func(*args, **kwargs)
+        try:
+            result = func(*args, **kwargs)
+        except Exception as err:  # the model's own error: noted, never wrapped
+            note_model_error(err, builder, info.name)
+            raise
 
         special = SPECIAL_OUTPUTS.get(info.name)
         outputs = special(args, result) if special else flatten(result)[0]
@@ -95,3 +102,14 @@ def _inplace_targets(inplace: bool, args: tuple, kwargs: dict) -> list[Tensor]:
         if args and isinstance(args[0], Tensor):
             return [args[0]]
     return []
+
+
+def _target_first(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """An in-place call whose target came by keyword (``torch.nn.init.uniform_(tensor=w)``,
+    how ``handle_torch_function`` forwards it) as the same call with the target first, so
+    it is protected, recorded and replayed like ``w.uniform_()``."""
+    for key in ("tensor", "input"):
+        if isinstance(kwargs.get(key), Tensor):
+            rest = dict(kwargs)
+            return (rest.pop(key),), rest
+    return args, kwargs

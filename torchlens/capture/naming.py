@@ -69,6 +69,8 @@ STOCHASTIC_FUNCS = frozenset({
     "rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm",
     "bernoulli", "bernoulli_", "multinomial", "normal", "normal_", "uniform_", "poisson",
     "exponential_", "geometric_", "log_normal_", "cauchy_", "random_",
+    "trunc_normal_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_",
+    "kaiming_normal_", "orthogonal_", "sparse_",  # torch.nn.init, as in a fresh nn.Linear
     "multi_head_attention_forward", "scaled_dot_product_attention",
     "lstm", "gru", "rnn_tanh", "rnn_relu", "lstm_cell", "gru_cell",
 })  # fmt: skip

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from torchlens.capture import rng
+from torchlens.capture.autocast import autocast_applied
 from torchlens.capture.controls import reapply
 from torchlens.capture.special import SPECIAL_OUTPUTS
 from torchlens.capture.tree import fill, flatten
@@ -25,9 +26,17 @@ from torchlens.replay.edges import EdgeProver
 from torchlens.replay.exemptions import MUTATES_ARGUMENTS, VALUE_EXEMPT
 from torchlens.replay.tolerances import mismatch
 
-__all__ = ["Interpreter", "Checker", "Unreplayable", "calls"]
+__all__ = ["Interpreter", "Checker", "Unreplayable", "calls", "AUTOGRAD_REASON"]
 
 Tensor = torch.Tensor
+
+
+# Why a torch.autograd.grad call inside the forward is not replayed (see docs/validation.md).
+AUTOGRAD_REASON = (
+    "torch.autograd.grad differentiates the forward's live autograd graph, which replay "
+    "from saved values does not have; the ops it differentiated are replayed one by one "
+    "and the ground-truth rerun checks the outputs computed from it"
+)
 
 
 class Unreplayable(Exception):
@@ -65,11 +74,23 @@ class Interpreter:
         return [self.trace[ref.label].out for ref in op.parent_args]
 
     def execute(self, op: Any, values: list[Tensor]) -> list[Tensor]:
-        """Run the call that produced ``op`` on ``values``; returns all its output tensors."""
+        """Run the call that produced ``op`` on ``values``; returns all its output tensors.
+
+        A call recorded inside an autocast region runs under the same autocast state.
+        """
+        autocast = op.meta.get("autocast")
+        if autocast is not None:
+            with autocast_applied(autocast):
+                return self._execute(op, values)
+        return self._execute(op, values)
+
+    def _execute(self, op: Any, values: list[Tensor]) -> list[Tensor]:
         if op.func is None:
             if op.func_name == "refresh":
                 return self.execute_refresh(op, values)
             raise Unreplayable(f"no function was recorded for {op.func_name!r}")
+        if op.func is torch.autograd.grad:
+            raise Unreplayable(AUTOGRAD_REASON)
         if op.rng_state is not None:
             return self.execute_stochastic(op, values)
         return self.execute_call(op, values)
@@ -87,30 +108,34 @@ class Interpreter:
             return self.execute_call(op, values)
 
     def execute_refresh(self, op: Any, values: list[Tensor]) -> list[Tensor]:
-        """Redo a write made through another view: the stale value, then the writer's."""
-        if len(op.parent_args) != 2:
+        """Redo writes made through other views: the stale value, then each writer's, in
+        the order they were made."""
+        if len(op.parent_args) < 2:
             raise Unreplayable("the tensor changed without a recorded writer")
-        writer = self.trace[op.parent_args[1].label]
-        base, region = op.meta.get("geometry"), writer.meta.get("geometry")
-        if base is None or region is None:
+        base = op.meta.get("geometry")
+        regions = [self.trace[ref.label].meta.get("geometry") for ref in op.parent_args[1:]]
+        if base is None or any(region is None for region in regions):
             raise Unreplayable("no storage geometry was recorded for this write")
-        stale, written = values
-        if stale.dtype != written.dtype:
+        stale, written = values[0], values[1:]
+        if any(value.dtype != stale.dtype for value in written):
             raise Unreplayable("the write reinterpreted the storage as another dtype")
-        return [write_through(stale, written, base, region)]
+        return [write_through(stale, list(zip(written, regions)), base)]
 
 
-def write_through(stale: Tensor, written: Tensor, base: tuple, region: tuple) -> Tensor:
-    """``stale`` laid out in a scratch storage, ``written`` copied over its region, read back.
+def write_through(stale: Tensor, writes: list[tuple[Tensor, tuple]], base: tuple) -> Tensor:
+    """``stale`` laid out in a scratch storage, each written value copied over its region
+    in order, then read back.
 
-    ``base`` and ``region`` are ``(shape, stride, storage_offset)`` in the shared storage.
+    ``base`` and each region are ``(shape, stride, storage_offset)`` in the shared storage.
     """
-    start = min(base[2], region[2])
-    extent = max(_end(base), _end(region)) - start
+    geometries = [base, *(region for _, region in writes)]
+    start = min(geometry[2] for geometry in geometries)
+    extent = max(_end(geometry) for geometry in geometries) - start
     scratch = stale.new_zeros(max(extent, 0))
     view = scratch.as_strided(base[0], base[1], base[2] - start)
     view.copy_(stale)
-    scratch.as_strided(region[0], region[1], region[2] - start).copy_(written)
+    for written, region in writes:
+        scratch.as_strided(region[0], region[1], region[2] - start).copy_(written)
     return view.clone()
 
 
