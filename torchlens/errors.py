@@ -53,7 +53,7 @@ class UnsupportedModelError(TorchLensError, TypeError):
     """The callable cannot be traced eagerly (compiled, scripted or exported artifacts).
 
     Codes: ``compiled_module``, ``torchscript_module``, ``exported_program``,
-    ``not_callable``.
+    ``not_callable``, ``module_class`` (an ``nn.Module`` class was passed, not an instance).
     """
 
     code = "unsupported_model"

@@ -12,8 +12,9 @@ from typing import Any
 
 import torch
 
+from torchlens._views import not_found_message as _not_found_message
 from torchlens.errors import LookupFailedError, PayloadUnavailableError
-from torchlens.trace import MemoryPayloadStore, _not_found_message
+from torchlens.trace import MemoryPayloadStore
 
 __all__ = ["OpView", "Recording"]
 
@@ -23,12 +24,13 @@ class OpView:
 
     Fields follow :class:`~torchlens.trace.Op`: ``label``, ``index`` (ops counted so far,
     0-based), ``func_name``, ``output_index``, ``module`` (innermost address), ``module_stack``
-    (``(address, call)`` pairs), ``shape``, ``dtype``, ``device`` and ``meta``.
+    (``(address, call)`` pairs), ``module_type`` (the innermost module's class name, e.g.
+    ``"Conv2d"``), ``shape``, ``dtype``, ``device`` and ``meta``.
     """
 
     __slots__ = (
         "label", "index", "func_name", "output_index", "module", "module_stack",
-        "shape", "dtype", "device", "meta", "_store",
+        "module_type", "shape", "dtype", "device", "meta", "_store",
     )  # fmt: skip
 
     def __init__(
@@ -39,6 +41,7 @@ class OpView:
         output_index: int,
         module_stack: tuple[tuple[str, int], ...],
         tensor: torch.Tensor,
+        module_type: str = "",
     ) -> None:
         self.label = label
         self.index = index
@@ -46,6 +49,7 @@ class OpView:
         self.output_index = output_index
         self.module_stack = module_stack
         self.module = module_stack[-1][0] if module_stack else ""
+        self.module_type = module_type
         self.shape = tuple(tensor.shape)
         self.dtype = tensor.dtype
         self.device = tensor.device

@@ -7,15 +7,15 @@ holds no reference cycle and dropping it frees its tensors at once.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 import torch
 
-from torchlens._table import format_table
 from torchlens._tensors import version_of
+from torchlens._views import SUMMARY_ROWS, ModuleCalls, module_types, summary_text
+from torchlens._views import not_found_message as _not_found_message
 from torchlens.errors import GradUnavailableError, LookupFailedError, PayloadUnavailableError
 
 __all__ = [
@@ -144,6 +144,7 @@ class Op:
     requires_grad: bool
     is_inplace: bool  # the call wrote into an existing tensor (relu_, +=, x[0] = y, out=)
     children: list[str] = field(default_factory=list)  # labels of ops that consumed it
+    module_type: str = ""  # class name of the innermost module ("Conv2d"); the root's type at ""
     func: Callable[..., Any] | None = field(default=None, repr=False)  # for replay
     args_template: tuple = field(default=(), repr=False)  # args, tensors as ArgSlot
     kwargs_template: dict = field(default_factory=dict, repr=False)
@@ -256,7 +257,7 @@ class Trace:
     ) -> None:
         self.ops = ops
         self.sources = sources
-        self.modules = modules
+        self.modules = ModuleCalls(modules)  # a list, also indexable by "address[:call]"
         self.input_labels = input_labels
         self.output_labels = output_labels
         self.output = output  # what the model returned (None when the forward was halted)
@@ -266,6 +267,10 @@ class Trace:
         self.grad_session: Any = None  # set by tl.trace(save_grads=True); runs backward
         self._by_label: dict[str, Record] = {s.label: s for s in sources}
         self._by_label.update((op.label, op) for op in ops)
+        types = module_types(self.modules)
+        for op in ops:
+            if not op.module_type:
+                op.module_type = types.get(op.module, "")
 
     # -- container protocol ---------------------------------------------------------------
     def __iter__(self) -> Iterator[Op]:
@@ -283,7 +288,7 @@ class Trace:
         if isinstance(key, str):
             record = self._by_label.get(key)
             if record is None:
-                raise LookupFailedError(_not_found_message(key, self._by_label))
+                raise LookupFailedError(self._missing_message(key))
             return record
         raise LookupFailedError(
             f"trace keys are labels (str) or positions (int), got {type(key).__name__}",
@@ -372,34 +377,77 @@ class Trace:
 
         return save(self, path)
 
-    def module_calls(self, address: str) -> list[ModuleCall]:
-        """Every call of the module at ``address``, in call order."""
-        calls = [m for m in self.modules if m.address == address]
-        if not calls:
-            known = {m.address: m for m in self.modules}
-            raise LookupFailedError(_not_found_message(address, known, what="module"))
-        return calls
+    def module_calls(self, pattern: str) -> list[ModuleCall]:
+        """Every call of the modules matching ``pattern``, in call order.
+
+        Args:
+            pattern: an address (``"layers.0"``), an ``fnmatch`` glob as :func:`tl.module
+                <torchlens.selectors.module>` takes (``"layers.*"``; ``*`` also crosses
+                dots), or one call (``"layers.0:2"``).
+
+        Returns:
+            The :class:`ModuleCall` s, with their inputs, outputs and ops.
+
+        Raises:
+            LookupFailedError: ``not_found`` when no call matches; close addresses are named.
+
+        Example:
+            >>> import torch, torchlens as tl
+            >>> model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+            >>> [m.name for m in tl.trace(model, torch.randn(2, 4)).module_calls("*")]
+            ['0:1', '1:1']
+        """
+        return self.modules.matching(pattern)
+
+    def _missing_message(self, key: str) -> str:
+        address = key.rpartition(":")[0] if key.rpartition(":")[2].isdigit() else key
+        if address in self.modules.addresses() and address:
+            return (
+                f"{key!r} is a module address, not an op label; its calls are "
+                f"trace.modules[{key!r}] (or trace.module_calls({address!r})), with "
+                ".outputs and .ops (labels to look up here), and tl.module"
+                f"({address!r}) selects the ops inside it"
+            )
+        return _not_found_message(key, self._by_label)
 
     # -- printing -------------------------------------------------------------------------
-    def summary(self) -> str:
-        """A table of ops: label, function, module call, shape, dtype."""
-        rows = [
-            (
-                op.label,
-                op.func_name,
-                op.address or "-",
-                _shape_text(op.shape),
-                _dtype_text(op.dtype),
-            )
-            for op in self.ops
-        ]
-        table = format_table(("op", "function", "module call", "shape", "dtype"), rows)
-        head = (
-            f"Trace: {len(self.ops)} ops, {len(self.sources)} sources "
-            f"({len(self.inputs)} inputs), {len(self.modules)} module calls"
-        )
-        outputs = ", ".join(self.output_labels) or "-"
-        return f"{head}\n{table}\noutputs: {outputs}"
+    def summary(
+        self, select: Any = None, *, module: str | None = None, max_rows: int | None = SUMMARY_ROWS
+    ) -> str:
+        """A table of ops: label, function, module call, shape, dtype.
+
+        Args:
+            select: a selector (``tl.func("conv2d")``, ``tl.where(...)``): only matching ops.
+            module: only ops inside this module (an address or glob, as ``tl.module``).
+            max_rows: past this many rows only the first and last rows are shown, with a
+                count of the rest; ``None`` shows every row.
+
+        Returns:
+            The table as text; ``print(trace)`` prints ``trace.summary()``.
+
+        Raises:
+            InvalidArgumentError: ``bad_selector`` for something that is not a selector.
+
+        Example:
+            >>> import torch, torchlens as tl
+            >>> model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+            >>> text = tl.trace(model, torch.randn(2, 4)).summary(tl.func("relu"))
+            >>> "relu_1" in text and "linear_1" not in text
+            True
+        """
+        from torchlens.selectors import as_selector
+        from torchlens.selectors import module as module_selector
+
+        ops, notes = self.ops, []
+        if select is not None:
+            matches = as_selector(select).matches
+            ops = [op for op in ops if matches(op)]
+            notes.append(f"select={select!r}")
+        if module is not None:
+            matches = module_selector(module).matches
+            ops = [op for op in ops if matches(op)]
+            notes.append(f"module={module!r}")
+        return summary_text(self, ops, max_rows, notes)
 
     def __str__(self) -> str:
         return self.summary()
@@ -431,17 +479,3 @@ class Trace:
         from torchlens.viz import draw
 
         return draw(self, path, depth=depth, collapse_repeats=collapse_repeats, **options)
-
-
-def _not_found_message(key: str, known: Mapping[str, Any], what: str = "label") -> str:
-    close = difflib.get_close_matches(key, list(known), n=5, cutoff=0.5)
-    hint = f"; close {what}s: {', '.join(close)}" if close else ""
-    return f"no {what} {key!r} in this trace{hint}"
-
-
-def _shape_text(shape: tuple[int, ...]) -> str:
-    return "(" + ", ".join(str(d) for d in shape) + ")"
-
-
-def _dtype_text(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")

@@ -10,6 +10,8 @@ before the call.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -41,7 +43,8 @@ class Intervention:
     """An ``intervene=`` function with its options.
 
     Args:
-        fn: ``fn(tensor, op_view) -> tensor`` returns the value downstream ops should use.
+        fn: ``fn(tensor, op_view) -> tensor`` returns the value downstream ops should use;
+            a function of the tensor alone, ``fn(tensor) -> tensor``, works too.
         keep_original: also keep the value before the edit (store key
             ``op.meta["original_key"]``, read it with ``trace.store.get(key)``).
         allow_changes: let ``fn`` change the shape, dtype or device of the value.
@@ -125,8 +128,32 @@ def _parse_intervene(intervene: Any) -> list[tuple[Selector, Intervention]]:
                     code="bad_intervene",
                 )
             edit = Intervention(edit)
-        edits.append((as_selector(selector), edit))
+        edits.append((as_selector(selector), _two_arguments(edit, selector)))
     return edits
+
+
+def _two_arguments(edit: Intervention, selector: Any) -> Intervention:
+    """``edit`` with a function called as ``fn(tensor, op)``: one taking only the tensor
+    (``lambda t: t * 0``) is wrapped; one taking neither form is refused now, not mid-forward."""
+    fn = edit.fn
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins have no signature: call as documented
+        return edit
+    for n_args in (2, 1):
+        try:
+            signature.bind(*range(n_args))
+        except TypeError:
+            continue
+        if n_args == 2:
+            return edit
+        return dataclasses.replace(edit, fn=lambda tensor, op: fn(tensor))
+    raise InvalidArgumentError(
+        f"the intervene= function for {selector!r} takes neither (tensor) nor (tensor, op) "
+        f"(its signature is {signature}); write it as fn(tensor, op) -> tensor or "
+        "fn(tensor) -> tensor",
+        code="bad_intervene",
+    )
 
 
 class Controls:
@@ -159,6 +186,7 @@ class Controls:
         self.edit_hits = [0] * len(self.edits)
         self.intervened: list[str] = []  # labels of edited ops, in order
         self.halted_at: str | None = None
+        self._types: dict[str, str] = {}  # module address -> class name, set by hooks()
 
     @property
     def active(self) -> bool:
@@ -171,8 +199,11 @@ class Controls:
         if self.save is None:
             return None
         matches = self.save.matches
+        types = self._types
 
         def payload_filter(op: Any) -> bool:
+            if not op.module_type:  # what a tl.where predicate may ask; Trace fills the rest
+                op.module_type = types.get(op.module, "")
             hit = matches(op)
             self.saved += hit
             return hit
@@ -181,12 +212,17 @@ class Controls:
 
     def hooks(self, builder: Any) -> tuple[Callable[[Any, Tensor], Tensor], ...]:
         """The capture mode's op hooks: none unless ``intervene=`` or ``stop_after=``."""
+        self._types.update((a, type(m).__name__) for a, m in builder.named_modules)
         return (self.trace_hook(builder),) if self.edits or self.stop is not None else ()
 
     def trace_hook(self, builder: Any) -> Callable[[Any, Tensor], Tensor]:
         """The capture mode's op hook: apply edits, then halt if ``stop_after`` matches."""
 
+        types = self._types
+
         def hook(op: Any, tensor: Tensor) -> Tensor:
+            if not op.module_type:
+                op.module_type = types.get(op.module, "")
             for i, (selector, edit) in enumerate(self.edits):
                 if selector.matches(op):
                     self.edit_hits[i] += 1

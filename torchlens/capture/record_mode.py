@@ -89,6 +89,7 @@ class RecordMode(TorchFunctionMode):
         self._memo: dict[tuple[str, int], Any] = {}
         self._aliases: dict[Any, list[str]] = {}
         self._stack: list[tuple[str, int]] = []
+        self._types: list[str] = [""]  # class names along the stack; the root's first
         self._frames: tuple[tuple[str, int], ...] = ()
         self._path = 0  # id of the current module address path, for the memo
         self._paths: dict[tuple[int, str], int] = {}
@@ -152,7 +153,7 @@ class RecordMode(TorchFunctionMode):
         halt_at, replaced = None, False
         for k, tensor in enumerate(tensors):
             label = f"{name}_{count}" if n == 1 else f"{name}_{count}:{k}"
-            view = OpView(label, index + k, name, k, self._frames, tensor)
+            view = OpView(label, index + k, name, k, self._frames, tensor, self._types[-1])
             if not plan.static or decision is _UNSEEN:
                 decision = plan.decide(view)
                 if plan.static:
@@ -225,6 +226,7 @@ class RecordMode(TorchFunctionMode):
         this model's submodules (two handles instead of two per module), plus per-module
         hooks for submodules that carry hooks of their own, so that ops run by those hooks
         fall inside or outside the module call exactly as in ``tl.trace``."""
+        self._types[0] = type(model).__name__ if isinstance(model, nn.Module) else ""
         if not isinstance(model, nn.Module):
             return []
         handles: list[RemovableHandle] = []
@@ -256,6 +258,7 @@ class RecordMode(TorchFunctionMode):
             return
         call = self._calls[id(module)] = self._calls.get(id(module), 0) + 1
         self._stack.append((address, call))
+        self._types.append(type(module).__name__)
         self._frames = tuple(self._stack)
         self._path_trail.append(self._path)
         self._path = self._paths.setdefault((self._path, address), len(self._paths) + 1)
@@ -268,6 +271,7 @@ class RecordMode(TorchFunctionMode):
         if self.paused or threading.get_ident() != self._thread or not self._stack:
             return
         self._stack.pop()
+        self._types.pop()
         self._frames = tuple(self._stack)
         self._path = self._path_trail.pop()
 

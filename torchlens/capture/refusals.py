@@ -16,6 +16,13 @@ _ADVICE = "trace the eager source module instead"
 
 def check_traceable(model: Any) -> None:
     """Raise :class:`UnsupportedModelError` if ``model`` cannot be traced eagerly."""
+    if isinstance(model, type) and issubclass(model, nn.Module):
+        raise UnsupportedModelError(
+            f"got the class {model.__name__}, not a model: calling a class builds a new "
+            f"module instead of running a forward; pass an instance, e.g. "
+            f"tl.trace({model.__name__}(...), x)",
+            code="module_class",
+        )
     kind = type(model)
     names = {f"{c.__module__}.{c.__qualname__}" for c in kind.__mro__}
     if any(n.endswith("ExportedProgram") and n.startswith("torch.export") for n in names):

@@ -17,6 +17,7 @@ import torch
 from torch.overrides import _get_current_function_mode_stack
 
 from torchlens.capture.builder import TraceBuilder
+from torchlens.capture.failures import trim_torchlens_frames
 from torchlens.capture.hooks import install_module_hooks
 from torchlens.capture.mode import CaptureMode, OpHook
 from torchlens.errors import ReentrantCaptureError
@@ -61,7 +62,8 @@ class CaptureSession:
             self._stack = stack.pop_all()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        trim_torchlens_frames(exc)  # a model's error then ends at the model's line
         self._stack.close()
 
 

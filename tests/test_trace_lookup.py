@@ -1,0 +1,145 @@
+"""Finding things in a trace: module calls by address, helpful misses, module types, summaries."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import torchlens as tl
+from torchlens.errors import LookupFailedError
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.norm = nn.LayerNorm(4)
+
+    def forward(self, x):
+        return torch.relu(self.norm(self.fc(x)))
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([Block() for _ in range(2)])
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        x = self.blocks[0](x)  # blocks.0 runs twice
+        return self.head(x)
+
+
+@pytest.fixture(scope="module")
+def trace():
+    torch.manual_seed(0)
+    return tl.trace(Net().eval(), torch.randn(2, 4))
+
+
+def test_modules_by_address_and_call(trace):
+    head = trace.modules["head"]
+    assert (head.address, head.call_index, head.module_type) == ("head", 1, "Linear")
+    assert head.outputs == (trace.output_labels[0],)
+    second = trace.modules["blocks.0:2"]
+    assert (second.address, second.call_index) == ("blocks.0", 2)
+    assert trace.modules["blocks.0.fc:1"].module_type == "Linear"
+    assert trace.modules[""].module_type == "Net"
+    assert trace.modules["<root>:1"] is trace.modules[0]
+    assert [m.name for m in trace.modules[1:3]] == ["blocks.0:1", "blocks.0.fc:1"]
+
+
+def test_modules_lookup_errors_say_what_to_do(trace):
+    with pytest.raises(LookupFailedError) as info:
+        trace.modules["blocks.0"]  # called twice: which call?
+    assert info.value.code == "ambiguous_module"
+    assert "blocks.0:2" in str(info.value) and "module_calls('blocks.0')" in str(info.value)
+    with pytest.raises(LookupFailedError) as info:
+        trace.modules["blocks.00"]
+    assert info.value.code == "not_found" and "blocks.0" in str(info.value)
+
+
+def test_module_calls_take_globs_like_tl_module(trace):
+    assert [m.name for m in trace.module_calls("blocks.0")] == ["blocks.0:1", "blocks.0:2"]
+    assert [m.name for m in trace.module_calls("blocks.*.fc")] == [
+        "blocks.0.fc:1",
+        "blocks.1.fc:1",
+        "blocks.0.fc:2",
+    ]
+    assert [m.name for m in trace.module_calls("blocks.0:2")] == ["blocks.0:2"]
+    with pytest.raises(LookupFailedError) as info:
+        trace.module_calls("blocks.*.conv")
+    assert info.value.code == "not_found"
+
+
+def test_a_module_address_as_op_label_says_how_to_reach_the_module(trace):
+    with pytest.raises(LookupFailedError) as info:
+        trace["blocks.0"]
+    message = str(info.value)
+    assert "module address" in message
+    assert "trace.modules['blocks.0']" in message and "tl.module('blocks.0')" in message
+    assert "weight" not in message  # no parameter labels offered as look-alikes
+
+
+def test_ops_know_their_module_type(trace):
+    assert trace["linear_1"].module_type == "Linear"
+    assert trace["layer_norm_1"].module_type == "LayerNorm"
+    assert trace["relu_1"].module_type == "Block"
+
+
+def test_where_predicates_see_the_module_type():
+    model = Net().eval()
+    x = torch.randn(2, 4)
+    in_norm = tl.where(lambda op: op.module_type == "LayerNorm")
+    traced = tl.trace(model, x, save=in_norm)
+    assert [op.label for op in traced if op.has_out] == [
+        "layer_norm_1",
+        "layer_norm_2",
+        "layer_norm_3",
+    ]
+    seen = []
+    spy = tl.where(lambda op: seen.append(op.module_type) or True)
+    tl.trace(model, x, intervene={spy: lambda t, op: t})
+    assert seen[:3] == ["Linear", "LayerNorm", "Block"]
+    recording = tl.record(model, x, save=in_norm)
+    assert recording.labels == ["layer_norm_1", "layer_norm_2", "layer_norm_3"]
+    assert recording["layer_norm_1"].module_type == "LayerNorm"
+
+
+def test_module_type_survives_save_and_load(trace, tmp_path):
+    loaded = tl.load(trace.save(tmp_path / "t"))
+    assert [op.module_type for op in loaded] == [op.module_type for op in trace]
+
+
+class Long(nn.Module):
+    def forward(self, x):
+        for _ in range(150):
+            x = torch.sin(x)
+        return x
+
+
+def test_a_long_trace_prints_head_and_tail_with_a_count():
+    trace = tl.trace(Long(), torch.randn(3))
+    text = str(trace)
+    assert len(text.splitlines()) < 50
+    assert "sin_1 " in text and "sin_150 " in text and "sin_75 " not in text
+    assert "110 more ops" in text and "max_rows=None" in text
+    full = trace.summary(max_rows=None)
+    assert "sin_75 " in full and len(full.splitlines()) > 150
+
+
+def test_summary_filters_by_selector_module_and_rows(trace):
+    relus = trace.summary(tl.func("relu"))
+    assert "relu_1" in relus and "linear_1" not in relus and "showing 3 ops" in relus
+    head = trace.summary(module="head")
+    assert "linear_4" in head and "relu_1" not in head
+    both = trace.summary(tl.func("linear"), module="blocks.*")
+    assert [line.split()[0] for line in both.splitlines()[3:-1]] == [
+        "linear_1",
+        "linear_2",
+        "linear_3",
+    ]
+    few = trace.summary(max_rows=2)
+    assert "linear_1" in few and "linear_4" in few and "more ops" in few

@@ -1,0 +1,141 @@
+"""Read-only views over a trace's records: module calls by address, and the summary table.
+
+Kept apart from :mod:`torchlens.trace` so the data model stays a list of typed records; the
+functions here only read them. Nothing here imports the data model or the selectors at
+module level (they sit at the same layer or above).
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from torchlens._table import format_table
+from torchlens.errors import LookupFailedError
+
+__all__ = ["ModuleCalls", "SUMMARY_ROWS", "module_types", "not_found_message", "summary_text"]
+
+SUMMARY_ROWS = 40  # rows ``print(trace)`` shows before it keeps only the head and the tail
+
+
+def not_found_message(key: str, known: Iterable[str], what: str = "label") -> str:
+    """``"no label 'x' in this trace; close labels: ..."``."""
+    close = difflib.get_close_matches(key, list(known), n=5, cutoff=0.5)
+    hint = f"; close {what}s: {', '.join(close)}" if close else ""
+    return f"no {what} {key!r} in this trace{hint}"
+
+
+def _split_key(key: str) -> tuple[str, int | None]:
+    """``"blocks.0:2"`` -> ``("blocks.0", 2)``; ``"<root>:1"`` and ``""`` are the root."""
+    address, sep, call = key.rpartition(":")
+    if not sep or not call.isdigit():
+        address, call = key, ""
+    if address == "<root>":
+        address = ""
+    return address, int(call) if call else None
+
+
+class ModuleCalls(list):
+    """``trace.modules``: every module call in call order, also reachable by address.
+
+    It is a list (iterate, index by position, slice), and a string key looks a call up:
+    ``"blocks.0:2"`` is the second call of ``blocks.0`` (the way ``op.address`` and
+    ``ModuleCall.name`` write it), ``"blocks.0"`` the only call of a module called once,
+    and ``""`` (or ``"<root>:1"``) the traced model itself.
+
+    Example:
+        >>> import torch, torchlens as tl
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+        >>> trace = tl.trace(model, torch.randn(2, 4))
+        >>> trace.modules["0"].module_type, trace.modules["1:1"].outputs
+        ('Linear', ('relu_1',))
+    """
+
+    def __getitem__(self, key: Any) -> Any:
+        if not isinstance(key, str):
+            return super().__getitem__(key)
+        address, call = _split_key(key)
+        calls = [m for m in self if m.address == address]
+        if call is not None:
+            calls = [m for m in calls if m.call_index == call]
+        if len(calls) == 1:
+            return calls[0]
+        if calls:
+            names = ", ".join(repr(m.name) for m in calls[:4])
+            raise LookupFailedError(
+                f"module {address!r} was called {len(calls)} times; pick one call with "
+                f"trace.modules['{address}:N'] ({names}, ...) or get all of them with "
+                f"trace.module_calls({address!r})",
+                code="ambiguous_module",
+            )
+        raise LookupFailedError(not_found_message(key, self.addresses(), what="module"))
+
+    def addresses(self) -> list[str]:
+        """Every module address that was called, first call order, each once."""
+        return list(dict.fromkeys(m.address for m in self))
+
+    def matching(self, pattern: str) -> list[Any]:
+        """Every call of a module whose address matches ``pattern``, in call order.
+
+        ``pattern`` follows :func:`torchlens.module`: an address, or an ``fnmatch`` glob
+        (``*`` also crosses dots); ``"blocks.0:2"`` picks one call.
+
+        Raises:
+            LookupFailedError: nothing matched; the message lists close addresses.
+        """
+        address, call = _split_key(pattern)
+        wild = any(ch in address for ch in "*?[")
+        regex = re.compile(fnmatch.translate(address)) if wild else None
+        found = [
+            m
+            for m in self
+            if (regex.match(m.address) if regex else m.address == address)
+            and (call is None or m.call_index == call)
+        ]
+        if not found:
+            raise LookupFailedError(not_found_message(pattern, self.addresses(), what="module"))
+        return found
+
+
+def summary_text(
+    trace: Any, ops: Sequence[Any], max_rows: int | None, filtered: Iterable[str] = ()
+) -> str:
+    """The trace's heading, a table of ``ops`` (head and tail past ``max_rows``), outputs."""
+    rows = [_row(op) for op in ops]
+    hidden = 0
+    if max_rows is not None and len(rows) > max_rows:
+        head = max(max_rows // 2, 1)
+        tail = max(max_rows - head, 0)
+        hidden = len(rows) - head - tail
+        gap = ("...", f"{hidden} more ops", "", "", "")
+        rows = [*rows[:head], gap, *(rows[-tail:] if tail else [])]
+    table = format_table(("op", "function", "module call", "shape", "dtype"), rows)
+    heading = (
+        f"Trace: {len(trace.ops)} ops, {len(trace.sources)} sources "
+        f"({len(trace.inputs)} inputs), {len(trace.modules)} module calls"
+    )
+    notes = list(filtered)
+    if notes:
+        heading += f"; showing {len(ops)} ops ({', '.join(notes)})"
+    lines = [heading, table]
+    if hidden:
+        lines.append(
+            f"({hidden} ops not shown: trace.summary(max_rows=None) prints all, "
+            "trace.summary(select=..., module=...) narrows the table)"
+        )
+    lines.append(f"outputs: {', '.join(trace.output_labels) or '-'}")
+    return "\n".join(lines)
+
+
+def _row(op: Any) -> tuple[str, ...]:
+    shape = "(" + ", ".join(str(d) for d in op.shape) + ")"
+    dtype = str(op.dtype).removeprefix("torch.")
+    return (op.label, op.func_name, op.address or "-", shape, dtype)
+
+
+def module_types(calls: Iterable[Any]) -> Mapping[str, str]:
+    """Address -> class name, from a trace's module calls."""
+    return {m.address: m.module_type for m in calls}

@@ -1,0 +1,65 @@
+"""When the model itself raises during a capture: keep its error, say where, hide our frames.
+
+The exception a model raises (a wrong dtype, a wrong channel count) is the model's, and the
+user's ``except`` clauses are written for its type, so it is never wrapped. Two things are
+added: a note (``BaseException.add_note``, Python 3.11+) naming the op about to be recorded
+and its module call, and a traceback without torchlens's own frames, so the last frame shown
+is the model's line that made the call. Frames are removed only from exceptions raised by the
+model's call itself; a bug inside torchlens keeps its full traceback.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+__all__ = ["note_model_error", "trim_torchlens_frames"]
+
+_PACKAGE = str(Path(__file__).resolve().parents[1]) + os.sep  # .../torchlens/
+_MARK = "__torchlens_op__"  # set on an exception the model's call raised during capture
+
+
+def note_model_error(err: BaseException, builder: Any, func_name: str) -> None:
+    """Mark ``err`` as the model's and note the op and module call it was raised in.
+
+    Called only on the error path, so it costs the capture nothing per op.
+    """
+    if getattr(err, _MARK, None) is not None:
+        return
+    label = f"{func_name}_{builder._name_counts.get(func_name, 0) + 1}"  # its would-be label
+    where = "the traced model's own forward"
+    if builder.module_stack:
+        address, call = builder.module_stack[-1]
+        where = f"{address}" + (f" (call {call})" if call > 1 else "")
+    note = (
+        f"while running {label} in {where}: this error comes from the model's code, not "
+        "from torchlens; run the model without tl.trace to see the same error"
+    )
+    try:
+        setattr(err, _MARK, label)
+    except AttributeError:  # an exception type with __slots__ cannot be marked or noted
+        return
+    if hasattr(err, "add_note"):
+        err.add_note(note)
+    else:  # Python 3.10: no notes in tracebacks; keep it where 3.11+ would put it
+        err.__notes__ = [*getattr(err, "__notes__", []), note]
+
+
+def trim_torchlens_frames(err: BaseException | None) -> None:
+    """Drop torchlens's frames from a model error's traceback (the first frame stays: it is
+    where the exception is passing through now, and Python re-adds it anyway)."""
+    if err is None or getattr(err, _MARK, None) is None:
+        return
+    head = err.__traceback__
+    if head is None:
+        return
+    kept: list[TracebackType] = [head]
+    tb = head.tb_next
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(_PACKAGE):
+            kept.append(tb)
+        tb = tb.tb_next
+    for before, after in zip(kept, [*kept[1:], None]):
+        before.tb_next = after
