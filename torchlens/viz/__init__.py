@@ -6,6 +6,6 @@ methods of :class:`~torchlens.trace.Trace` (``trace.to_dot()``, ``trace.draw("g.
 
 from torchlens.viz.dot import to_dot
 from torchlens.viz.html import op_html, trace_html
-from torchlens.viz.render import FORMATS, draw
+from torchlens.viz.render import FORMATS, DrawingSizeWarning, draw
 
-__all__ = ["FORMATS", "draw", "op_html", "to_dot", "trace_html"]
+__all__ = ["FORMATS", "DrawingSizeWarning", "draw", "op_html", "to_dot", "trace_html"]

@@ -7,6 +7,7 @@ list keeps trace order, so the same trace always gives the same view.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -116,9 +117,7 @@ class _ViewBuilder:
         for i, label in enumerate(self.trace.output_labels, start=1):
             self._output(i, label)
         for node_id, sources in self.module_params.items():
-            numel = sum(_numel(s.shape) for s in sources.values())
-            text = f"{len(sources)} param tensors, {_count_text(numel)}"
-            self.nodes[node_id].params.append(text)
+            self.nodes[node_id].params.extend(_source_counts(sources.values()))
         return View(self.root.title, self.nodes, self.root, list(self.edges))
 
     # -- nodes ----------------------------------------------------------------------------
@@ -283,6 +282,22 @@ def _numel(shape: tuple[int, ...]) -> int:
     for d in shape:
         numel *= d
     return numel
+
+
+def _source_counts(sources: Iterable[Source]) -> list[str]:
+    """``["6 parameters, 1.2K values", "4 buffers, 64 values"]``: each kind on its own line."""
+    lines = []
+    for kind, plural in (
+        ("parameter", "parameters"),
+        ("buffer", "buffers"),
+        ("constant", "constants"),
+    ):
+        of_kind = [s for s in sources if s.kind == kind]
+        if of_kind:
+            numel = sum(_numel(s.shape) for s in of_kind)
+            name = kind if len(of_kind) == 1 else plural
+            lines.append(f"{len(of_kind)} {name}, {_count_text(numel)}")
+    return lines
 
 
 def _count_text(numel: int) -> str:

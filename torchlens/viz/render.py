@@ -15,8 +15,9 @@ from pathlib import Path
 from torchlens.errors import GraphvizMissingError, InvalidArgumentError
 from torchlens.trace import Trace
 from torchlens.viz.dot import to_dot
+from torchlens.viz.readable import MAX_NODES, DrawingSizeWarning, readable_options
 
-__all__ = ["FORMATS", "draw", "render_dot"]
+__all__ = ["FORMATS", "DrawingSizeWarning", "draw", "render_dot"]
 
 FORMATS = ("svg", "png", "pdf")
 _INSTALL_HINT = (
@@ -35,6 +36,7 @@ def draw(
     collapse_repeats: bool = False,
     params: str = "fold",
     rankdir: str = "TB",
+    max_nodes: int | None = MAX_NODES,
 ) -> Path:
     """Draw the trace's graph to ``path`` as SVG, PNG or PDF.
 
@@ -43,6 +45,10 @@ def draw(
         path: the file to write; its suffix (``.svg``, ``.png``, ``.pdf``) picks the format.
         format: the format, when the suffix should not decide.
         depth, collapse_repeats, params, rankdir: as for :func:`torchlens.viz.to_dot`.
+        max_nodes: when neither ``depth`` nor ``collapse_repeats`` is given and the full
+            graph has more boxes than this, repeated blocks are folded and module calls
+            collapsed to the deepest depth that fits, with a :class:`DrawingSizeWarning`
+            saying so; ``None`` always draws the full graph.
 
     Returns:
         The path written.
@@ -66,6 +72,7 @@ def draw(
             f"format= one of {', '.join(FORMATS)}",
             code="bad_format",
         )
+    depth, collapse_repeats = readable_options(trace, depth, collapse_repeats, params, max_nodes)
     options = {"depth": depth, "collapse_repeats": collapse_repeats, "params": params}
     text = to_dot(trace, rankdir=rankdir, **options)
     if fmt == "png":  # the 96 dpi default makes small, blurry text
