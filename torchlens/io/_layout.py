@@ -105,6 +105,22 @@ def write_tensors(
             seen.add(ptr)
         unique[key] = tensor
     save_file(unique, str(file), metadata=metadata)
+    if os.name == "posix":  # safetensors writes 0600 files: follow the umask like the manifest
+        os.chmod(file, 0o666 & ~_umask())
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where Linux allows (threads may be
+    creating files meanwhile); elsewhere set and restored at once."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def inside(root: Path, name: Any) -> Path:
