@@ -19,7 +19,7 @@ LAYERS = {
     "recording": 2,
     "capture": 3,
     "replay": 4, "io": 4, "viz": 4,
-    "report": 5,
+    "report": 5, "extract": 5,
     "backends": 6,
     "demo": 7, "cli": 7,
     "__main__": 8, "__init__": 9,
@@ -64,8 +64,9 @@ def test_layers_import_only_downward():
 def test_public_names():
     assert sorted(tl.__all__) == [
         "Intervention", "ModuleCall", "Op", "Recording", "Selector", "Source", "Trace",
-        "__version__", "backends", "errors", "func", "label", "load", "module", "record",
-        "replay", "report", "save", "trace", "validate", "viz", "where",
+        "__version__", "backends", "errors", "extract", "func", "label", "load",
+        "load_extraction", "module", "record", "replay", "report", "save", "trace",
+        "validate", "viz", "where",
     ]  # fmt: skip
     for name in tl.__all__:
         if name != "__version__":

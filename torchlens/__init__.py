@@ -37,6 +37,7 @@ from torchlens._version import __version__
 from torchlens.capture import trace
 from torchlens.capture.controls import Intervention
 from torchlens.capture.record import record
+from torchlens.extract import extract, load_extraction
 from torchlens.io import load, save
 from torchlens.recording import Recording
 from torchlens.replay import replay, validate
@@ -62,6 +63,8 @@ __all__ = [
     "Intervention",
     "save",
     "load",
+    "extract",
+    "load_extraction",
     "Trace",
     "Op",
     "Source",

@@ -22,6 +22,7 @@ __all__ = [
     "GradUnavailableError",
     "SelectorMatchError",
     "InterventionError",
+    "ExtractionError",
 ]
 
 
@@ -175,3 +176,21 @@ class InterventionError(TorchLensError, ValueError):
     """
 
     code = "intervention_failed"
+
+
+class ExtractionError(TorchLensError, RuntimeError):
+    """``tl.extract`` cannot start, continue or finish a run, or ``tl.load_extraction``
+    cannot read one. Whatever was already written stays on disk, intact.
+
+    Codes: ``exists`` (a finished run is in the directory: pass ``overwrite=True`` or load
+    it), ``args_changed`` (the run on disk was started with other arguments; the message
+    names them), ``not_an_extraction`` (the directory holds something else), ``incomplete``
+    (the run did not finish: rerun ``tl.extract`` with the same arguments), ``corrupt``
+    (a manifest or shard is unreadable), ``bad_batch`` (the model rejected a batch),
+    ``shape_changed`` (a site's per-example shape differs between batches),
+    ``sites_changed`` (a batch produced other sites than the first), ``not_batched`` (a
+    site's first dimension is not the batch size), ``write_failed`` (the disk refused a
+    shard, e.g. it is full), ``distributed`` (the process group is not usable).
+    """
+
+    code = "extraction_failed"

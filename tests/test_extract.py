@@ -1,0 +1,309 @@
+"""tl.extract / tl.load_extraction in one process: values, layout, reading back, bad input."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import sys
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+import torchlens as tl
+from torchlens.errors import (
+    ExtractionError,
+    InvalidArgumentError,
+    LookupFailedError,
+    SelectorMatchError,
+)
+from torchlens.extract import _store
+
+try:
+    from tests.models import ZOO_BY_NAME
+except ImportError:  # repository root not on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from models import ZOO_BY_NAME
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)).eval()
+
+
+def _batches(n: int = 5, size: int = 4) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(2)
+    return [torch.randn(size, 4, generator=g) for _ in range(n)]
+
+
+def _run(tmp_path, data=None, name="run", **options):
+    options.setdefault("save", tl.func("relu"))
+    options.setdefault("progress", False)
+    return tl.extract(options.pop("model", None) or _mlp(), data or _batches(),
+                      to=tmp_path / name, **options)  # fmt: skip
+
+
+# -- values ---------------------------------------------------------------------------------
+ZOO_CASES = [
+    "mlp_sequential", "conv2d_net", "pooling", "batchnorm_eval", "norms", "residual_blocks",
+    "squeeze_excitation", "transformer_encoder_layer", "relu_inplace", "float64_model",
+    "bfloat16_model", "views_reshape_permute",
+]  # fmt: skip
+
+
+def _hook(saved: dict, address: str, module, args, output) -> None:
+    tensors = [t for t in (output if isinstance(output, tuple) else (output,))
+               if isinstance(t, torch.Tensor)]  # fmt: skip
+    saved.setdefault(address, []).append(tensors[0].detach().clone())
+
+
+@pytest.mark.parametrize("name", ZOO_CASES)
+def test_matches_a_hooks_loop_on_the_zoo(tmp_path, name):
+    case = ZOO_BY_NAME[name]
+    model = case.make_model()
+    args, _ = case.make_inputs()
+    batches = [tuple(a + 0.25 * k for a in args) for k in range(3)]
+    trace = tl.trace(model, batches[0])
+    sites = {}  # module address -> the op label of its output
+    for address, _ in list(model.named_modules())[1:]:
+        try:
+            calls = list(trace.module_calls(address))
+        except LookupFailedError:  # a module that ran no tensor op
+            continue
+        if len(calls) == 1 and len(calls[0].outputs) == 1 and calls[0].outputs[0] in trace.labels:
+            out = trace[calls[0].outputs[0]]
+            if out.shape and out.shape[0] == args[0].shape[0]:
+                sites[address] = out.label
+    assert sites, f"{name}: no module output to compare"
+    saved: dict[str, list[torch.Tensor]] = {}
+    handles = [m.register_forward_hook(partial(_hook, saved, a))
+               for a, m in model.named_modules() if a in sites]  # fmt: skip
+    for batch in batches:  # with autograd on, as tl.extract's record does not take fused
+        model(*batch)  # fast paths (nn.TransformerEncoderLayer's) either
+    for handle in handles:
+        handle.remove()
+    ex = tl.extract(model, batches, save=tl.label(*sites.values()), to=tmp_path / "run",
+                    progress=False, shard_mb=0)  # fmt: skip
+    assert sorted(ex) == sorted(set(sites.values()))
+    for address, label in sites.items():
+        expected = torch.cat(saved[address])
+        assert ex[label].shape == tuple(expected.shape) and ex[label].dtype == expected.dtype
+        torch.testing.assert_close(ex[label][:], expected, rtol=0, atol=0)
+
+
+def test_rows_are_examples_in_order_across_shards(tmp_path):
+    data = _batches(5, 4) + [torch.randn(3, 4)]
+    ex = _run(tmp_path, data, shard_mb=0)
+    expected = torch.cat([_mlp()[:2](x) for x in data]).detach()
+    arr = ex["relu_1"]
+    assert len(arr) == ex.n_examples == 23 and arr.shape == (23, 8) and arr.ndim == 2
+    assert len(ex.meta["shards"]) == 6
+    assert torch.equal(arr[:], expected)
+    assert torch.equal(arr[2:19:5], expected[2:19:5])
+    assert torch.equal(arr[[22, 0, 7, 7]], expected[[22, 0, 7, 7]])
+    assert torch.equal(arr[-1], expected[-1]) and torch.equal(arr[5, 2:4], expected[5, 2:4])
+    assert np.array_equal(np.asarray(arr), expected.numpy())
+    with pytest.raises(IndexError):
+        arr[23]
+
+
+def test_manifest_names_sites_shapes_versions_and_count(tmp_path):
+    _run(tmp_path, save=tl.func("relu", "linear"))
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["n_examples"] == 20 and manifest["n_batches"] == 5
+    assert manifest["sites"] == {
+        "linear_1": {"shape": [20, 8], "dtype": "F32"},
+        "relu_1": {"shape": [20, 8], "dtype": "F32"},
+        "linear_2": {"shape": [20, 3], "dtype": "F32"},
+    }
+    assert manifest["model"] == "torch.nn.modules.container.Sequential"
+    assert manifest["torch_version"] == torch.__version__
+    assert manifest["torchlens_version"] == tl.__version__
+    assert manifest["args"]["save"] == "func('linear', 'relu')"
+
+
+def test_inputs_and_targets_from_tuple_and_dict_batches(tmp_path):
+    class TwoInputs(nn.Module):
+        def forward(self, x, scale):
+            return torch.relu(x * scale)
+
+    xs = _batches(3)
+    tuples = [(x, torch.arange(4) + 4 * k) for k, x in enumerate(xs)]
+    ex = _run(tmp_path, tuples, inputs=0, targets=1)
+    assert torch.equal(ex.targets[:], torch.arange(12))
+    assert torch.equal(ex["relu_1"][:], torch.cat([_mlp()[:2](x) for x in xs]).detach())
+    dicts = [{"x": x, "scale": torch.full((4, 1), 2.0)} for x in xs]
+    ex = _run(tmp_path, dicts, name="dicts", model=TwoInputs(), targets=lambda b: b["x"][:, 0])
+    assert torch.equal(ex["relu_1"][:], torch.relu(torch.cat(xs) * 2))
+    assert torch.equal(ex.targets[:], torch.cat(xs)[:, 0])
+
+
+def test_reductions_pool_before_storing(tmp_path):
+    torch.manual_seed(0)
+    conv = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
+    images = [torch.randn(2, 3, 6, 6) for _ in range(2)]
+    reduce = {"relu_1": "spatial_mean", tl.func("conv2d"): lambda t: t[:, :, 0, 0]}
+    ex = _run(tmp_path, images, model=conv, save=tl.func("conv2d", "relu"), reduce=reduce)
+    full = torch.cat([conv(x) for x in images]).detach()
+    pre = torch.cat([conv[0](x) for x in images]).detach()
+    assert torch.allclose(ex["relu_1"][:], full.mean(dim=(2, 3)))
+    assert torch.equal(ex["conv2d_1"][:], pre[:, :, 0, 0])
+    tokens = [torch.randn(2, 5, 4) for _ in range(2)]
+    ex = _run(tmp_path, tokens, name="tokens", reduce="token_mean")
+    assert torch.allclose(ex["relu_1"][:], torch.cat([_mlp()[:2](t) for t in tokens]).mean(1))
+    with pytest.raises(InvalidArgumentError) as err:
+        _run(tmp_path, name="bad", reduce="median")
+    assert err.value.code == "bad_reduce" and "spatial_mean" in str(err.value)
+
+
+def test_stop_after_skips_the_rest_of_the_model(tmp_path):
+    class Exploding(nn.Module):
+        def forward(self, x):
+            raise AssertionError("the forward went past stop_after")
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), Exploding()).eval()
+    ex = _run(tmp_path, model=model, stop_after=tl.func("relu"))
+    assert ex["relu_1"].shape == (20, 8)
+    assert list(ex) == ["relu_1"]
+
+
+def test_dataset_view_feeds_a_linear_probe(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 4, generator=g)
+    y = (x[:, 0] > 0).long()
+    loader = DataLoader(TensorDataset(x, y), batch_size=16)
+    ex = _run(tmp_path, loader, save=tl.func("linear"), inputs=0, targets=1)
+    ds = ex.dataset("linear_1")
+    feature, target = ds[5]
+    assert len(ds) == 64 and torch.equal(feature, ex["linear_1"][5]) and target == y[5]
+    feats, labels = zip(*DataLoader(ds, batch_size=32))  # a linear probe, by least squares
+    feats, labels = torch.cat(feats), torch.cat(labels)
+    design = torch.cat([feats, torch.ones(64, 1)], dim=1)
+    w = torch.linalg.lstsq(design, 2.0 * labels[:, None] - 1).solution
+    accuracy = ((design @ w)[:, 0] > 0).eq(labels.bool()).float().mean()
+    assert accuracy >= 0.9
+
+
+def test_progress_bar_only_when_asked_or_on_a_terminal(tmp_path, capsys):
+    _run(tmp_path, name="quiet", progress=None)  # pytest's stderr is not a terminal
+    assert "tl.extract" not in capsys.readouterr().err
+    _run(tmp_path, name="shown", progress=True)
+    err = capsys.readouterr().err
+    assert "tl.extract" in err and "20/20" not in err and "20ex" in err.replace(" ", "")
+
+
+# -- refusing to lose or mix data -----------------------------------------------------------
+def test_finished_run_is_kept_unless_overwrite(tmp_path):
+    first = _run(tmp_path)["relu_1"][:]
+    with pytest.raises(ExtractionError) as err:
+        _run(tmp_path)
+    assert err.value.code == "exists" and "overwrite=True" in str(err.value)
+    assert torch.equal(tl.load_extraction(tmp_path / "run")["relu_1"][:], first)
+    again = _run(tmp_path, [2 * b for b in _batches()], overwrite=True)
+    assert torch.equal(again["relu_1"][:], torch.cat([_mlp()[:2](2 * b) for b in _batches()]))
+
+
+def test_changed_arguments_are_refused_and_named(tmp_path):
+    _run(tmp_path)
+    with pytest.raises(ExtractionError) as err:
+        _run(tmp_path, save=tl.func("linear"), reduce="flatten")
+    message = str(err.value)
+    assert err.value.code == "args_changed"
+    assert "save: func('relu') on disk, func('linear') now" in message
+    assert "reduce: None on disk, 'flatten' now" in message and "data" not in message
+    other = _mlp()
+    with torch.no_grad():
+        other[0].weight.add_(1)
+    with pytest.raises(ExtractionError, match="parameters:") as err:
+        _run(tmp_path, model=other)
+    assert err.value.code == "args_changed"
+
+
+def test_directories_that_are_not_extractions(tmp_path):
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("keep me")
+    for path in (tmp_path / "other", tmp_path / "other" / "notes.txt"):
+        with pytest.raises(ExtractionError) as err:
+            tl.extract(_mlp(), _batches(), save=tl.func("relu"), to=path, progress=False)
+        assert err.value.code == "not_an_extraction"
+    assert (tmp_path / "other" / "notes.txt").read_text() == "keep me"
+    with pytest.raises(ExtractionError) as err:
+        tl.load_extraction(tmp_path / "other")
+    assert err.value.code == "not_an_extraction"
+
+
+def test_selector_matching_nothing(tmp_path):
+    with pytest.raises(SelectorMatchError) as err:
+        _run(tmp_path, save=tl.func("rleu"))
+    assert err.value.code == "no_match" and "relu" in str(err.value)
+    with pytest.raises(InvalidArgumentError) as err:
+        _run(tmp_path, name="none", save=None)
+    assert err.value.code == "bad_save"
+
+
+def test_rejected_batch_keeps_earlier_batches_and_resumes(tmp_path):
+    good = _batches()
+    bad = good[:3] + [torch.randn(4, 5)] + good[4:]
+    with pytest.raises(ExtractionError) as err:
+        _run(tmp_path, bad, shard_mb=0)
+    assert err.value.code == "bad_batch" and "batch 3 (rows 12 to 15)" in str(err.value)
+    assert _store.done_batches(tmp_path / "run") == {0, 1, 2}
+    with pytest.raises(ExtractionError) as err:
+        tl.load_extraction(tmp_path / "run")
+    assert err.value.code == "incomplete"
+    ex = _run(tmp_path, good)
+    assert torch.equal(ex["relu_1"][:], _run(tmp_path, good, name="ref")["relu_1"][:])
+
+
+def test_site_shape_changing_between_batches(tmp_path):
+    tokens = [torch.randn(2, 5, 4), torch.randn(2, 7, 4)]
+    with pytest.raises(ExtractionError) as err:
+        _run(tmp_path, tokens)
+    message = str(err.value)
+    assert err.value.code == "shape_changed"
+    assert "'relu_1'" in message and "(7, 8)" in message and "(5, 8)" in message
+    ex = _run(tmp_path, tokens, name="pooled", reduce="token_mean")
+    assert ex["relu_1"].shape == (4, 8)
+
+
+def test_site_without_a_batch_dimension(tmp_path):
+    with pytest.raises(ExtractionError) as err:
+        _run(tmp_path, reduce=lambda t: t.sum())
+    assert err.value.code == "not_batched" and "'relu_1'" in str(err.value)
+
+
+def test_full_disk_keeps_written_shards(tmp_path, monkeypatch):
+    real, calls = os.fsync, []
+
+    def filling(fd):
+        calls.append(fd)
+        if len(calls) == 4:  # the run record, two shards, then the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", filling)
+    with pytest.raises(ExtractionError) as err:
+        _run(tmp_path, shard_mb=0)
+    assert err.value.code == "write_failed" and "disk is full" in str(err.value)
+    assert _store.done_batches(tmp_path / "run") == {0, 1}
+    assert sorted(p.name for p in (tmp_path / "run" / "shards").iterdir()) == [
+        "shard-000000000.safetensors", "shard-000000001.safetensors"
+    ]  # fmt: skip
+    monkeypatch.setattr(os, "fsync", real)
+    ex = _run(tmp_path, shard_mb=0)
+    assert torch.equal(ex["relu_1"][:], torch.cat([_mlp()[:2](x) for x in _batches()]).detach())
+
+
+def test_shuffled_or_presharded_loaders_are_refused(tmp_path):
+    dataset = TensorDataset(torch.randn(8, 4))
+    sharded = DataLoader(dataset, sampler=DistributedSampler(dataset, num_replicas=2, rank=0))
+    for loader, code in ((DataLoader(dataset, shuffle=True), "shuffled_loader"),
+                         (sharded, "sharded_loader")):  # fmt: skip
+        with pytest.raises(InvalidArgumentError) as err:
+            _run(tmp_path, loader, inputs=0, overwrite=True)
+        assert err.value.code == code

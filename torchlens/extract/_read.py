@@ -1,0 +1,227 @@
+"""Reading a finished extraction back: lazy per-site arrays and a ``Dataset`` view."""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from torch.utils.data import Dataset
+
+from torchlens.errors import ExtractionError, LookupFailedError
+from torchlens.extract._store import TARGETS, read_manifest
+
+__all__ = ["Extraction", "SiteArray", "load_extraction"]
+
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+           "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
+           "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}  # fmt: skip
+_OPEN_LIMIT = 64  # shard files held open (memory-mapped) at once
+
+
+class _Shards:
+    """The run's shard files, opened lazily and kept open (a bounded number at a time)."""
+
+    def __init__(self, root: Path, shards: list[dict]) -> None:
+        self.root = root
+        self.files = [s["file"] for s in shards]
+        segments = sorted((start, stop, i, off) for i, s in enumerate(shards)
+                          for start, stop, off in s["rows"])  # fmt: skip
+        self.starts = [s[0] for s in segments]
+        self.segments = segments
+        self._open: OrderedDict[int, Any] = OrderedDict()
+
+    def handle(self, i: int) -> Any:
+        f = self._open.pop(i, None)
+        if f is None:
+            try:
+                f = safe_open(str(self.root / self.files[i]), framework="pt")
+            except Exception as err:
+                raise ExtractionError(
+                    f"shard {self.files[i]} of {self.root} is unreadable ({err}); extract "
+                    "again with overwrite=True",
+                    code="corrupt",
+                ) from None
+            if len(self._open) >= _OPEN_LIMIT:
+                self._open.popitem(last=False)
+        self._open[i] = f
+        return f
+
+    def read(self, key: str, start: int, stop: int) -> Iterator[torch.Tensor]:
+        """Rows ``start:stop`` of ``key``, as tensors from consecutive segments."""
+        k = max(bisect.bisect_right(self.starts, start) - 1, 0)
+        while start < stop and k < len(self.segments):
+            seg_start, seg_stop, i, offset = self.segments[k]
+            lo, hi = max(start, seg_start), min(stop, seg_stop)
+            if lo < hi:
+                yield self.handle(i).get_slice(key)[
+                    offset + lo - seg_start : offset + hi - seg_start
+                ]
+                start = hi
+            k += 1
+
+
+class SiteArray:
+    """One site's rows, one per example, read from disk only when indexed.
+
+    ``array[i]``, ``array[a:b]``, ``array[[i, j]]`` give tensors; ``array[:]`` or
+    ``np.asarray(array)`` everything. ``shape[0]`` is the number of examples.
+    """
+
+    def __init__(self, shards: _Shards, key: str, shape: list[int], dtype: str) -> None:
+        self._shards, self._key = shards, key
+        self.shape = tuple(shape)
+        self.dtype = _DTYPES.get(dtype, dtype)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        rest = ()
+        if isinstance(index, tuple):
+            index, rest = index[0], index[1:]
+        if isinstance(index, (int, np.integer)):
+            i = int(index) + (len(self) if index < 0 else 0)
+            if not 0 <= i < len(self):
+                raise IndexError(f"row {index} is out of range for {len(self)} examples")
+            out = self._rows(i, i + 1)[0]
+        elif isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            out = self._rows(start, stop) if step == 1 else self._take(range(start, stop, step))
+        else:
+            out = self._take(np.asarray(index).reshape(-1).tolist())
+        return out[rest] if rest else out
+
+    def _rows(self, start: int, stop: int) -> torch.Tensor:
+        parts = list(self._shards.read(self._key, start, stop))
+        if not parts:
+            return torch.empty((0, *self.shape[1:]), dtype=self.dtype)
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def _take(self, rows: Any) -> torch.Tensor:
+        rows = [r + len(self) if r < 0 else r for r in rows]
+        if any(not 0 <= r < len(self) for r in rows):
+            raise IndexError(f"rows out of range for {len(self)} examples")
+        if not rows:
+            return torch.empty((0, *self.shape[1:]), dtype=self.dtype)
+        lo, hi = min(rows), max(rows) + 1
+        block = self._rows(lo, hi)
+        return block[torch.tensor(rows) - lo]
+
+    def numpy(self) -> np.ndarray:
+        """Every row as one numpy array (bfloat16 is widened to float32)."""
+        t = self[:]
+        return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self.numpy()
+        return out if dtype is None else out.astype(dtype)
+
+    def __repr__(self) -> str:
+        return f"SiteArray({self._key!r}, shape={self.shape}, dtype={self.dtype})"
+
+
+class _SiteDataset(Dataset):
+    def __init__(self, arrays: list[SiteArray]) -> None:
+        self.arrays = arrays
+
+    def __len__(self) -> int:
+        return len(self.arrays[0])
+
+    def __getitem__(self, i: int) -> Any:
+        items = tuple(a[i] for a in self.arrays)
+        return items[0] if len(items) == 1 else items
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        """A DataLoader's batch in one read per site instead of one per row."""
+        blocks = [a[indices] for a in self.arrays]
+        if len(blocks) == 1:
+            return list(blocks[0])
+        return [tuple(b[k] for b in blocks) for k in range(len(indices))]
+
+
+class Extraction(Mapping):
+    """A finished ``tl.extract`` run: ``{site label: SiteArray}`` plus metadata.
+
+    Attributes:
+        meta: the manifest (``n_examples``, ``model``, ``torch_version``,
+            ``torchlens_version``, ``args`` and the shard index).
+        targets: the stored ``targets=`` part of each batch, or ``None``.
+    """
+
+    def __init__(self, root: Path, manifest: dict[str, Any]) -> None:
+        self.root, self.meta = root, manifest
+        shards = _Shards(root, manifest["shards"])
+        self._sites = {k: SiteArray(shards, k, v["shape"], v["dtype"])
+                       for k, v in manifest["sites"].items()}  # fmt: skip
+        t = manifest.get("targets")
+        self.targets = SiteArray(shards, TARGETS, t["shape"], t["dtype"]) if t else None
+
+    def __getitem__(self, site: str) -> SiteArray:
+        if site not in self._sites:
+            raise LookupFailedError(f"no site {site!r} in {self.root}; sites: {list(self._sites)}")
+        return self._sites[site]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._sites)
+
+    def __len__(self) -> int:
+        return len(self._sites)
+
+    @property
+    def n_examples(self) -> int:
+        """Examples (rows) in every site."""
+        return int(self.meta["n_examples"])
+
+    def dataset(self, *sites: str, targets: bool = True) -> Dataset:
+        """A ``Dataset`` of rows: ``ds[i]`` is ``(site rows..., target)`` (one tensor when
+        only one is asked for), for training probes on the features.
+
+        Args:
+            sites: site labels; all sites when none is given.
+            targets: add the stored target as the last item (when there is one).
+        """
+        arrays = [self[s] for s in (sites or tuple(self._sites))]
+        if targets and self.targets is not None:
+            arrays.append(self.targets)
+        return _SiteDataset(arrays)
+
+    def __repr__(self) -> str:
+        return f"<Extraction: {self.n_examples} examples, sites {list(self._sites)}>"
+
+
+def load_extraction(path: str | os.PathLike) -> Extraction:
+    """Open a finished ``tl.extract`` run; arrays are read from disk only when indexed.
+
+    Args:
+        path: the ``to=`` directory of the run.
+
+    Returns:
+        An :class:`Extraction`: ``ex["relu_1"][:10]`` are the first ten rows of that site,
+        ``ex.meta`` the manifest, ``ex.dataset()`` a ``torch.utils.data.Dataset`` view.
+
+    Raises:
+        ExtractionError: ``not_an_extraction`` (no run there), ``incomplete`` (the run did
+            not finish: rerun ``tl.extract`` with the same arguments), ``corrupt``.
+
+    Example:
+        >>> import tempfile, torch, torchlens as tl
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+        >>> run = tempfile.mkdtemp() + "/run"
+        >>> _ = tl.extract(model, [torch.randn(5, 4)], save=tl.func("relu"), to=run)
+        >>> ex = tl.load_extraction(run)
+        >>> ex["relu_1"].shape, ex.n_examples
+        ((5, 3), 5)
+    """
+    root = Path(path)
+    return Extraction(root, read_manifest(root))

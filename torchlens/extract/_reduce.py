@@ -1,0 +1,96 @@
+"""Per-site reductions applied to a batch's activations before anything is stored."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from torchlens.errors import InvalidArgumentError
+from torchlens.selectors import Selector
+
+__all__ = ["REDUCTIONS", "Reducer"]
+
+Tensor = torch.Tensor
+
+
+def _spatial_mean(t: Tensor) -> Tensor:
+    return t.mean(dim=tuple(range(2, t.dim()))) if t.dim() > 2 else t
+
+
+def _token_mean(t: Tensor) -> Tensor:
+    return t.mean(dim=1) if t.dim() > 2 else t
+
+
+REDUCTIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "flatten": lambda t: t.flatten(1),  # (N, ...) -> (N, prod(...))
+    "spatial_mean": _spatial_mean,  # (N, C, *spatial) -> (N, C)
+    "token_mean": _token_mean,  # (N, T, ...) -> (N, ...)
+    "token_last": lambda t: t[:, -1] if t.dim() > 2 else t,  # (N, T, ...) -> (N, ...)
+}
+
+
+def _as_fn(value: Any) -> Callable[[Tensor], Tensor]:
+    if isinstance(value, str):
+        fn = REDUCTIONS.get(value)
+        if fn is None:
+            raise InvalidArgumentError(
+                f"reduce={value!r} is not a known reduction; use one of {sorted(REDUCTIONS)} "
+                "or a function tensor -> tensor",
+                code="bad_reduce",
+            )
+        return fn
+    if callable(value):
+        return value
+    raise InvalidArgumentError(
+        f"reduce= takes a name, a function or a {{site: reduction}} dict, got "
+        f"{type(value).__name__}",
+        code="bad_reduce",
+    )
+
+
+class Reducer:
+    """``reduce=`` parsed: one reduction for every site, or a ``{label or selector:
+    reduction}`` table whose first matching entry applies (sites no entry matches are kept
+    whole)."""
+
+    def __init__(self, spec: Any) -> None:
+        self.rules: list[tuple[Any, Callable[[Tensor], Tensor]]] = []
+        if spec is None:
+            return
+        if isinstance(spec, dict):
+            for key, value in spec.items():
+                if not isinstance(key, (str, Selector)):
+                    raise InvalidArgumentError(
+                        f"reduce= keys are site labels or selectors, got {key!r}",
+                        code="bad_reduce",
+                    )
+                self.rules.append((key, _as_fn(value)))
+        else:
+            self.rules.append((None, _as_fn(spec)))
+
+    def __call__(self, view: Any, value: Tensor) -> Tensor:
+        for key, fn in self.rules:
+            hit = key is None or (view.label == key if isinstance(key, str) else key.matches(view))
+            if hit:
+                return self._apply(fn, view.label, value)
+        return value
+
+    @staticmethod
+    def _apply(fn: Callable[[Tensor], Tensor], label: str, value: Tensor) -> Tensor:
+        try:
+            out = fn(value)
+        except Exception as err:
+            raise InvalidArgumentError(
+                f"the reduction for site {label!r} failed on a {tuple(value.shape)} "
+                f"{value.dtype} tensor: {type(err).__name__}: {err}; give that site another "
+                "reduction in a {site: reduction} dict",
+                code="bad_reduce",
+            ) from err
+        if not isinstance(out, Tensor):
+            raise InvalidArgumentError(
+                f"the reduction for site {label!r} returned {type(out).__name__}, not a tensor",
+                code="bad_reduce",
+            )
+        return out

@@ -1,0 +1,295 @@
+"""``tl.extract``: run a model over a dataset and store a few sites for every example."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchlens._version import __version__
+from torchlens.capture.record import record
+from torchlens.errors import ExtractionError, InvalidArgumentError, TorchLensError
+from torchlens.extract import _store
+from torchlens.extract._batches import (
+    Batch,
+    BatchPlan,
+    call_args,
+    check_batch_error,
+    describe,
+    pick,
+    to_device,
+)
+from torchlens.extract._read import Extraction, load_extraction
+from torchlens.extract._reduce import Reducer
+from torchlens.selectors import as_selector
+
+__all__ = ["extract"]
+
+
+def extract(
+    model: Any,
+    data: Any,
+    *,
+    save: Any,
+    to: str | os.PathLike,
+    inputs: Any = None,
+    targets: Any = None,
+    reduce: Any = None,
+    stop_after: Any = None,
+    device: str | torch.device | None = None,
+    overwrite: bool = False,
+    progress: bool | None = None,
+    shard_mb: float = 64.0,
+) -> Extraction:
+    """Run ``model`` over every batch of ``data`` and store the ``save=`` sites, one row per
+    example, in the directory ``to``; resumable, and split across processes under torchrun.
+
+    Each batch goes through :func:`tl.record` under ``torch.no_grad()``; its kept sites
+    (reduced by ``reduce=``) are streamed into safetensors shards, so memory stays bounded by
+    about ``shard_mb`` plus one batch. A killed run, started again with the same arguments,
+    skips the batches already on disk. Under ``torch.distributed`` (e.g. ``torchrun``), rank
+    ``r`` runs batches ``r, r + world, ...`` and the finished store is the same as a single
+    process would write.
+
+    Args:
+        model: an ``nn.Module`` or a function of tensors, in eager mode (call ``.eval()``
+            first: rows must not depend on which batch an example falls in).
+        data: an iterable of batches: a ``DataLoader`` (not shuffled), a list, a generator.
+        save: a selector (``tl.func``, ``tl.module``, ``tl.label``, ...): the sites to keep.
+        to: the run directory (created; must be new, empty, or this run's own).
+        inputs: what ``model`` takes from a batch: ``None`` (all of it), an index or key
+            (``0`` for ``(x, y)`` batches), or a function of the batch. A tuple is passed
+            as positional arguments, a dict as keyword arguments.
+        targets: a part of each batch to store too (as ``inputs=``), e.g. ``1`` for labels.
+        reduce: applied to each site before it is stored: ``"spatial_mean"``,
+            ``"token_mean"``, ``"token_last"``, ``"flatten"``, a function ``tensor ->
+            tensor`` keeping the batch dimension, or ``{label or selector: reduction}``.
+        stop_after: a selector: halt each forward after the first matching op.
+        device: where inputs go (default: the device of the model's first parameter).
+        overwrite: run again over a finished run, or over one started with other arguments.
+        progress: show a tqdm bar; ``None`` shows it only on a terminal (and on rank 0).
+        shard_mb: megabytes buffered before a shard is written.
+
+    Returns:
+        The finished :class:`~torchlens.extract.Extraction` (as :func:`load_extraction`).
+
+    Raises:
+        ExtractionError: ``exists``, ``args_changed``, ``not_an_extraction``, ``bad_batch``,
+            ``shape_changed``, ``sites_changed``, ``not_batched``, ``write_failed``,
+            ``distributed`` (see :class:`~torchlens.errors.ExtractionError`).
+        SelectorMatchError: ``no_match`` when ``save=`` matches nothing in the first batch.
+        InvalidArgumentError: ``bad_inputs``, ``bad_targets``, ``bad_reduce``,
+            ``shuffled_loader``, ``sharded_loader``, ``bad_save``.
+
+    Example:
+        >>> import tempfile, torch, torchlens as tl
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()).eval()
+        >>> batches = [(torch.randn(8, 4), torch.arange(8)) for _ in range(3)]
+        >>> ex = tl.extract(model, batches, save=tl.func("relu"), inputs=0, targets=1,
+        ...                 to=tempfile.mkdtemp() + "/run", progress=False)
+        >>> ex["relu_1"].shape, ex.targets[:3].tolist()
+        ((24, 3), [0, 1, 2])
+    """
+    if save is None:
+        raise InvalidArgumentError(
+            "tl.extract needs save=: a selector of the sites to keep", code="bad_save"
+        )
+    from tqdm import tqdm  # imported here: a bar is needed only once a run starts
+
+    selector, reducer = as_selector(save), Reducer(reduce)
+    root = Path(to)
+    with _process_group() as (rank, world):
+        args = _run_args(model, data, selector, stop_after, inputs, targets, reduce)
+        _store.prepare(root, args, overwrite, rank)
+        _barrier(world)
+        plan = BatchPlan(data, inputs, rank, world, _store.done_batches(root))
+        run = _Run(model, selector, reducer, stop_after, targets, _device(model, device))
+        run.schema = _store.disk_schema(root)
+        writer = _store.ShardWriter(root, int(shard_mb * 2**20))
+        bar = tqdm(total=plan.known_total, unit="ex", desc="tl.extract", dynamic_ncols=True,
+                   disable=(rank != 0) or (None if progress is None else not progress))  # fmt: skip
+        try:
+            for batch in plan:
+                writer.add(batch.index, batch.start, batch.size, run.sites(batch, inputs))
+                bar.update(batch.size)
+        finally:
+            bar.close()
+            writer.flush()  # the batches that ran are kept, whatever stopped the loop
+        _barrier(world)
+        if rank == 0:
+            meta = {"args": args, "model": args["model"], "torch_version": torch.__version__,
+                    "torchlens_version": __version__, "world_size": world}  # fmt: skip
+            _store.finalize(root, plan.n_batches, plan.n_examples, meta)
+        _barrier(world)
+        return load_extraction(root)
+
+
+class _Run:
+    """Runs one batch and checks its sites against the first batch's."""
+
+    def __init__(self, model, selector, reducer, stop_after, targets, device) -> None:
+        self.model, self.selector, self.reducer = model, selector, reducer
+        self.stop_after, self.targets, self.device = stop_after, targets, device
+        self.schema: dict[str, tuple[tuple[int, ...], str]] | None = None
+        self.first: int | None = None  # the batch the schema was taken from
+
+    def sites(self, batch: Batch, inputs: Any) -> dict[str, torch.Tensor]:
+        args, kwargs = call_args(to_device(pick(batch.data, inputs), self.device))
+        try:
+            with torch.no_grad():
+                rec = record(self.model, args, kwargs, save=self.selector,
+                             stop_after=self.stop_after)  # fmt: skip
+        except TorchLensError:
+            raise
+        except Exception as err:
+            raise check_batch_error(err, batch) from err
+        values = {}
+        for view in rec.ops:
+            if self.selector.matches(view):
+                values[view.label] = self._row_block(view.label, self.reducer(view, view.out),
+                                                     batch)  # fmt: skip
+        if self.targets is not None:
+            target = pick(batch.data, self.targets, "targets")
+            values[_store.TARGETS] = self._row_block("targets=", torch.as_tensor(target), batch)
+        self._check(values, batch)
+        return values
+
+    @staticmethod
+    def _row_block(label: str, value: torch.Tensor, batch: Batch) -> torch.Tensor:
+        if value.dim() == 0 or value.shape[0] != batch.size:
+            raise ExtractionError(
+                f"site {label!r} has shape {tuple(value.shape)} in batch {batch.index}, whose "
+                f"first dimension is not the batch size {batch.size}; pass reduce= a function "
+                "returning one row per example for it",
+                code="not_batched",
+            )
+        value = value.detach().to("cpu")
+        if value.untyped_storage().nbytes() > value.numel() * value.element_size():
+            value = value.clone()  # a view: do not keep the whole base alive
+        return value
+
+    def _check(self, values: dict[str, torch.Tensor], batch: Batch) -> None:
+        schema = {k: (tuple(v.shape[1:]), _dtype_name(v.dtype)) for k, v in values.items()}
+        if self.schema is None:
+            self.schema, self.first = schema, batch.index
+            return
+        where = "the shards on disk" if self.first is None else f"batch {self.first}"
+        if set(schema) != set(self.schema):
+            raise ExtractionError(
+                f"batch {batch.index} gave sites {sorted(schema)} but {where} gave "
+                f"{sorted(self.schema)}; select sites every batch reaches, or pass "
+                "overwrite=True if the selection changed",
+                code="sites_changed",
+            )
+        for key, (shape, dtype) in schema.items():
+            if (shape, dtype) != self.schema[key]:
+                old_shape, old_dtype = self.schema[key]
+                raise ExtractionError(
+                    f"site {key!r} has per-example shape {shape} ({dtype}) in batch "
+                    f"{batch.index} but {old_shape} ({old_dtype}) in {where}; pass "
+                    "reduce='token_mean' (or another reduction) for a fixed shape, or pad the "
+                    "batches to one length",
+                    code="shape_changed",
+                )
+
+
+_SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
+                       torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32",
+                       torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+                       torch.bool: "BOOL"}  # fmt: skip
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return _SAFETENSORS_DTYPES.get(dtype, str(dtype))
+
+
+def _device(model: Any, device: str | torch.device | None) -> torch.device | None:
+    if device is not None:
+        return torch.device(device)
+    if isinstance(model, nn.Module):
+        for p in model.parameters():
+            return p.device
+    return None
+
+
+def _run_args(model, data, selector, stop_after, inputs, targets, reduce) -> dict[str, Any]:
+    """What must match for a run on disk to be resumed: compared key by key."""
+    kind = type(model)
+    return {
+        "model": f"{kind.__module__}.{kind.__qualname__}",
+        "parameters": _digest(model),
+        "save": repr(selector),
+        "stop_after": None if stop_after is None else repr(as_selector(stop_after)),
+        "inputs": describe(inputs),
+        "targets": describe(targets),
+        "reduce": describe(reduce),
+        "data": _data_summary(data),
+    }
+
+
+def _digest(model: Any) -> str | None:
+    """A hash of the model's parameters and buffers (names, dtypes, shapes and values)."""
+    if not isinstance(model, nn.Module):
+        return None
+    h = hashlib.sha256()
+    for name, t in model.state_dict().items():
+        t = t.detach().cpu().contiguous().reshape(-1)
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()[:16]
+
+
+def _data_summary(data: Any) -> str:
+    parts = [type(data).__qualname__]
+    if isinstance(data, torch.utils.data.DataLoader):
+        dataset = data.dataset
+        size = len(dataset) if isinstance(dataset, Mapping) or hasattr(dataset, "__len__") else "?"
+        parts += [f"dataset={type(dataset).__qualname__}[{size}]", f"batch_size={data.batch_size}"]
+    elif hasattr(data, "__len__"):
+        parts.append(f"len={len(data)}")
+    return " ".join(parts)
+
+
+@contextmanager
+def _process_group():
+    """``(rank, world)``; starts a process group from torchrun's environment if none is up
+    (and ends it after), so a plain script runs unchanged under torchrun."""
+    import torch.distributed as dist
+
+    owned = False
+    if (
+        dist.is_available()
+        and not dist.is_initialized()
+        and int(os.environ.get("WORLD_SIZE", 1)) > 1
+    ):
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        try:
+            dist.init_process_group(backend)
+        except Exception as err:
+            raise ExtractionError(
+                f"WORLD_SIZE={os.environ['WORLD_SIZE']} but no {backend} process group could "
+                f"start ({err}); launch with torchrun, or init torch.distributed yourself",
+                code="distributed",
+            ) from err
+        owned = True
+    try:
+        if dist.is_available() and dist.is_initialized():
+            yield dist.get_rank(), dist.get_world_size()
+        else:
+            yield 0, 1
+    finally:
+        if owned:
+            dist.destroy_process_group()
+
+
+def _barrier(world: int) -> None:
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()

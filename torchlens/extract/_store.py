@@ -1,0 +1,265 @@
+"""The extraction directory: a run record, safetensors shards, and a manifest at the end.
+
+::
+
+    run_dir/
+      run.json                      the arguments the run was started with
+      shards/shard-000000012.safetensors   one file per group of batches, written whole
+      manifest.json                 written last: sites, shapes, dtypes, versions, row index
+
+A shard holds, for each site, the rows of the batches it groups (concatenated), and in its
+header the ``[batch, first row, size]`` of each batch. A shard is written to a temporary
+name and renamed, so a killed run leaves whole shards or none: the batches in them are done,
+the rest are run again. Nothing is ever pickled.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save as _to_bytes
+
+from torchlens.errors import ExtractionError
+
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "TARGETS",
+    "prepare",
+    "done_batches",
+    "ShardWriter",
+    "finalize",
+    "read_manifest",
+]
+
+FORMAT = "torchlens-extraction"
+FORMAT_VERSION = 1
+RUN, MANIFEST, SHARDS = "run.json", "manifest.json", "shards"
+TARGETS = "__targets__"  # the shard key of the stored targets
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, indent=1)
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` whole: a temporary file, flushed, then renamed."""
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        full = " (the disk is full)" if err.errno == errno.ENOSPC else ""
+        raise ExtractionError(
+            f"could not write {path}{full}: {err}; the shards already written are intact: "
+            "free space or fix the directory and rerun tl.extract with the same arguments",
+            code="write_failed",
+        ) from err
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ExtractionError(
+            f"{path} is unreadable ({err}); it was not written by a finished tl.extract step: "
+            "remove the directory or pass overwrite=True",
+            code="corrupt",
+        ) from None
+
+
+def prepare(root: Path, args: dict[str, Any], overwrite: bool, rank: int) -> None:
+    """Check ``root`` against this run's ``args``; rank 0 then makes it ready to write."""
+    if root.exists() and not root.is_dir():
+        raise ExtractionError(
+            f"{root} is a file, not an extraction directory; pass another to=",
+            code="not_an_extraction",
+        )
+    run = root / RUN
+    # another rank's run record may be half-written (a .tmp- file): that is not foreign
+    foreign = root.exists() and any(not p.name.startswith(".tmp-") for p in root.iterdir())
+    if foreign and not run.exists():
+        raise ExtractionError(
+            f"{root} is not empty and holds no extraction (no {RUN}); pass an empty or new "
+            "directory as to=",
+            code="not_an_extraction",
+        )
+    if run.exists() and not overwrite:
+        before = _read_json(run).get("args", {})
+        if before != args:
+            raise ExtractionError(
+                f"{root} holds a run started with other arguments: {_difference(before, args)}; "
+                "rerun with the same arguments to resume it, or pass overwrite=True to start "
+                "over",
+                code="args_changed",
+            )
+        if (root / MANIFEST).exists():
+            raise ExtractionError(
+                f"{root} holds a finished extraction; read it with tl.load_extraction(), or "
+                "pass overwrite=True to run it again",
+                code="exists",
+            )
+    if rank != 0:
+        return
+    if overwrite and run.exists():
+        (root / MANIFEST).unlink(missing_ok=True)
+        shutil.rmtree(root / SHARDS, ignore_errors=True)
+    root.mkdir(parents=True, exist_ok=True)
+    if overwrite or not run.exists():  # the run record first: it makes the directory ours
+        record = {"format": FORMAT, "format_version": FORMAT_VERSION, "args": args}
+        _write_file(run, _dumps(record).encode())
+    (root / SHARDS).mkdir(exist_ok=True)
+
+
+def _difference(before: dict, now: dict) -> str:
+    keys = sorted(set(before) | set(now))
+    return "; ".join(f"{k}: {before.get(k)} on disk, {now.get(k)} now"
+                     for k in keys if before.get(k) != now.get(k))  # fmt: skip
+
+
+def _shard_paths(root: Path) -> list[Path]:
+    return sorted((root / SHARDS).glob("shard-*.safetensors"))
+
+
+def _shard_header(path: Path) -> tuple[list[list[int]], dict[str, tuple[list[int], str]]]:
+    """A shard's ``[batch, start, size]`` list and ``{key: (shape, dtype)}``."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            batches = json.loads(f.metadata()["batches"])
+            keys = {k: (list(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype())
+                    for k in f.keys()}  # fmt: skip
+    except Exception as err:  # safetensors raises its own error types for bad headers
+        raise ExtractionError(
+            f"shard {path} is unreadable ({err}); delete it and rerun tl.extract with the same "
+            "arguments to redo its batches",
+            code="corrupt",
+        ) from None
+    return batches, keys
+
+
+def done_batches(root: Path) -> set[int]:
+    """Batches already written to a shard (by any rank, in this run or an earlier one)."""
+    return {b for path in _shard_paths(root) for b, _, _ in _shard_header(path)[0]}
+
+
+def disk_schema(root: Path) -> dict[str, tuple[tuple[int, ...], str]] | None:
+    """``{key: (per-example shape, dtype)}`` of the first shard on disk, if any."""
+    paths = _shard_paths(root)
+    if not paths:
+        return None
+    return {
+        k: (tuple(shape[1:]), dtype) for k, (shape, dtype) in _shard_header(paths[0])[1].items()
+    }
+
+
+class ShardWriter:
+    """Collects batches and writes them as one shard once ``limit`` bytes are buffered."""
+
+    def __init__(self, root: Path, limit: int) -> None:
+        self.root, self.limit = root, limit
+        self.parts: dict[str, list[torch.Tensor]] = {}
+        self.batches: list[list[int]] = []
+        self.nbytes = 0
+
+    def add(self, index: int, start: int, size: int, values: dict[str, torch.Tensor]) -> None:
+        for key, value in values.items():
+            self.parts.setdefault(key, []).append(value)
+            self.nbytes += value.numel() * value.element_size()
+        self.batches.append([index, start, size])
+        if self.nbytes >= self.limit:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.batches:
+            return
+        parts, batches = self.parts, self.batches
+        self.parts, self.batches, self.nbytes = {}, [], 0
+        tensors = {k: torch.cat(v).contiguous() for k, v in parts.items()}
+        data = _to_bytes(tensors, metadata={"batches": json.dumps(batches)})
+        _write_file(self.root / SHARDS / f"shard-{batches[0][0]:09d}.safetensors", data)
+
+
+def finalize(root: Path, n_batches: int, n_examples: int, meta: dict[str, Any]) -> None:
+    """Check that the shards hold every batch exactly once with one schema, then write the
+    manifest that marks the run finished."""
+    shards, seen, schema = [], {}, None
+    for path in _shard_paths(root):
+        batches, keys = _shard_header(path)
+        here = {k: (shape[1:], dtype) for k, (shape, dtype) in keys.items()}
+        if schema is None:
+            schema = here
+        elif here != schema:
+            raise ExtractionError(
+                f"shard {path.name} holds {here}, other shards {schema}; the run mixes two "
+                "sets of sites: pass overwrite=True to start over",
+                code="corrupt",
+            )
+        rows, offset = [], 0
+        for b, start, size in batches:
+            seen[b] = (start, size)
+            rows.append([start, start + size, offset])
+            offset += size
+        shards.append({"file": f"{SHARDS}/{path.name}", "rows": _merge(rows)})
+    missing = sorted(set(range(n_batches)) - set(seen))
+    if missing or len(seen) != n_batches:
+        raise ExtractionError(
+            f"{root}: batches {missing[:10]} of {n_batches} are not on disk; rerun tl.extract "
+            "with the same arguments to finish",
+            code="incomplete",
+        )
+    schema = schema or {}
+    sites = {k: {"shape": [n_examples, *s], "dtype": d} for k, (s, d) in schema.items()}
+    targets = sites.pop(TARGETS, None)
+    record = {"format": FORMAT, "format_version": FORMAT_VERSION, "complete": True,
+              "n_examples": n_examples, "n_batches": n_batches, "sites": sites,
+              "targets": targets, "shards": shards, **meta}  # fmt: skip
+    _write_file(root / MANIFEST, _dumps(record).encode())
+    for tmp in (root / SHARDS).glob(".tmp-*"):  # left by killed processes
+        tmp.unlink(missing_ok=True)
+
+
+def _merge(rows: list[list[int]]) -> list[list[int]]:
+    """Join row ranges that continue each other (in the shard and in the dataset)."""
+    merged: list[list[int]] = []
+    for start, stop, offset in rows:
+        last = merged[-1] if merged else None
+        if last and last[1] == start and last[2] + (last[1] - last[0]) == offset:
+            last[1] = stop
+        else:
+            merged.append([start, stop, offset])
+    return merged
+
+
+def read_manifest(root: Path) -> dict[str, Any]:
+    """The manifest of a finished run, checked for format and version."""
+    if not root.is_dir() or not ((root / MANIFEST).exists() or (root / RUN).exists()):
+        raise ExtractionError(
+            f"{root} is not a tl.extract directory (no {MANIFEST}); pass the to= of a run",
+            code="not_an_extraction",
+        )
+    if not (root / MANIFEST).exists():
+        raise ExtractionError(
+            f"the extraction in {root} did not finish; rerun tl.extract with the same "
+            "arguments to complete it",
+            code="incomplete",
+        )
+    manifest = _read_json(root / MANIFEST)
+    if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
+        raise ExtractionError(
+            f"{root / MANIFEST} is format {manifest.get('format')!r} version "
+            f"{manifest.get('format_version')!r}; this torchlens reads {FORMAT!r} version "
+            f"{FORMAT_VERSION}: use the torchlens that wrote it, or extract again",
+            code="corrupt",
+        )
+    return manifest
