@@ -1,8 +1,10 @@
-"""The ``torchlens`` command line: ``demo``, ``doctor`` and ``trace FILE.py:factory``.
+"""The ``torchlens`` command line: ``demo``, ``doctor``, ``trace FILE.py:factory``, and
+``show DIR`` / ``info DIR`` for saved traces.
 
 ``trace`` imports the user's file, calls the factory for ``(model, args[, kwargs])``, traces,
 validates by replay and prints the summary; ``--save`` and ``--draw`` keep the result. A bad
-file or factory is a usage error: one clear line on stderr and exit code 2, no traceback.
+file or factory, or a directory that holds no trace, is a usage error: one clear line on
+stderr and exit code 2, no traceback.
 """
 
 from __future__ import annotations
@@ -81,15 +83,86 @@ def _parser() -> argparse.ArgumentParser:
     )
     trace.add_argument("target", metavar="FILE.py:factory")
     trace.add_argument("--save", metavar="DIR", help="save the trace to directory DIR")
+    trace.add_argument(
+        "--force", action="store_true", help="with --save, replace a trace already in DIR"
+    )
     trace.add_argument("--draw", metavar="FILE", help="draw the graph to FILE (.svg/.png/.pdf)")
     trace.add_argument("--depth", type=int, help="draw module calls at most N deep")
     trace.add_argument(
         "--collapse-repeats", action="store_true", help="draw identical repeated blocks once"
     )
+    trace.add_argument(
+        "--full-graph", action="store_true", help="draw every op, even for a big graph"
+    )
     trace.add_argument("--no-validate", action="store_true", help="skip replay validation")
     trace.add_argument("--traceback", action="store_true", help="show full tracebacks")
     trace.set_defaults(run=_run_trace)
+    show = commands.add_parser("show", help="print the summary of a saved trace")
+    show.add_argument("dir", metavar="DIR", help="a directory written by tl.save or --save")
+    show.add_argument("--func", action="append", help="only ops of this function (repeatable)")
+    show.add_argument("--module", metavar="PATTERN", help="only ops inside these module calls")
+    show.add_argument("--max-rows", type=int, default=40, help="rows before head/tail (40)")
+    show.add_argument("--all", action="store_true", help="print every row")
+    show.set_defaults(run=_run_show)
+    info = commands.add_parser("info", help="print what a saved trace holds (model, versions)")
+    info.add_argument("dir", metavar="DIR", help="a directory written by tl.save or --save")
+    info.set_defaults(run=_run_info)
     return parser
+
+
+def _run_show(opts: argparse.Namespace) -> int:
+    import torchlens as tl
+
+    trace = _load_saved(opts.dir)
+    select = tl.func(*opts.func) if opts.func else None
+    rows = None if opts.all else opts.max_rows
+    print(trace.summary(select, module=opts.module, max_rows=rows))
+    return EXIT_OK
+
+
+def _run_info(opts: argparse.Namespace) -> int:
+    from torchlens.report import trace_info
+
+    _load_saved(opts.dir)  # a non-trace is a usage error, as for show
+    print(trace_info(opts.dir))
+    return EXIT_OK
+
+
+def _load_saved(path: str) -> Any:
+    """``tl.load(path)``; a path that holds no trace is a usage error (exit 2)."""
+    import torchlens as tl
+    from torchlens.errors import TraceFileError
+
+    if not Path(path).is_dir():
+        raise UsageError(f"no such directory: {path}")
+    try:
+        return tl.load(path)
+    except TraceFileError as err:
+        if err.code != "not_a_trace":
+            raise
+        raise UsageError(str(err)) from None
+
+
+def _check_outputs(opts: argparse.Namespace) -> None:
+    """Refuse ``--draw``/``--save`` targets up front, before the model runs."""
+    from torchlens.viz import FORMATS
+
+    if opts.draw and Path(opts.draw).suffix.removeprefix(".").lower() not in FORMATS:
+        suffixes = ", ".join(f".{f}" for f in FORMATS)
+        raise UsageError(f"--draw writes {suffixes} files; got {opts.draw!r}")
+    if not opts.save:
+        return
+    target = Path(opts.save)
+    if target.exists() and not target.is_dir():
+        raise UsageError(f"--save needs a directory, but {opts.save} is a file")
+    if target.is_dir() and any(target.iterdir()):
+        if not (target / "manifest.json").exists() and not (target / "INCOMPLETE").exists():
+            raise UsageError(f"--save {opts.save}: the directory holds other files; pick another")
+        if not opts.force:
+            raise UsageError(
+                f"--save {opts.save}: a trace is already saved there; pass --force to "
+                "replace it, or pick another directory"
+            )
 
 
 def _run_demo(opts: argparse.Namespace) -> int:
@@ -108,6 +181,7 @@ def _run_doctor(opts: argparse.Namespace) -> int:
 def _run_trace(opts: argparse.Namespace) -> int:
     import torchlens as tl
 
+    _check_outputs(opts)
     stages = ["import", "build", "trace"]
     stages += [] if opts.no_validate else ["validate"]
     stages += ["save"] if opts.save else []
@@ -128,7 +202,12 @@ def _run_trace(opts: argparse.Namespace) -> int:
             trace.save(opts.save)
         if opts.draw:
             step("draw")
-            trace.draw(opts.draw, depth=opts.depth, collapse_repeats=opts.collapse_repeats)
+            trace.draw(
+                opts.draw,
+                depth=opts.depth,
+                collapse_repeats=opts.collapse_repeats,
+                **({"max_nodes": None} if opts.full_graph else {}),
+            )
     print(trace.summary())
     print(f"validation: {verdict}")
     if opts.save:
