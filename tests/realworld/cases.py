@@ -18,7 +18,8 @@ What is covered besides plain forwards, by tag: ``kwargs`` (called with keyword 
 ``mask`` (attention mask with padding), ``cache`` (``use_cache=True`` or a ``past_key_values``
 cache passed in), ``train`` (train mode: dropout / drop-path draw random numbers),
 ``checkpointing`` (``gradient_checkpointing_enable()`` in train mode), ``moe``
-(mixture-of-experts routing), ``ssm`` (state-space), ``detection`` (detection / segmentation).
+(mixture-of-experts routing), ``ssm`` (state-space), ``detection`` (detection / segmentation),
+``mutates_input`` (the forward changes an input object: call ``build()`` again per forward).
 """
 
 from __future__ import annotations
@@ -175,11 +176,18 @@ def _llama_train_checkpointing():
     return model, (), {"input_ids": _ids(), "use_cache": False}
 
 
-def _encoder(model_class: str, config_class: str, token_types=False, train=False, **config):
+def _encoder(
+    model_class: str,
+    config_class: str,
+    token_types=False,
+    train=False,
+    checkpointing=False,
+    **config,
+):
     def build():
         model = _hf_model(model_class, config_class, **config)
         if train:
-            _train(model)
+            _train(model, checkpointing)
         torch.manual_seed(SEED + 1)
         kwargs = {"input_ids": _ids(), "attention_mask": _padded_mask()}
         if token_types:
@@ -287,9 +295,9 @@ _WAV2VEC2_LIKE = dict(
 )
 
 
-def _audio(model_class: str, config_class: str, **config):
+def _audio(model_class: str, config_class: str, attn="eager", **config):
     def build():
-        model = _hf_model(model_class, config_class, **config)
+        model = _hf_model(model_class, config_class, attn=attn, **config)
         torch.manual_seed(SEED + 1)
         values = torch.randn(BATCH, 400)
         mask = torch.ones(BATCH, 400, dtype=torch.long)
@@ -299,18 +307,58 @@ def _audio(model_class: str, config_class: str, **config):
     return build
 
 
+def _clip_full():
+    """CLIP text and vision towers together, called with kwargs (ids, mask, pixels)."""
+    model = _hf_model(
+        "CLIPModel",
+        "CLIPConfig",
+        text_config=dict(_TEXT, intermediate_size=64, max_position_embeddings=16),
+        vision_config=dict(_VIT_LIKE),
+        projection_dim=16,
+    )
+    torch.manual_seed(SEED + 1)
+    kwargs = {"input_ids": _ids(), "attention_mask": _padded_mask(), "pixel_values": _image(32)}
+    return model, (), kwargs
+
+
+def _llama_inputs_embeds():
+    model = _hf_model("LlamaForCausalLM", "LlamaConfig", **_LLAMA_LIKE)
+    torch.manual_seed(SEED + 1)
+    embeds = torch.randn(BATCH, SEQ, 32)
+    return model, (), {"inputs_embeds": embeds, "attention_mask": _padded_mask()}
+
+
+def _ast():
+    model = _hf_model(
+        "ASTModel",
+        "ASTConfig",
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        patch_size=8,
+        frequency_stride=8,
+        time_stride=8,
+        max_length=32,
+        num_mel_bins=16,
+    )
+    torch.manual_seed(SEED + 1)
+    return model, (torch.randn(BATCH, 32, 16),), {}
+
+
 # ---------------------------------------------------------------------------
 # timm and torchvision helpers
 # ---------------------------------------------------------------------------
 
 
-def _timm(name: str, size: int, train: bool = False, **kwargs):
+def _timm(name: str, size: int, train: bool = False, checkpointing: bool = False, **kwargs):
     def build():
         import timm
 
         torch.manual_seed(SEED)
         model = timm.create_model(name, pretrained=False, **kwargs)
         model.train(train)
+        model.set_grad_checkpointing(checkpointing)
         torch.manual_seed(SEED + 1)
         return model, (_image(size),), {}
 
@@ -345,15 +393,29 @@ def _tv_segmentation(name: str, size: int):
     return build
 
 
-def _tv_detection(name: str, size: int):
-    """A detection model in eval mode: images as a list, boxes out of NMS."""
+_FEW_RCNN_BOXES = dict(
+    rpn_pre_nms_top_n_test=50, rpn_post_nms_top_n_test=20, box_detections_per_img=5
+)
+_FEW_DENSE_BOXES = dict(topk_candidates=20, detections_per_img=5)
+
+
+def _tv_detection(name: str, size: int, **kwargs):
+    """A detection model in eval mode: images as a list, boxes out of NMS.
+
+    ``kwargs`` keep the number of proposals and detections small (the heads' cost grows
+    with them, and random weights give many)."""
 
     def build():
         import torchvision
 
         torch.manual_seed(SEED)
         model = getattr(torchvision.models.detection, name)(
-            weights=None, weights_backbone=None, num_classes=3, min_size=size, max_size=size
+            weights=None,
+            weights_backbone=None,
+            num_classes=3,
+            min_size=size,
+            max_size=size,
+            **kwargs,
         )
         model.eval()
         torch.manual_seed(SEED + 1)
@@ -372,6 +434,57 @@ def _tv_fpn_backbone():
     model.eval()
     torch.manual_seed(SEED + 1)
     return model, (_image(64),), {}
+
+
+def _tv_googlenet_train():
+    """GoogLeNet in train mode with its auxiliary classifiers (a namedtuple comes out)."""
+    import torchvision
+
+    torch.manual_seed(SEED)
+    model = torchvision.models.googlenet(weights=None, aux_logits=True, init_weights=True)
+    model.train()
+    torch.manual_seed(SEED + 1)
+    return model, (_image(64),), {}
+
+
+def _tv_keypointrcnn():
+    import torchvision
+
+    torch.manual_seed(SEED)
+    model = torchvision.models.detection.keypointrcnn_resnet50_fpn(
+        weights=None,
+        weights_backbone=None,
+        num_classes=2,
+        num_keypoints=5,
+        min_size=64,
+        max_size=64,
+        **_FEW_RCNN_BOXES,
+    )
+    model.eval()
+    torch.manual_seed(SEED + 1)
+    return model, ([torch.rand(3, 64, 64)],), {}
+
+
+def _tv_raft_small():
+    """RAFT optical flow: correlation pyramid, grid_sample, an iterative GRU refinement."""
+    import torchvision
+
+    torch.manual_seed(SEED)
+    model = torchvision.models.optical_flow.raft_small(weights=None)
+    model.eval()
+    torch.manual_seed(SEED + 1)
+    images = (torch.rand(1, 3, 128, 128), torch.rand(1, 3, 128, 128))  # the smallest it takes
+    return model, images, {"num_flow_updates": 2}
+
+
+def _tv_r3d():
+    import torchvision
+
+    torch.manual_seed(SEED)
+    model = torchvision.models.video.r3d_18(weights=None, num_classes=5)
+    model.eval()
+    torch.manual_seed(SEED + 1)
+    return model, (torch.randn(1, 3, 4, 32, 32),), {}
 
 
 # ---------------------------------------------------------------------------
@@ -401,7 +514,12 @@ CASES: list[RealCase] = [
         _lm("GPT2LMHeadModel", "GPT2Config", attn="sdpa", **_gpt2_config()),
         tags={"kwargs", "mask"},
     ),
-    _c("gpt2_past_key_values", "hf_decoder", _gpt2_past_key_values, tags={"kwargs", "cache"}),
+    _c(
+        "gpt2_past_key_values",
+        "hf_decoder",
+        _gpt2_past_key_values,
+        tags={"kwargs", "cache", "mutates_input"},
+    ),
     _c("gpt2_train_dropout", "hf_decoder", _gpt2_train(False), tags={"kwargs", "train"}),
     _c(
         "gpt2_grad_checkpointing",
@@ -553,6 +671,106 @@ CASES: list[RealCase] = [
         ),
         tags={"kwargs", "ssm"},
     ),
+    _c(
+        "llama_sdpa",
+        "hf_decoder",
+        _lm("LlamaForCausalLM", "LlamaConfig", attn="sdpa", **_LLAMA_LIKE),
+        tags={"kwargs", "mask"},
+    ),
+    _c("llama_inputs_embeds", "hf_decoder", _llama_inputs_embeds, tags={"kwargs", "mask"}),
+    _c(
+        "gemma2",
+        "hf_decoder",
+        _lm("Gemma2ForCausalLM", "Gemma2Config", head_dim=8, sliding_window=4, **_LLAMA_LIKE),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "starcoder2",
+        "hf_decoder",
+        _lm("Starcoder2ForCausalLM", "Starcoder2Config", sliding_window=4, **_LLAMA_LIKE),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "stablelm",
+        "hf_decoder",
+        _lm("StableLmForCausalLM", "StableLmConfig", **_LLAMA_LIKE),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "olmo",
+        "hf_decoder",
+        _lm("OlmoForCausalLM", "OlmoConfig", **_LLAMA_LIKE),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "gpt_bigcode",
+        "hf_decoder",
+        _lm("GPTBigCodeForCausalLM", "GPTBigCodeConfig", **_gpt2_config(multi_query=True)),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "gptj",
+        "hf_decoder",
+        _lm(
+            "GPTJForCausalLM",
+            "GPTJConfig",
+            vocab_size=VOCAB,
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            n_positions=64,
+            rotary_dim=4,
+        ),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "codegen",
+        "hf_decoder",
+        _lm(
+            "CodeGenForCausalLM",
+            "CodeGenConfig",
+            vocab_size=VOCAB,
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            n_positions=64,
+            n_ctx=64,
+            rotary_dim=4,
+        ),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "olmoe",
+        "hf_decoder",
+        _lm(
+            "OlmoeForCausalLM",
+            "OlmoeConfig",
+            **_LLAMA_LIKE,
+            num_experts=4,
+            num_experts_per_tok=2,
+        ),
+        tags={"kwargs", "mask", "moe"},
+    ),
+    _c(
+        "jamba",
+        "hf_decoder",
+        _lm(
+            "JambaForCausalLM",
+            "JambaConfig",
+            **_LLAMA_LIKE,
+            num_experts=4,
+            num_experts_per_tok=2,
+            expert_layer_period=2,
+            expert_layer_offset=1,
+            attn_layer_period=2,
+            attn_layer_offset=1,
+            mamba_d_state=8,
+            mamba_d_conv=4,
+            mamba_expand=2,
+            use_mamba_kernels=False,
+        ),
+        tags={"kwargs", "mask", "moe", "ssm"},
+    ),
     # --- Hugging Face encoders -------------------------------------------------------------
     _c(
         "bert",
@@ -613,6 +831,49 @@ CASES: list[RealCase] = [
         _encoder("ElectraModel", "ElectraConfig", embedding_size=16, **_BERT_LIKE),
         tags={"kwargs", "mask"},
     ),
+    _c(
+        "bert_sdpa",
+        "hf_encoder",
+        _encoder("BertModel", "BertConfig", attn="sdpa", **_BERT_LIKE),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "bert_grad_checkpointing",
+        "hf_encoder",
+        _encoder("BertModel", "BertConfig", train=True, checkpointing=True, **_BERT_LIKE),
+        tags={"kwargs", "mask", "train", "checkpointing"},
+    ),
+    _c(
+        "xlm_roberta",
+        "hf_encoder",
+        _encoder("XLMRobertaModel", "XLMRobertaConfig", pad_token_id=1, **_BERT_LIKE),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "mpnet",
+        "hf_encoder",
+        _encoder("MPNetModel", "MPNetConfig", attn=None, pad_token_id=1, **_BERT_LIKE),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "convbert",
+        "hf_encoder",
+        _encoder("ConvBertModel", "ConvBertConfig", attn=None, embedding_size=32, **_BERT_LIKE),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "deberta",
+        "hf_encoder",
+        _encoder(
+            "DebertaModel",
+            "DebertaConfig",
+            attn=None,
+            relative_attention=True,
+            pos_att_type=["p2c", "c2p"],
+            **_BERT_LIKE,
+        ),
+        tags={"kwargs", "mask"},
+    ),
     # --- Hugging Face encoder-decoders -----------------------------------------------------
     _c(
         "t5",
@@ -650,6 +911,24 @@ CASES: list[RealCase] = [
         tags={"kwargs", "mask"},
     ),
     _c("whisper", "hf_encdec", _whisper, tags={"kwargs"}),
+    _c(
+        "mbart",
+        "hf_encdec",
+        _seq2seq("MBartForConditionalGeneration", "MBartConfig", **_BART_LIKE),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "m2m_100",
+        "hf_encdec",
+        _seq2seq("M2M100ForConditionalGeneration", "M2M100Config", **_BART_LIKE),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "blenderbot_small",
+        "hf_encdec",
+        _seq2seq("BlenderbotSmallForConditionalGeneration", "BlenderbotSmallConfig", **_BART_LIKE),
+        tags={"kwargs", "mask"},
+    ),
     # --- Hugging Face vision ---------------------------------------------------------------
     _c("vit", "hf_vision", _vision("ViTModel", "ViTConfig", 32, **_VIT_LIKE)),
     _c(
@@ -736,6 +1015,76 @@ CASES: list[RealCase] = [
             num_attention_heads=2,
         ),
     ),
+    _c(
+        "beit",
+        "hf_vision",
+        _vision(
+            "BeitModel", "BeitConfig", 32, attn=None, use_relative_position_bias=True, **_VIT_LIKE
+        ),
+    ),
+    _c("dinov2", "hf_vision", _vision("Dinov2Model", "Dinov2Config", 32, **_VIT_LIKE)),
+    _c(
+        "segformer",
+        "hf_vision",
+        _vision(
+            "SegformerModel",
+            "SegformerConfig",
+            32,
+            attn=None,
+            num_encoder_blocks=2,
+            depths=[1, 1],
+            sr_ratios=[2, 1],
+            hidden_sizes=[16, 32],
+            patch_sizes=[7, 3],
+            strides=[4, 2],
+            num_attention_heads=[1, 2],
+            mlp_ratios=[2, 2],
+        ),
+    ),
+    _c(
+        "convnextv2",
+        "hf_vision",
+        _vision(
+            "ConvNextV2Model",
+            "ConvNextV2Config",
+            32,
+            attn=None,
+            hidden_sizes=[16, 32],
+            depths=[1, 1],
+            num_stages=2,
+        ),
+    ),
+    _c(
+        "regnet",
+        "hf_vision",
+        _vision(
+            "RegNetModel",
+            "RegNetConfig",
+            32,
+            attn=None,
+            embedding_size=16,
+            hidden_sizes=[16, 32],
+            depths=[1, 1],
+            groups_width=8,
+        ),
+    ),
+    _c(
+        "swinv2",
+        "hf_vision",
+        _vision(
+            "Swinv2Model",
+            "Swinv2Config",
+            32,
+            attn=None,
+            image_size=32,
+            patch_size=2,
+            embed_dim=16,
+            depths=[1, 1],
+            num_heads=[2, 2],
+            window_size=4,
+        ),
+    ),
+    _c("clip", "hf_vision", _clip_full, tags={"kwargs", "mask"}),
     # --- Hugging Face audio ----------------------------------------------------------------
     _c(
         "wav2vec2",
@@ -749,6 +1098,26 @@ CASES: list[RealCase] = [
         _audio("HubertModel", "HubertConfig", **_WAV2VEC2_LIKE),
         tags={"kwargs", "mask"},
     ),
+    _c(
+        "wavlm",
+        "hf_audio",
+        _audio(
+            "WavLMModel",
+            "WavLMConfig",
+            attn=None,
+            num_buckets=16,
+            max_bucket_distance=32,
+            **_WAV2VEC2_LIKE,
+        ),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "data2vec_audio",
+        "hf_audio",
+        _audio("Data2VecAudioModel", "Data2VecAudioConfig", **_WAV2VEC2_LIKE),
+        tags={"kwargs", "mask"},
+    ),
+    _c("audio_spectrogram_transformer", "hf_audio", _ast),
     # --- timm ------------------------------------------------------------------------------
     _c("timm_resnet18", "timm", _timm("resnet18", 64), _TIMM),
     _c("timm_vit_tiny", "timm", _timm("vit_tiny_patch16_224", 32, img_size=32), _TIMM),
@@ -776,6 +1145,22 @@ CASES: list[RealCase] = [
         "timm",
         _timm("swin_tiny_patch4_window7_224", 56, img_size=56, window_size=7),
         _TIMM,
+    ),
+    _c("timm_efficientvit_b0", "timm", _timm("efficientvit_b0", 64), _TIMM),
+    _c("timm_levit_128s", "timm", _timm("levit_128s", 64, img_size=64), _TIMM),
+    _c("timm_poolformer_s12", "timm", _timm("poolformer_s12", 64), _TIMM),
+    _c("timm_cait_xxs24", "timm", _timm("cait_xxs24_224", 32, img_size=32), _TIMM),
+    _c("timm_ghostnet", "timm", _timm("ghostnet_050", 64), _TIMM),
+    _c("timm_nf_resnet26", "timm", _timm("nf_resnet26", 64), _TIMM),
+    _c("timm_coat_lite_tiny", "timm", _timm("coat_lite_tiny", 64, img_size=64), _TIMM),
+    _c("timm_maxvit_nano", "timm", _timm("maxvit_nano_rw_256", 64, img_size=64), _TIMM),
+    _c("timm_mixer_s32", "timm", _timm("mixer_s32_224", 64, img_size=64), _TIMM),
+    _c(
+        "timm_convnext_atto_grad_checkpointing",
+        "timm",
+        _timm("convnext_atto", 64, train=True, checkpointing=True, drop_path_rate=0.1),
+        _TIMM,
+        tags={"train", "checkpointing"},
     ),
     # --- torchvision -----------------------------------------------------------------------
     _c("tv_resnet18", "torchvision", _tv("resnet18", 64), _TV),
@@ -816,10 +1201,53 @@ CASES: list[RealCase] = [
     _c(
         "tv_fasterrcnn_mobilenet_v3",
         "torchvision",
-        _tv_detection("fasterrcnn_mobilenet_v3_large_fpn", 64),
+        _tv_detection("fasterrcnn_mobilenet_v3_large_fpn", 64, **_FEW_RCNN_BOXES),
         _TV,
         tags={"detection"},
     ),
+    _c("tv_googlenet_train_aux", "torchvision", _tv_googlenet_train, _TV, tags={"train"}),
+    _c(
+        "tv_inception_v3_train",  # its auxiliary head needs 299-pixel images: left off
+        "torchvision",
+        _tv("inception_v3", 80, train=True, aux_logits=False, init_weights=True),
+        _TV,
+        tags={"train"},
+    ),
+    _c("tv_regnet_y_400mf", "torchvision", _tv("regnet_y_400mf", 64), _TV),
+    _c("tv_swin_t", "torchvision", _tv("swin_t", 64), _TV),
+    _c("tv_convnext_tiny", "torchvision", _tv("convnext_tiny", 64), _TV),
+    _c("tv_vit_b_16", "torchvision", _tv("vit_b_16", 32, image_size=32), _TV),
+    _c(
+        "tv_deeplabv3_mobilenet_v3",
+        "torchvision",
+        _tv_segmentation("deeplabv3_mobilenet_v3_large", 64),
+        _TV,
+        tags={"detection"},
+    ),
+    _c(
+        "tv_retinanet_resnet50_fpn",
+        "torchvision",
+        _tv_detection("retinanet_resnet50_fpn", 64, **_FEW_DENSE_BOXES),
+        _TV,
+        tags={"detection"},
+    ),
+    _c(
+        "tv_fcos_resnet50_fpn",
+        "torchvision",
+        _tv_detection("fcos_resnet50_fpn", 64, **_FEW_DENSE_BOXES),
+        _TV,
+        tags={"detection"},
+    ),
+    _c(
+        "tv_maskrcnn_resnet50_fpn",
+        "torchvision",
+        _tv_detection("maskrcnn_resnet50_fpn", 64, **_FEW_RCNN_BOXES),
+        _TV,
+        tags={"detection"},
+    ),
+    _c("tv_keypointrcnn", "torchvision", _tv_keypointrcnn, _TV, tags={"detection"}),
+    _c("tv_raft_small", "torchvision", _tv_raft_small, _TV, tags={"kwargs"}),
+    _c("tv_r3d_18", "torchvision", _tv_r3d, _TV),
 ]
 
 CASES_BY_NAME = {case.name: case for case in CASES}
