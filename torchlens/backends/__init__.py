@@ -22,6 +22,7 @@ from torchlens.backends.registry import (
     BackendSpec,
     backend_specs,
     get_backend_spec,
+    load_backend,
     register_backend_spec,
     unregister_backend_spec,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "TorchBackend",
     "backend_specs",
     "get_backend_spec",
+    "load_backend",
     "register_backend_spec",
     "require_capability",
     "unregister_backend_spec",

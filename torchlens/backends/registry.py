@@ -16,6 +16,7 @@ __all__ = [
     "BackendSpec",
     "backend_specs",
     "get_backend_spec",
+    "load_backend",
     "register_backend_spec",
     "unregister_backend_spec",
 ]
@@ -99,9 +100,83 @@ def get_backend_spec(name: str) -> BackendSpec:
         known = ", ".join(repr(n) for n in _SPECS)
         raise UnknownBackendError(
             f"no backend named {name!r} is registered; known backends: {known}. Register "
-            "one with torchlens.backends.registry.register_backend_spec",
+            "one with torchlens.backends.registry.register_backend_spec, or name it as "
+            "package.module:object (see docs/backends.md)",
         )
     return spec
+
+
+ENTRY_POINT_GROUP = "torchlens.backends"  # installed packages may register backends here
+
+
+def load_backend(reference: str) -> BackendSpec:
+    """The spec for ``reference``, registering a backend from the user's code when needed.
+
+    Args:
+        reference: a registered name (``"torch"``); an import path ``"package.module:obj"``
+            where ``obj`` is a :class:`BackendSpec`, a backend class or a factory returning
+            a protocol object; or the name of an entry point in the ``torchlens.backends``
+            group of an installed package (its object, again, is any of those three).
+
+    Returns:
+        The registered :class:`BackendSpec` (registered under the protocol's ``name``).
+
+    Raises:
+        UnknownBackendError: nothing by that name, import path or entry point.
+        InvalidArgumentError: ``backend_import_failed`` when the module cannot be imported
+            or has no such object.
+
+    Example:
+        >>> load_backend("torch").name
+        'torch'
+        >>> load_backend("torchlens.backends.torch_backend:TorchBackend").name
+        'torch'
+    """
+    if reference in _SPECS:
+        return _SPECS[reference]
+    if ":" in reference:
+        return _register_object(_import_object(reference), reference)
+    from importlib.metadata import entry_points
+
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        if point.name == reference:
+            return _register_object(point.load(), reference)
+    return get_backend_spec(reference)  # not registered: raises with the known names
+
+
+def _import_object(reference: str) -> object:
+    import importlib
+
+    module_name, _, attribute = reference.partition(":")
+    try:
+        obj: object = importlib.import_module(module_name)
+        for part in attribute.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as err:
+        raise InvalidArgumentError(
+            f"cannot load the backend {reference!r} ({type(err).__name__}: {err}); write it "
+            "as package.module:object, with the module importable from here (on sys.path)",
+            code="backend_import_failed",
+        ) from None
+    return obj
+
+
+def _register_object(obj: object, reference: str) -> BackendSpec:
+    if isinstance(obj, BackendSpec):
+        spec = obj
+    elif callable(obj):
+        protocol = obj()
+        spec = BackendSpec(protocol.name, protocol.maturity, obj, f"loaded from {reference}")
+    else:
+        raise InvalidArgumentError(
+            f"{reference!r} is a {type(obj).__name__}; point at a BackendSpec, a backend "
+            "class or a function that returns a backend",
+            code="backend_import_failed",
+        )
+    known = _SPECS.get(spec.name)
+    if known is not None and (known == spec or spec.name == REFERENCE_BACKEND):
+        return known
+    return register_backend_spec(spec)
 
 
 def backend_specs() -> tuple[BackendSpec, ...]:
