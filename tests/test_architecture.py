@@ -81,12 +81,13 @@ def test_public_signatures():
     call = "model: 'Any', args: 'Any' = (), kwargs: 'Mapping[str, Any] | None' = None, *, "
     checks = "scope: 'str' = 'forward', atol: 'float | None' = None, rtol: 'float | None' = None"
     edits = "intervene: 'Mapping[Any, Any] | None' = None"
+    seed = "random_seed: 'int | None' = None"
     assert signatures == {
         "trace": f"({call}structure_only: 'bool' = False, save: 'Any' = None, {edits}, "
         "stop_after: 'Any' = None, stream_to: 'str | os.PathLike | None' = None, "
         "save_grads: 'bool' = False, intermediate_derived_grads: 'bool' = False) -> 'Trace'",
-        "validate": f"({call}{checks}, {edits}) -> 'bool'",
-        "replay": f"({call}{checks}, {edits}) -> 'ReplayStatus'",
+        "validate": f"({call}{checks}, {edits}, {seed}) -> 'bool'",
+        "replay": f"({call}{checks}, {edits}, {seed}) -> 'ReplayStatus'",
         "record": f"({call}save: 'Any' = None, {edits}, stop_after: 'Any' = None) -> 'Recording'",
         "load": "(path: 'str | os.PathLike') -> 'Trace'",
         "save": "(trace: 'Trace', path: 'str | os.PathLike') -> 'Path'",

@@ -9,6 +9,8 @@ import torch
 from torch import nn
 
 import torchlens as tl
+from torchlens.capture import normalize_call
+from torchlens.errors import InvalidArgumentError
 from torchlens.replay.interpreter import AUTOGRAD_REASON, write_through
 
 # -- several writes through views of one tensor -----------------------------------------------
@@ -166,3 +168,141 @@ def test_autograd_grad_in_forward_is_unverified_not_failed():
     }
     assert AUTOGRAD_REASON in status.unchecked[0].reason
     assert status.replayed == status.ops - 1  # everything else, from the saved gradient on
+
+
+# -- one tuple for a one-parameter forward ----------------------------------------------------
+
+
+class PairSum(nn.Module):
+    def forward(self, pair):
+        first, second = pair
+        return first * 2 + second
+
+
+def test_tuple_for_a_one_parameter_forward_is_its_argument():
+    a, b = torch.randn(3), torch.randn(3)
+    expected = a * 2 + b
+    for args in ((a, b), [a, b], [[a, b]], ((a, b),)):
+        trace = tl.trace(PairSum(), args)
+        torch.testing.assert_close(trace.output, expected, rtol=0, atol=0)
+        assert [source.path for source in trace.sources] == ["args[0][0]", "args[0][1]"]
+    assert tl.record(PairSum(), (a, b)).output.equal(expected)
+    assert tl.replay(PairSum(), (a, b)).state == "passed"
+
+
+def test_tuple_spreads_when_forward_takes_several_parameters():
+    def two(x, y):
+        return x - y
+
+    def spread(*xs):
+        return xs[0] - xs[1]
+
+    a, b = torch.randn(3), torch.randn(3)
+    for fn in (two, spread, torch.sub):
+        torch.testing.assert_close(tl.trace(fn, (a, b)).output, a - b, rtol=0, atol=0)
+
+
+def test_one_parameter_rule_needs_the_callable():
+    pair = (torch.ones(1), torch.zeros(1))
+    assert len(normalize_call(pair, None)[0]) == 2
+    assert len(normalize_call(pair, None, PairSum())[0]) == 1
+    assert normalize_call(pair, None, PairSum())[0][0] is pair
+    keyword_only = lambda xs, *, scale=1.0: xs[0] * scale  # noqa: E731
+    assert len(normalize_call(pair, None, keyword_only)[0]) == 1
+    assert len(normalize_call((torch.ones(1),), None, PairSum())[0]) == 1
+
+
+# -- mutable inputs: caches, dicts, objects ---------------------------------------------------
+
+
+class Box:
+    """A plain object holding a tensor, which the forward replaces."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
+class ExtendsItsInputs(nn.Module):
+    """Appends to a dict, a list and an object it is handed, like a key/value cache."""
+
+    def forward(self, x, memory: dict, history: list, box: Box):
+        memory["keys"] = torch.cat([memory["keys"], x])
+        history.append(x * 2)
+        box.tensor = torch.cat([box.tensor, x])
+        return memory["keys"].sum(0) + sum(history).sum(0) + box.tensor.sum(0)
+
+
+def _mutable_inputs():
+    torch.manual_seed(0)
+    return (
+        torch.randn(2, 3),
+        {"keys": torch.randn(1, 3)},
+        [torch.randn(2, 3)],
+        Box(torch.randn(1, 3)),
+    )
+
+
+def test_inputs_the_forward_mutates_start_both_runs_as_given():
+    x, memory, history, box = _mutable_inputs()
+    status = tl.replay(ExtendsItsInputs(), (x, memory, history, box))
+    assert status.state == "passed", str(status)
+    # left as one plain forward leaves them
+    assert memory["keys"].shape == (3, 3) and len(history) == 2 and box.tensor.shape == (3, 3)
+
+
+def test_uncopyable_mutated_input_is_unverified_not_failed():
+    class Locked(Box):
+        def __deepcopy__(self, memo):
+            raise TypeError("cannot copy a locked box")
+
+    x, memory, history, _ = _mutable_inputs()
+    box = Locked(torch.randn(1, 3))
+    status = tl.replay(ExtendsItsInputs(), (x, memory, history, box))
+    assert status.state == "unverified", str(status)
+    assert not status.failures
+    reasons = [gap.reason for gap in status.unchecked if gap.arm == "ground_truth"]
+    assert reasons and "cannot copy a locked box" in reasons[0]
+
+
+@pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated")
+def test_gpt2_with_a_cache_validates():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=64,
+        bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    with torch.no_grad():
+        cache = model(torch.randint(0, 100, (1, 5)), use_cache=True).past_key_values
+    assert isinstance(cache, transformers.DynamicCache) and cache.get_seq_length() == 5
+    kwargs = {"input_ids": torch.randint(0, 100, (1, 2)), "past_key_values": cache}
+    status = tl.replay(model, (), {**kwargs, "use_cache": True})
+    assert status.state == "passed", str(status)
+    assert cache.get_seq_length() == 7  # extended once, as by one plain forward
+
+
+# -- random_seed ------------------------------------------------------------------------------
+
+
+def noisy_net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)).train()
+
+
+def test_random_seed_seeds_like_a_user_would():
+    model, x = noisy_net(), torch.randn(3, 4)
+    for entry in (tl.validate, tl.replay):
+        torch.manual_seed(1)
+        assert entry(model, x, random_seed=7)
+        after = torch.rand(1)
+        torch.manual_seed(7)
+        model(x)  # one seeded plain forward
+        assert torch.equal(after, torch.rand(1))
+    assert tl.validate(model, x, random_seed=7, scope="backward")
+
+
+def test_random_seed_must_be_an_integer():
+    with pytest.raises(InvalidArgumentError) as info:
+        tl.validate(noisy_net(), torch.randn(2, 4), random_seed="7")
+    assert info.value.code == "bad_random_seed"

@@ -54,7 +54,7 @@ class TorchBackend:
         Returns:
             Whatever the model returns.
         """
-        args, kwargs = normalize_call(args, kwargs)
+        args, kwargs = normalize_call(args, kwargs, model)
         with suspended():
             return model(*args, **kwargs)
 

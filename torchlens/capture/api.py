@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -24,11 +25,35 @@ from torchlens.trace import Trace
 __all__ = ["trace", "normalize_call"]
 
 
-def normalize_call(args: Any, kwargs: Mapping[str, Any] | None) -> tuple[tuple, dict]:
+def normalize_call(
+    args: Any, kwargs: Mapping[str, Any] | None, model: Any = None
+) -> tuple[tuple, dict]:
     """``args`` as a tuple of positional arguments and ``kwargs`` as a dict.
 
-    A tuple or list is the positional arguments; anything else (a tensor, a dict) is the one
-    positional argument. To pass a single list argument, wrap it: ``[[a, b]]``.
+    A tuple or list is the positional arguments; anything else (a tensor, a dict, a
+    namedtuple) is the one positional argument. One exception, which needs ``model``: when
+    the callable (``model.forward`` for a module) takes exactly one positional parameter
+    and no ``*args``, a tuple or list of several items is that one argument, since it could
+    not be spread. To pass a single list argument in every case, wrap it: ``[[a, b]]``.
+
+    Args:
+        args: one object, or a tuple/list of positional arguments; None is no arguments.
+        kwargs: keyword arguments, or None.
+        model: the callable the arguments are for, to apply the one-parameter rule.
+
+    Returns:
+        ``(args, kwargs)`` ready for ``model(*args, **kwargs)``.
+
+    Raises:
+        InvalidArgumentError: ``bad_kwargs`` when ``kwargs`` is not a mapping.
+
+    Example:
+        >>> import torch
+        >>> pair = (torch.ones(1), torch.zeros(1))
+        >>> len(normalize_call(pair, None)[0])
+        2
+        >>> len(normalize_call(pair, None, lambda xs: xs[0] + xs[1])[0])
+        1
     """
     if kwargs is not None and not isinstance(kwargs, Mapping):
         raise InvalidArgumentError(
@@ -39,7 +64,24 @@ def normalize_call(args: Any, kwargs: Mapping[str, Any] | None) -> tuple[tuple, 
         args = ()
     elif not isinstance(args, (tuple, list)) or hasattr(args, "_fields"):
         args = (args,)
+    elif len(args) > 1 and model is not None and _takes_one_argument(model):
+        args = (args,)
     return tuple(args), dict(kwargs or {})
+
+
+def _takes_one_argument(model: Any) -> bool:
+    """Whether ``model`` (its ``forward`` for a module) has exactly one positional
+    parameter and no ``*args``; False when its signature cannot be read."""
+    target = model.forward if isinstance(model, torch.nn.Module) else model
+    try:
+        parameters = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):  # builtins and C callables without a signature
+        return False
+    kinds = [p.kind for p in parameters]
+    if inspect.Parameter.VAR_POSITIONAL in kinds:
+        return False
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(kind in positional for kind in kinds) == 1
 
 
 def trace(
@@ -59,8 +101,9 @@ def trace(
 
     Args:
         model: an ``nn.Module`` or a plain function of tensors, in eager mode.
-        args: the positional arguments: one object (a tensor) or a tuple/list of them.
-            Nested lists, tuples and dicts of tensors are fine.
+        args: the positional arguments: one object (a tensor) or a tuple/list of them
+            (passed whole when ``forward`` takes one positional parameter; see
+            :func:`normalize_call`). Nested lists, tuples and dicts of tensors are fine.
         kwargs: keyword arguments for the call.
         structure_only: record the graph and metadata only, keeping no values; reading
             ``op.out`` then raises :class:`~torchlens.errors.PayloadUnavailableError`.
@@ -99,7 +142,7 @@ def trace(
     """
     refuse_unsupported({"intermediate_derived_grads": intermediate_derived_grads})
     check_traceable(model)
-    args, kwargs = normalize_call(args, kwargs)
+    args, kwargs = normalize_call(args, kwargs, model)
     sink = open_stream_sink(stream_to) if stream_to is not None else None
     controls = Controls(save, intervene, stop_after, structure_only=structure_only)
     builder = TraceBuilder(

@@ -64,7 +64,7 @@ def record(
         ['linear_1']
     """
     check_traceable(model)
-    args, kwargs = normalize_call(args, kwargs)
+    args, kwargs = normalize_call(args, kwargs, model)
     controls = Controls(save, intervene, stop_after)
     mode = RecordMode(controls)
     output = None

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,6 +44,7 @@ def validate(
     atol: float | None = None,
     rtol: float | None = None,
     intervene: Mapping[Any, Any] | None = None,
+    random_seed: int | None = None,
 ) -> bool:
     """Capture ``model(*args, **kwargs)`` and prove by replay that the record is right.
 
@@ -57,12 +59,16 @@ def validate(
         rtol: relative tolerance for floating values (default: per-dtype table).
         intervene: ``{selector: fn}`` edits, as for ``tl.trace``; the capture and the
             ground-truth rerun both apply them, so an edited forward can be proved too.
+        random_seed: when given, ``torch.manual_seed(random_seed)`` runs first, as a user
+            seeding before a forward would; the RNG is then left as that seeded forward
+            leaves it. Without it the current RNG state is used (and put back the same way).
 
     Returns:
         True only when every op was replayed and every edge proved (or exempt).
 
     Raises:
-        InvalidArgumentError: ``bad_scope`` for an unknown scope.
+        InvalidArgumentError: ``bad_scope`` for an unknown scope, ``bad_random_seed`` for a
+            seed that is not an integer.
 
     Example:
         >>> import torch, torchlens as tl
@@ -70,7 +76,10 @@ def validate(
         >>> validate(model, torch.randn(2, 4))
         True
     """
-    status = replay(model, args, kwargs, scope=scope, atol=atol, rtol=rtol, intervene=intervene)
+    status = replay(
+        model, args, kwargs,
+        scope=scope, atol=atol, rtol=rtol, intervene=intervene, random_seed=random_seed,
+    )  # fmt: skip
     return bool(status)
 
 
@@ -83,14 +92,18 @@ def replay(
     atol: float | None = None,
     rtol: float | None = None,
     intervene: Mapping[Any, Any] | None = None,
+    random_seed: int | None = None,
 ) -> ReplayStatus:
     """Capture one forward and run every validation arm; returns the :class:`ReplayStatus`.
 
     The model runs twice, a plain (ground-truth) forward and then the captured one, from
-    the same buffers and RNG state. It is left as one plain forward would leave it
-    (buffers updated once), and so is the RNG: the checks draw nothing from it. A forward
-    that modifies its parameters in place cannot be rewound, so it moves them twice and
-    its ground-truth arm is unverified.
+    the same buffers and RNG state. The rerun gets a deep copy of the inputs, so a cache,
+    list or object the forward extends in place is seen by both as the caller passed it
+    (and left as one plain forward leaves it); an input that cannot be copied makes a
+    ground-truth difference unverified rather than failed. The model is left as one plain
+    forward would leave it (buffers updated once), and so is the RNG: the checks draw
+    nothing from it. A forward that modifies its parameters in place cannot be rewound, so
+    it moves them twice and its ground-truth arm is unverified.
 
     Args and Raises: as :func:`validate`.
 
@@ -103,16 +116,21 @@ def replay(
         >>> status.state, status.replayed
         ('passed', 1)
     """
+    if random_seed is not None:
+        _seed(random_seed)
     if scope != "forward":
         return _other_scope(scope, model, args, kwargs, atol, rtol, intervene)
-    args, kwargs = normalize_call(args, kwargs)
+    args, kwargs = normalize_call(args, kwargs, model)
     check_traceable(model)  # refusals come before the model runs at all
     refuse_reentry()
     # The ground-truth rerun goes first: on a heap not yet holding the trace's values it
     # costs what a plain forward costs. The capture then starts from the same state.
     state = ModelState(model)
     start = rng.snapshot()
-    reference = detached(rerun(model, *copy_inputs(args, kwargs), start, intervene))
+    uncopied: list[str] = []
+    pristine = copy_inputs(args, kwargs, uncopied)  # a forward may modify its inputs
+    reference = detached(rerun(model, *pristine, start, intervene))
+    del pristine
     after_rerun = state.rewind()
     moved_parameters = state.changed_parameters()
     trace = capture(model, args, kwargs, intervene=intervene)
@@ -126,8 +144,10 @@ def replay(
         findings, moved_parameters, "the capture could not start where the rerun did"
     )
     if not moved_parameters:
-        compare_outputs(trace, expected_outputs(trace), reference, findings, atol, rtol)
-        state.compare_buffers(after_rerun, findings, atol, rtol)
+        outcome = Findings(trace) if uncopied else findings
+        compare_outputs(trace, expected_outputs(trace), reference, outcome, atol, rtol)
+        state.compare_buffers(after_rerun, outcome, atol, rtol)
+        _blame_uncopied(outcome, findings, uncopied)
     rng.restore(after_capture)
     return findings.status(("lint", "ground_truth", *arms[1:]))
 
@@ -180,6 +200,23 @@ def _check_payloads(trace: Any, findings: Findings, atol, rtol) -> tuple[str, ..
     with suspended(), torch.no_grad():
         Checker(trace, findings, atol, rtol).run()
     return ("lint", "replay", "perturbation")
+
+
+def _blame_uncopied(outcome: Findings, findings: Findings, uncopied: list[str]) -> None:
+    """With an input the rerun could not get a copy of, a ground-truth difference may come
+    from the forward modifying that input: each is noted unverified, with that reason."""
+    for difference in outcome.failures if uncopied else ():
+        findings.unchecked(difference.label, "ground_truth", f"{difference.reason}; {uncopied[0]}")
+
+
+def _seed(random_seed: Any) -> None:
+    if isinstance(random_seed, bool) or not isinstance(random_seed, numbers.Integral):
+        raise InvalidArgumentError(
+            f"random_seed must be an int (as for torch.manual_seed), got {random_seed!r}; "
+            "pass an integer, or None to use the current RNG state",
+            code="bad_random_seed",
+        )
+    torch.manual_seed(random_seed)
 
 
 def _other_scope(scope: str, model, args, kwargs, atol, rtol, intervene) -> ReplayStatus:

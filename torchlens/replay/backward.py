@@ -77,7 +77,7 @@ def validate_backward(
         >>> validate_backward(model, torch.randn(2, 4)).state
         'passed'
     """
-    args, kwargs = normalize_call(args, kwargs)
+    args, kwargs = normalize_call(args, kwargs, model)
     pristine = copy_inputs(args, kwargs)
     originals = [t for _, t in flatten((args, kwargs))[0]]
     state = ModelState(model)

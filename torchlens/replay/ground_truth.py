@@ -10,6 +10,7 @@ every weight would add a full pass over the model to each validation.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -35,11 +36,32 @@ __all__ = [
 Tensor = torch.Tensor
 
 
-def copy_inputs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """Copies of the tensors in a call's arguments (same requires_grad), structure kept."""
+def copy_inputs(args: tuple, kwargs: dict, problems: list[str] | None = None) -> tuple[tuple, dict]:
+    """A deep copy of a call's arguments, as the forward is about to see them.
+
+    Tensors are cloned (same ``requires_grad``; one tensor passed twice stays one), and so is
+    every object around them: a cache, list, dict or object the forward extends or edits
+    in place is copied too, so one forward cannot change what the other starts from. An
+    argument ``copy.deepcopy`` refuses (a lock, a tensor inside an object that is not a
+    leaf of autograd) leaves only the tensors the argument tree shows copied, and the
+    reason is appended to ``problems``.
+    """
     leaves, template = flatten((args, kwargs))
-    copies = [t.detach().clone().requires_grad_(t.requires_grad) for _, t in leaves]
-    return fill(template, copies)
+    memo: dict[int, Any] = {}
+    for _, tensor in leaves:
+        if id(tensor) not in memo:
+            memo[id(tensor)] = tensor.detach().clone().requires_grad_(tensor.requires_grad)
+    copies = [memo[id(tensor)] for _, tensor in leaves]
+    try:
+        return copy.deepcopy((args, kwargs), memo)
+    except Exception as err:  # any __deepcopy__/__reduce__ may raise anything
+        if problems is not None:
+            problems.append(
+                f"an input could not be copied ({type(err).__name__}: {err}), so if the "
+                "forward modifies it, the rerun and the capture did not start from the "
+                "same inputs"
+            )
+        return fill(template, copies)
 
 
 def detached(obj: Any) -> Any:
