@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 from collections.abc import Mapping
@@ -258,34 +259,33 @@ def _data_summary(data: Any) -> str:
 
 @contextmanager
 def _process_group():
-    """``(rank, world)``; starts a process group from torchrun's environment if none is up
-    (and ends it after), so a plain script runs unchanged under torchrun."""
+    """``(rank, world)``; starts a process group from torchrun's environment if none is up,
+    so a plain script runs unchanged under torchrun. That group stays up for later calls
+    (tearing down and re-creating one races with the other ranks) and ends at exit."""
     import torch.distributed as dist
 
-    owned = False
-    if (
-        dist.is_available()
-        and not dist.is_initialized()
-        and int(os.environ.get("WORLD_SIZE", 1)) > 1
-    ):
+    if dist.is_available() and not dist.is_initialized() and _env_world() > 1:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         try:
             dist.init_process_group(backend)
         except Exception as err:
             raise ExtractionError(
-                f"WORLD_SIZE={os.environ['WORLD_SIZE']} but no {backend} process group could "
-                f"start ({err}); launch with torchrun, or init torch.distributed yourself",
+                f"WORLD_SIZE={_env_world()} but no {backend} process group could start "
+                f"({err}); launch with torchrun, or init torch.distributed yourself",
                 code="distributed",
             ) from err
-        owned = True
+        atexit.register(dist.destroy_process_group)
+    if dist.is_available() and dist.is_initialized():
+        yield dist.get_rank(), dist.get_world_size()
+    else:
+        yield 0, 1
+
+
+def _env_world() -> int:
     try:
-        if dist.is_available() and dist.is_initialized():
-            yield dist.get_rank(), dist.get_world_size()
-        else:
-            yield 0, 1
-    finally:
-        if owned:
-            dist.destroy_process_group()
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
 
 
 def _barrier(world: int) -> None:
