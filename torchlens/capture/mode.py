@@ -93,6 +93,9 @@ class CaptureMode(TorchFunctionMode):
         return fill(template, tensors)
 
 
+_TARGET_KEYWORDS = ("tensor", "input")  # how an in-place call may name its target
+
+
 def _inplace_targets(inplace: bool, args: tuple, kwargs: dict) -> list[Tensor]:
     """The tensors a call writes into: ``out=``, ``inplace=True`` or an in-place method."""
     out = kwargs.get("out")
@@ -101,6 +104,9 @@ def _inplace_targets(inplace: bool, args: tuple, kwargs: dict) -> list[Tensor]:
     if inplace or kwargs.get("inplace") is True:
         if args and isinstance(args[0], Tensor):
             return [args[0]]
+        for key in _TARGET_KEYWORDS:  # torch.nn.init.uniform_(tensor=w)
+            if isinstance(kwargs.get(key), Tensor):
+                return [kwargs[key]]
     return []
 
 
@@ -108,7 +114,7 @@ def _target_first(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """An in-place call whose target came by keyword (``torch.nn.init.uniform_(tensor=w)``,
     how ``handle_torch_function`` forwards it) as the same call with the target first, so
     it is protected, recorded and replayed like ``w.uniform_()``."""
-    for key in ("tensor", "input"):
+    for key in _TARGET_KEYWORDS:
         if isinstance(kwargs.get(key), Tensor):
             rest = dict(kwargs)
             return (rest.pop(key),), rest
