@@ -47,6 +47,24 @@ def test_several_view_writes_replay_exactly():
     assert status.replayed == status.ops
 
 
+def test_a_covering_write_makes_earlier_writes_moot():
+    def f(x):
+        buf = x * 1.0
+        rows, cols = buf[:2], buf[:, :2]
+        cols.mul_(2.0)
+        buf.add_(1.0)  # covers every element of `rows`, including what `cols` wrote
+        return rows * 3
+
+    x = torch.randn(3, 4)
+    trace = tl.trace(f, x)
+    assert trace["refresh_1"].parents == ("mul_1", "mul__1")  # buf, before its own write
+    assert trace["refresh_2"].parents == ("getitem_1", "add__1")
+    expected = x.clone()
+    expected[:, :2] *= 2.0
+    torch.testing.assert_close(trace["mul_2"].out, (expected[:2] + 1) * 3, rtol=0, atol=0)
+    assert tl.replay(f, x).state == "passed"
+
+
 def test_write_through_applies_writes_in_order():
     stale = torch.zeros(2, 3)
     base = ((2, 3), (3, 1), 0)

@@ -41,6 +41,26 @@ def _geometry(tensor: Tensor) -> tuple[tuple[int, ...], tuple[int, ...], int] | 
         return None
 
 
+def _covers(region: tuple | None, base: tuple | None) -> bool:
+    """Whether a write at ``region`` reaches every element at ``base`` (both geometries):
+    the same layout, or a contiguous region spanning the base's whole extent."""
+    if region is None or base is None:
+        return False
+    if region == base:
+        return True
+    shape, stride, offset = region
+    expected = 1
+    for size, step in reversed(list(zip(shape, stride))):
+        if size != 1 and step != expected:
+            return False
+        expected *= size
+    base_shape, base_stride, base_offset = base
+    if any(size == 0 for size in base_shape):
+        return True
+    last = base_offset + sum((size - 1) * step for size, step in zip(base_shape, base_stride))
+    return offset <= base_offset and last < offset + expected
+
+
 class TraceBuilder:
     """Records one forward pass; see the module docstring for the invariants it keeps.
 
@@ -190,18 +210,22 @@ class TraceBuilder:
         Its parents are the stale value, then every recorded write into its storage since
         that value was taken (call count ``since``), in order: replay redoes each of them.
         A write into memory later reused by this storage came before ``since``, so the
-        call counts also keep writes into freed tensors out.
+        call counts also keep writes into freed tensors out. A write covering the whole
+        tensor makes the writes before it moot: they are left out.
         """
         parents = [stale_label]
         key = storage_key(tensor)
+        geometry = _geometry(tensor)
         for when, writer in self._writers.get(key, ()) if key is not None else ():
             if when > since and writer != stale_label:
+                if _covers(self._records[writer].meta.get("geometry"), geometry):
+                    del parents[1:]
                 parents.append(writer)
         refs = [ArgRef(label, str(i)) for i, label in enumerate(parents)]
         self._call_count += 1  # a call of its own, not part of the previous one
         op = self._new_op(REFRESH_FUNC_NAME, None, (), {}, refs, tensor, 0, False)
         op.meta["reason"] = "value changed in place through another tensor"
-        op.meta["geometry"] = _geometry(tensor)  # with the writer's, replay can redo the write
+        op.meta["geometry"] = geometry  # with the writers', replay can redo the writes
         return op.label
 
     # -- ops ------------------------------------------------------------------------------
