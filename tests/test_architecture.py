@@ -15,6 +15,7 @@ PACKAGE = Path(tl.__file__).resolve().parent
 LAYERS = {
     "_version": 0, "_table": 0, "_tensors": 0, "errors": 0,
     "_views": 0.5,  # read-only views the data model hands out (module calls, summaries)
+    "_store": 0.5,  # where saved values live (PayloadStore), re-exported by trace
     "capabilities": 1, "trace": 1, "selectors": 1,
     "recording": 2,
     "capture": 3,

@@ -16,7 +16,15 @@ from typing import Any
 from torchlens._table import format_table
 from torchlens.errors import LookupFailedError
 
-__all__ = ["ModuleCalls", "SUMMARY_ROWS", "module_types", "not_found_message", "summary_text"]
+__all__ = [
+    "ModuleCalls",
+    "SUMMARY_ROWS",
+    "filter_ops",
+    "missing_label_message",
+    "module_types",
+    "not_found_message",
+    "summary_text",
+]
 
 SUMMARY_ROWS = 40  # rows ``print(trace)`` shows before it keeps only the head and the tail
 
@@ -98,6 +106,37 @@ class ModuleCalls(list):
         if not found:
             raise LookupFailedError(not_found_message(pattern, self.addresses(), what="module"))
         return found
+
+
+def missing_label_message(key: str, labels: Iterable[str], modules: ModuleCalls) -> str:
+    """Why ``trace[key]`` found nothing: a module address is pointed to its calls."""
+    address = key.rpartition(":")[0] if key.rpartition(":")[2].isdigit() else key
+    if address and address in modules.addresses():
+        return (
+            f"{key!r} is a module address, not an op label; its calls are "
+            f"trace.modules[{key!r}] (or trace.module_calls({address!r})), with .outputs "
+            f"and .ops (labels to look up here), and tl.module({address!r}) selects the ops "
+            "inside it"
+        )
+    return not_found_message(key, labels)
+
+
+def filter_ops(ops: Sequence[Any], select: Any, module: str | None) -> tuple[list, list[str]]:
+    """The ops a summary shows (``select`` and ``module`` as for ``Trace.summary``), and a
+    note per filter for its heading."""
+    from torchlens.selectors import as_selector  # same layer as the data model: lazily
+    from torchlens.selectors import module as module_selector
+
+    shown, notes = list(ops), []
+    if select is not None:
+        matches = as_selector(select).matches
+        shown = [op for op in shown if matches(op)]
+        notes.append(f"select={select!r}")
+    if module is not None:
+        matches = module_selector(module).matches
+        shown = [op for op in shown if matches(op)]
+        notes.append(f"module={module!r}")
+    return shown, notes
 
 
 def summary_text(

@@ -9,13 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import torch
 
-from torchlens._tensors import version_of
-from torchlens._views import SUMMARY_ROWS, ModuleCalls, module_types, summary_text
-from torchlens._views import not_found_message as _not_found_message
+from torchlens._store import MemoryPayloadStore, PayloadStore
+from torchlens._views import (
+    SUMMARY_ROWS,
+    ModuleCalls,
+    filter_ops,
+    missing_label_message,
+    module_types,
+    summary_text,
+)
 from torchlens.errors import GradUnavailableError, LookupFailedError, PayloadUnavailableError
 
 __all__ = [
@@ -27,56 +33,6 @@ __all__ = [
     "Source",
     "Trace",
 ]
-
-
-class PayloadStore(Protocol):
-    """Where saved values live: in memory during capture, lazily on disk after ``tl.load``."""
-
-    def get(self, label: str) -> torch.Tensor:
-        """The saved value of ``label``; raises :class:`PayloadUnavailableError` if absent."""
-
-    def has(self, label: str) -> bool:
-        """Whether a value for ``label`` can be given."""
-
-
-class MemoryPayloadStore:
-    """Payloads held in memory, with the reason each missing one is missing.
-
-    Values are detached tensors. ``versions`` holds each value's version counter at the time
-    it was saved, so a value modified in place after capture is reported, never served.
-    """
-
-    def __init__(self, default_missing: tuple[str, str] | None = None) -> None:
-        self.values: dict[str, torch.Tensor] = {}
-        self.versions: dict[str, int] = {}
-        self.missing: dict[str, tuple[str, str]] = {}  # label -> (code, message)
-        self.default_missing = default_missing or ("not_saved", "no value was saved")
-
-    def get(self, label: str) -> torch.Tensor:
-        value = self.values.get(label)
-        if value is None:
-            code, message = self.missing.get(label, self.default_missing)
-            raise PayloadUnavailableError(message, code=code)
-        saved_version = self.versions.get(label)
-        if saved_version is not None and version_of(value) != saved_version:
-            raise PayloadUnavailableError(
-                f"the value saved for {label!r} was modified in place after capture; "
-                "clone the model's outputs before editing them, or trace again",
-                code="payload_overwritten",
-            )
-        return value
-
-    def has(self, label: str) -> bool:
-        return label in self.values
-
-    def set(self, label: str, value: torch.Tensor, version: int | None) -> None:
-        self.values[label] = value
-        if version is not None:
-            self.versions[label] = version
-
-    def mark_missing(self, label: str, code: str, message: str) -> None:
-        self.values.pop(label, None)
-        self.missing[label] = (code, message)
 
 
 class ArgRef(NamedTuple):
@@ -288,7 +244,7 @@ class Trace:
         if isinstance(key, str):
             record = self._by_label.get(key)
             if record is None:
-                raise LookupFailedError(self._missing_message(key))
+                raise LookupFailedError(missing_label_message(key, self._by_label, self.modules))
             return record
         raise LookupFailedError(
             f"trace keys are labels (str) or positions (int), got {type(key).__name__}",
@@ -399,17 +355,6 @@ class Trace:
         """
         return self.modules.matching(pattern)
 
-    def _missing_message(self, key: str) -> str:
-        address = key.rpartition(":")[0] if key.rpartition(":")[2].isdigit() else key
-        if address in self.modules.addresses() and address:
-            return (
-                f"{key!r} is a module address, not an op label; its calls are "
-                f"trace.modules[{key!r}] (or trace.module_calls({address!r})), with "
-                ".outputs and .ops (labels to look up here), and tl.module"
-                f"({address!r}) selects the ops inside it"
-            )
-        return _not_found_message(key, self._by_label)
-
     # -- printing -------------------------------------------------------------------------
     def summary(
         self, select: Any = None, *, module: str | None = None, max_rows: int | None = SUMMARY_ROWS
@@ -435,18 +380,7 @@ class Trace:
             >>> "relu_1" in text and "linear_1" not in text
             True
         """
-        from torchlens.selectors import as_selector
-        from torchlens.selectors import module as module_selector
-
-        ops, notes = self.ops, []
-        if select is not None:
-            matches = as_selector(select).matches
-            ops = [op for op in ops if matches(op)]
-            notes.append(f"select={select!r}")
-        if module is not None:
-            matches = module_selector(module).matches
-            ops = [op for op in ops if matches(op)]
-            notes.append(f"module={module!r}")
+        ops, notes = filter_ops(self.ops, select, module)
         return summary_text(self, ops, max_rows, notes)
 
     def __str__(self) -> str:

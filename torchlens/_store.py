@@ -1,0 +1,65 @@
+"""Where saved values live: the :class:`PayloadStore` protocol and the in-memory store.
+
+Re-exported by :mod:`torchlens.trace`, whose records read their values through a store.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from torchlens._tensors import version_of
+from torchlens.errors import PayloadUnavailableError
+
+__all__ = ["MemoryPayloadStore", "PayloadStore"]
+
+
+class PayloadStore(Protocol):
+    """Where saved values live: in memory during capture, lazily on disk after ``tl.load``."""
+
+    def get(self, label: str) -> torch.Tensor:
+        """The saved value of ``label``; raises :class:`PayloadUnavailableError` if absent."""
+
+    def has(self, label: str) -> bool:
+        """Whether a value for ``label`` can be given."""
+
+
+class MemoryPayloadStore:
+    """Payloads held in memory, with the reason each missing one is missing.
+
+    Values are detached tensors. ``versions`` holds each value's version counter at the time
+    it was saved, so a value modified in place after capture is reported, never served.
+    """
+
+    def __init__(self, default_missing: tuple[str, str] | None = None) -> None:
+        self.values: dict[str, torch.Tensor] = {}
+        self.versions: dict[str, int] = {}
+        self.missing: dict[str, tuple[str, str]] = {}  # label -> (code, message)
+        self.default_missing = default_missing or ("not_saved", "no value was saved")
+
+    def get(self, label: str) -> torch.Tensor:
+        value = self.values.get(label)
+        if value is None:
+            code, message = self.missing.get(label, self.default_missing)
+            raise PayloadUnavailableError(message, code=code)
+        saved_version = self.versions.get(label)
+        if saved_version is not None and version_of(value) != saved_version:
+            raise PayloadUnavailableError(
+                f"the value saved for {label!r} was modified in place after capture; "
+                "clone the model's outputs before editing them, or trace again",
+                code="payload_overwritten",
+            )
+        return value
+
+    def has(self, label: str) -> bool:
+        return label in self.values
+
+    def set(self, label: str, value: torch.Tensor, version: int | None) -> None:
+        self.values[label] = value
+        if version is not None:
+            self.versions[label] = version
+
+    def mark_missing(self, label: str, code: str, message: str) -> None:
+        self.values.pop(label, None)
+        self.missing[label] = (code, message)
