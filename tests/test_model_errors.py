@@ -53,6 +53,21 @@ def test_the_last_traceback_frame_is_the_models_line():
     assert not any("/torchlens/capture/mode.py" in f.filename for f in frames)
 
 
+def test_record_reports_the_models_error_the_same_way():
+    with pytest.raises(RuntimeError) as info:
+        tl.record(WrongChannels(), torch.randn(1, 4, 8, 8), save=tl.func("relu"))
+    frames = traceback.extract_tb(info.value.__traceback__)
+    assert frames[1].name == "record"  # the call the user made; nothing of ours below it
+    assert not any("/torchlens/" in f.filename for f in frames[2:])
+    if hasattr(info.value, "add_note"):
+        (note,) = info.value.__notes__
+        assert "conv2d_1" in note and "stem.0" in note
+    with pytest.raises(RuntimeError) as info:
+        tl.record(WrongShapeHere(), torch.randn(2, 3), save=tl.func("relu"))
+    last = traceback.extract_tb(info.value.__traceback__)[-1]
+    assert (last.filename, last.name) == (__file__, "forward")
+
+
 def test_the_models_error_is_noted_once_and_capture_is_torn_down():
     with pytest.raises(RuntimeError) as info:
         tl.trace(WrongShapeHere(), torch.randn(2, 3))

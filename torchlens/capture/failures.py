@@ -15,23 +15,33 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-__all__ = ["note_model_error", "trim_torchlens_frames"]
+__all__ = ["note_model_error", "note_record_error", "trim_torchlens_frames"]
 
 _PACKAGE = str(Path(__file__).resolve().parents[1]) + os.sep  # .../torchlens/
 _MARK = "__torchlens_op__"  # set on an exception the model's call raised during capture
 
 
 def note_model_error(err: BaseException, builder: Any, func_name: str) -> None:
-    """Mark ``err`` as the model's and note the op and module call it was raised in.
+    """Mark ``err`` as the model's and note the op and module call it was raised in
+    (``tl.trace``'s builder counts labels and keeps the module stack).
 
     Called only on the error path, so it costs the capture nothing per op.
     """
+    label = f"{func_name}_{builder._name_counts.get(func_name, 0) + 1}"  # its would-be label
+    _note(err, label, builder.module_stack)
+
+
+def note_record_error(err: BaseException, counts: dict[str, int], stack: list, name: str) -> None:
+    """:func:`note_model_error` for ``tl.record``, which counts labels itself."""
+    _note(err, f"{name}_{counts.get(name, 0) + 1}", stack)
+
+
+def _note(err: BaseException, label: str, stack: list[tuple[str, int]]) -> None:
     if getattr(err, _MARK, None) is not None:
         return
-    label = f"{func_name}_{builder._name_counts.get(func_name, 0) + 1}"  # its would-be label
     where = "the traced model's own forward"
-    if builder.module_stack:
-        address, call = builder.module_stack[-1]
+    if stack:
+        address, call = stack[-1]
         where = f"{address}" + (f" (call {call})" if call > 1 else "")
     note = (
         f"while running {label} in {where}: this error comes from the model's code, not "

@@ -12,6 +12,7 @@ from torch import nn
 from torchlens.capture import session as _session
 from torchlens.capture.api import normalize_call
 from torchlens.capture.controls import Controls
+from torchlens.capture.failures import trim_torchlens_frames
 from torchlens.capture.record_mode import RecordMode
 from torchlens.capture.refusals import check_traceable
 from torchlens.capture.tree import flatten
@@ -110,7 +111,11 @@ def _recording(model: Any, mode: RecordMode) -> Iterator[None]:
         for handle in mode.install_hooks(model):
             stack.callback(handle.remove)
         stack.enter_context(mode)
-        yield
+        try:
+            yield
+        except Exception as err:
+            trim_torchlens_frames(err)  # a model's error then ends at the model's line
+            raise
 
 
 def _candidates(model: Any, mode: RecordMode) -> Candidates:

@@ -28,6 +28,7 @@ from torch.utils.hooks import RemovableHandle
 
 from torchlens._tensors import storage_key, version_of
 from torchlens.capture.controls import Controls, Intervention, _Halt, apply_edit, original_key
+from torchlens.capture.failures import note_record_error
 from torchlens.capture.mode import _inplace_targets
 from torchlens.capture.naming import func_info
 from torchlens.capture.special import SPECIAL_OUTPUTS
@@ -107,7 +108,11 @@ class RecordMode(TorchFunctionMode):
             return func(*args, **kwargs) if kwargs else func(*args)
         if self._aliases and (info.inplace or kwargs):
             self._protect(info.inplace, args, kwargs or {})
-        result = func(*args, **kwargs) if kwargs else func(*args)
+        try:
+            result = func(*args, **kwargs) if kwargs else func(*args)
+        except Exception as err:  # the model's own error: noted, never wrapped
+            note_record_error(err, self.counts, self._stack, info.name)
+            raise
         name = info.name
         if isinstance(result, Tensor):
             n = 1
