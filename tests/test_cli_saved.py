@@ -22,6 +22,9 @@ USER_FILE = textwrap.dedent(
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
         return model, (torch.randn(3, 4),)
+
+    def wrong_width():
+        return nn.Sequential(nn.Linear(4, 8), nn.Linear(4, 2)), (torch.randn(3, 4),)
     """
 )
 
@@ -97,3 +100,9 @@ def test_save_refuses_an_existing_trace_unless_forced(user_file, tmp_path, capsy
     (other / "notes.txt").write_text("mine")
     assert main([*args[:3], str(other), "--force"]) == 2
     assert (other / "notes.txt").read_text() == "mine"
+
+
+def test_a_models_error_names_the_op_it_hit(user_file, capsys):
+    assert main(["trace", f"{user_file}:wrong_width"]) == 1
+    err = capsys.readouterr().err
+    assert "RuntimeError" in err and "while running linear_2 in 1" in err

@@ -298,7 +298,9 @@ class _ModelError(Exception):
 
 
 def _describe(err: BaseException) -> str:
-    return f"{type(err).__name__}: {err}"
+    notes = getattr(err, "__notes__", None)  # tl.trace notes the op a model's error hit
+    where = f" ({notes[0].partition(':')[0]})" if notes else ""
+    return f"{type(err).__name__}: {err}{where}"
 
 
 @contextlib.contextmanager

@@ -15,6 +15,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from torchlens.errors import TorchLensError
+
 __all__ = ["note_model_error", "note_record_error", "trim_torchlens_frames"]
 
 _PACKAGE = str(Path(__file__).resolve().parents[1]) + os.sep  # .../torchlens/
@@ -37,7 +39,7 @@ def note_record_error(err: BaseException, counts: dict[str, int], stack: list, n
 
 
 def _note(err: BaseException, label: str, stack: list[tuple[str, int]]) -> None:
-    if getattr(err, _MARK, None) is not None:
+    if getattr(err, _MARK, None) is not None or isinstance(err, TorchLensError):
         return
     where = "the traced model's own forward"
     if stack:
