@@ -1,15 +1,21 @@
 """Arm 3, perturbation: prove that every recorded edge is a real dependency.
 
 For each tensor parent of each call, the parent's value is moved and the call rerun; the
-output must change. Edges decided without a call come first: exempt kinds and positions,
-outputs with no elements, and outputs that are the parent's own memory (a view). The rest
-are tried at cheap sliced points before the recorded one (see :class:`_Points`).
+output must move (judged on its own scale, see :class:`~torchlens.replay.perturb.Baseline`).
+Edges decided without a call come first: exempt kinds and positions, outputs with no
+elements, and outputs that are the parent's own memory (a view). The rest are probed at
+cheap sliced points (see :class:`_Points`), which can only *prove* an edge; then, before any
+edge may fail, the full recorded call is probed with every move of
+:data:`~torchlens.replay.perturb.BATTERY` (noise, halving, shift, sign flip, zero, a huge
+value, a random point, NaN, inf), and at neutral points where the other arguments are
+replaced by fresh values. An edge no probe shows is *unread* when an argument-level rule
+of :mod:`~torchlens.replay.exemptions` says why, and *failed* otherwise.
 
 The checker hands every call over right after replaying it. Calls that have a sliced point
 are proved later, after the whole replay: their perturbed calls are tiny and Python-bound,
 and run about a third faster together than each squeezed between two full-size calls that
 sweep the CPU caches. Only the parent values are kept for them; the recorded point's
-outputs are recomputed in the rare case a sliced point proves nothing.
+outputs are recomputed when a sliced point proves nothing.
 """
 
 from __future__ import annotations
@@ -19,14 +25,28 @@ from typing import Any, Protocol
 
 import torch
 
-from torchlens.replay.exemptions import MAY_NOT_CHANGE, exempt_reason, parent_kind_reason
-from torchlens.replay.perturb import Perturber, same_elements, sliced
-from torchlens.replay.tolerances import Reference
+from torchlens.capture.tree import fill
+from torchlens.replay.exemptions import (
+    SILENT_OUTPUT,
+    exempt_reason,
+    parent_kind_reason,
+    unchanged_reason,
+    unread_reason,
+)
+from torchlens.replay.perturb import (
+    BATTERY,
+    NEUTRAL_PROBES,
+    QUICK_PROBES,
+    Baseline,
+    Perturber,
+    same_elements,
+    sliced,
+)
 
 __all__ = ["EdgeProver", "Runner"]
 
 Tensor = torch.Tensor
-Verdict = tuple[str, str]  # (verified | exempt | failed | unchecked, reason or label)
+Verdict = tuple[str, str]  # (verified | exempt | unread | failed | unchecked, reason or label)
 
 # The sliced points tried before the recorded one, cheapest first: (leading batch-like
 # dimensions cut, whether parameters and buffers are cut too).
@@ -106,48 +126,77 @@ class EdgeProver:
         return None
 
     def _perturb(self, head, label, indices, points: _Points) -> Verdict:
-        """At each point (sliced ones first, then the recorded one) the parent is moved by
-        noise, halved, then negated. If nothing changes the output, the other floating
-        arguments are moved too: an edge can be real yet annihilated by another argument's
-        value (a zero weight, a zero initial hidden state)."""
-        errors: list[str] = []
-        for point_values, baseline in points:
-            for attempt in range(3):
-                if self._effect(head, point_values, indices, attempt, baseline, errors):
+        """Probe the parent at each point: the cheap probes at sliced points, which can only
+        prove an edge, then every probe of :data:`BATTERY` at the recorded point, then a few
+        at neutral points (the other arguments replaced, for an edge silenced by a zero
+        weight or a NaN partner). Only then may a rule exempt the edge, or the edge fail."""
+        trial = _Trial()
+        for point_values, baselines, recorded in points:
+            for name in BATTERY if recorded else QUICK_PROBES:
+                if self._effect(head, point_values, indices, name, baselines, trial, recorded):
                     return "verified", label
-        elsewhere = self.perturber.others(points.values, set(indices))
-        if elsewhere is not None:
+        if points.recorded is None:
+            return "unchecked", f"perturbing {label!r}: the recorded call could not be rerun"
+        for neutral in self.perturber.neutral_points(points.values, set(indices)):
             try:
-                moved = self.references(self.runner.run_call(head, elsewhere))
-                if self._effect(head, elsewhere, indices, 0, moved, errors):
-                    return "verified", label
+                baselines = self.baselines(self.runner.run_call(head, neutral))
             except Exception as err:  # noqa: BLE001 - a point where the call is invalid
-                errors.append(f"{type(err).__name__}: {err}")
-        if head.func_name in MAY_NOT_CHANGE:
-            return "exempt", f"{label}: output unchanged; {MAY_NOT_CHANGE[head.func_name]}"
-        if errors:
-            return "unchecked", f"perturbing {label!r} made the call raise {errors[-1]}"
-        return "failed", f"output did not change when parent {label!r} was perturbed"
+                trial.errors.append(f"{type(err).__name__}: {err}")
+                continue
+            for name in NEUTRAL_PROBES:
+                if self._effect(head, neutral, indices, name, baselines, trial, True):
+                    return "verified", label
+        return self._unproved(head, label, indices, points, trial)
 
-    def _effect(self, head, values, indices, attempt, baseline, errors: list[str]) -> bool:
-        """Whether replacing the parent at ``indices`` changes the call's outputs
-        (``baseline``: :class:`Reference` s to the unchanged outputs)."""
+    def _unproved(self, head, label, indices, points: _Points, trial: _Trial) -> Verdict:
+        """The verdict for an edge no probe showed: exempt by a rule, else failed (or
+        unchecked when every probed call raised)."""
+        positions = [head.parent_args[i].position for i in indices]
+        _, baselines = points.recorded
+        if baselines and all(b.silent for b in baselines):
+            return "unread", f"{label}: {SILENT_OUTPUT}"
+        args = fill(head.args_template, points.values)
+        kwargs = fill(head.kwargs_template, points.values)
+        reason = unread_reason(head, positions, args, kwargs) or unchanged_reason(head, positions)
+        if reason:
+            return "unread", f"{label}: output unchanged under every probe; {reason}"
+        if not trial.ran:
+            return "unchecked", f"perturbing {label!r} made the call raise {trial.errors[-1]}"
+        return "failed", (
+            f"output did not change when parent {label!r} was perturbed (probes: "
+            f"{', '.join(BATTERY)}, and at neutral points of the other arguments)"
+        )
+
+    def _effect(self, head, values, indices, name, baselines, trial, full: bool) -> bool:
+        """Whether the probe ``name`` of the parent at ``indices`` moves the call's outputs
+        from ``baselines``. ``full``: a full-size point, whose clean runs count in ``trial``."""
         changed = list(values)
-        bumped = self.perturber.moved(values[indices[0]], attempt)
+        bumped = self.perturber.probe(values[indices[0]], name)
         for i in indices:
             changed[i] = bumped
         try:
             outputs = self.runner.run_call(head, changed, skip=set(indices))
-        except Exception as err:  # noqa: BLE001 - the perturbed value is outside the domain
-            errors.append(f"{type(err).__name__}: {err}")
+        except Exception as err:  # noqa: BLE001 - the probed value is outside the domain
+            trial.errors.append(f"{type(err).__name__}: {err}")
             return False
-        if len(outputs) != len(baseline):
+        trial.ran = trial.ran or full
+        if len(outputs) != len(baselines):
             return True
-        return any(ref.differs(out) for out, ref in zip(outputs, baseline))
+        return any(base.moved(out) for out, base in zip(outputs, baselines))
 
-    def references(self, outputs: list[Tensor]) -> list[Reference]:
-        """What perturbed outputs are compared with, under the check's tolerances."""
-        return [Reference(out, self.runner.atol, self.runner.rtol) for out in outputs]
+    def baselines(self, outputs: list[Tensor]) -> list[Baseline]:
+        """What probed outputs are compared with (see :class:`Baseline`)."""
+        return [Baseline(out) for out in outputs]
+
+
+class _Trial:
+    """What the probes of one edge met: errors, and whether any full-size call ran."""
+
+    __slots__ = ("errors", "ran")
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+        self.ran = False
 
 
 def _labels(head: Any) -> list[str]:
@@ -193,8 +242,8 @@ class _Points:
         self._outputs = None
 
     @property
-    def recorded(self) -> tuple[list[Tensor], list[Reference]] | None:
-        """The recorded point and references to its outputs, made on first use (most
+    def recorded(self) -> tuple[list[Tensor], list[Baseline]] | None:
+        """The recorded point and baselines of its outputs, made on first use (most
         edges are proved at a sliced point); None if the call no longer runs."""
         if self._recorded is None:
             outputs = self._outputs
@@ -203,10 +252,11 @@ class _Points:
                     outputs = self._prover.runner.run_call(self._head, self.values)
                 except Exception:  # noqa: BLE001 - it ran in the replay; be safe anyway
                     return None
-            self._recorded = (self.values, self._prover.references(outputs))
+            self._recorded = (self.values, self._prover.baselines(outputs))
         return self._recorded
 
-    def __iter__(self) -> Iterator[tuple[list[Tensor], list[Reference]]]:
+    def __iter__(self) -> Iterator[tuple[list[Tensor], list[Baseline], bool]]:
+        """``(values, baselines, recorded)`` of each point: sliced ones, then the recorded."""
         index = 0
         while True:
             while index >= len(self._ready) and self._pending:
@@ -216,9 +266,9 @@ class _Points:
                     self._ready.append(point)
             if index >= len(self._ready):
                 if self.recorded is not None:
-                    yield self.recorded
+                    yield (*self.recorded, True)
                 return
-            yield self._ready[index]
+            yield (*self._ready[index], False)
             index += 1
 
     def _run(self, small: list[Tensor], weights: bool) -> tuple[list, list] | None:
@@ -226,7 +276,7 @@ class _Points:
         if weights and self._head.func_name in prover.uncut_weights:
             return None
         try:
-            return small, prover.references(prover.runner.run_call(self._head, small))
+            return small, prover.baselines(prover.runner.run_call(self._head, small))
         except Exception:  # noqa: BLE001 - the call is not separable this way
             if weights:  # e.g. layer_norm: its weight's shape is fixed; do not try again
                 prover.uncut_weights.add(self._head.func_name)

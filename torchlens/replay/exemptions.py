@@ -5,16 +5,22 @@ the op's output change. Some edges are real but provably carry no value: the op 
 the parent's shape, dtype or device, or overwrites it. Those are listed here, with the
 reason, and counted as *exempt*, never as verified. Everything not listed must pass.
 
-Four kinds of entry:
+Kinds of entry, each with its reason:
 
 * :data:`PERTURBATION_EXEMPT`: ``(function, argument positions)`` whose values the output
   never depends on. Positions are the ``ArgRef.position`` paths (``"0"`` is ``self`` for a
   method call); ``None`` means every tensor argument. Some hold only under a condition on
-  the recorded call (batch norm reads its running statistics only in eval mode).
-* :data:`MAY_NOT_CHANGE`: functions whose output may legitimately stay the same under a
-  perturbation (comparisons, arg-max, rounding, writes that cover their whole target). The
-  arm still tries two different perturbations; only when neither changes the output is the
-  edge exempt.
+  the recorded call (batch norm reads its running statistics only in eval mode). Decided
+  without any call. An ``out=`` target is exempt for every function: it is written, not read.
+* :data:`UNREAD`: arguments a function does not read *at this call*, by a condition on the
+  call's values (``where`` with an all-true condition never reads its ``other``; attention
+  with ``is_causal=True`` ignores ``attn_mask``). Applied only after every probe of the
+  perturbation arm failed to show the argument is read.
+* :data:`MAY_NOT_CHANGE`: functions whose output may legitimately stay the same under every
+  probe (equality tests, arg-max style indices, writes that cover their whole target), at
+  the listed positions. Also applied only after every probe failed.
+* :data:`SILENT_OUTPUT`: an output that is NaN in every element shows no change to any
+  argument: its edges are exempt, since nothing can be observed.
 * :data:`VALUE_EXEMPT`: functions whose output values are undefined (uninitialized memory):
   replay checks their shape and dtype only.
 * Parent kinds, applied to every function: integer and boolean parents (indices, masks,
@@ -32,11 +38,17 @@ import torch
 
 __all__ = [
     "Exemption",
+    "Unread",
     "PERTURBATION_EXEMPT",
+    "UNREAD",
     "MAY_NOT_CHANGE",
+    "SILENT_OUTPUT",
+    "OUT_TARGET",
     "VALUE_EXEMPT",
     "MUTATES_ARGUMENTS",
     "exempt_reason",
+    "unread_reason",
+    "unchanged_reason",
     "parent_kind_reason",
 ]
 
@@ -100,43 +112,118 @@ PERTURBATION_EXEMPT: dict[str, Exemption] = {
     ),
 }  # fmt: skip
 
-_COMPARISON = "comparison: a perturbation may leave every comparison result unchanged"
-_ARG_EXTREME = "arg-max/min style index: may select the same position after a perturbation"
-_STEP = "piecewise-constant function: may round to the same values after a perturbation"
+OUT_TARGET = "out= target: overwritten by the call, its old value is never read"
+
+_COMPARISON = "comparison: every probe may leave each comparison's result as it was"
+_ARG_EXTREME = (
+    "index of an extreme or a rank: may select the same positions under every probe "
+    "(ties, a reduced dimension of size one)"
+)
+_STEP = "piecewise-constant function: may give the same values under every probe"
 _COVERING_WRITE = (
     "writes into its target; when the write covers every element, the target's old values are gone"
 )
+_TARGET = _pos("0", "self", "input")
 
-MAY_NOT_CHANGE: dict[str, str] = {
+# function -> (reason, positions it covers; None: every tensor argument). Functions whose
+# outputs include values (``max``, ``sort``, ``topk``...) are not here: their values move.
+MAY_NOT_CHANGE: dict[str, tuple[str, frozenset[str] | None]] = {
     **dict.fromkeys(
         ["eq", "ne", "gt", "lt", "ge", "le", "greater", "less", "greater_equal",
          "less_equal", "not_equal", "isclose", "isfinite", "isinf", "isnan", "isposinf",
          "isneginf", "isreal", "signbit", "logical_and", "logical_or", "logical_xor",
-         "logical_not", "all", "any", "equal", "allclose", "nonzero", "argwhere",
-         "count_nonzero"],
-        _COMPARISON,
+         "logical_not", "all", "any", "equal", "allclose"],
+        (_COMPARISON, None),
     ),
     **dict.fromkeys(
-        ["argmax", "argmin", "argsort", "max", "min", "sort", "topk", "kthvalue", "median",
-         "nanmedian", "mode", "msort", "cummax", "cummin", "unique", "unique_consecutive",
-         "bucketize", "searchsorted", "histc", "bincount", "max_pool1d_with_indices",
-         "max_pool2d_with_indices", "max_pool3d_with_indices", "adaptive_max_pool1d",
-         "adaptive_max_pool2d", "adaptive_max_pool3d", "aminmax"],
-        _ARG_EXTREME,
+        ["argmax", "argmin", "argsort", "unique", "unique_consecutive", "bucketize",
+         "searchsorted", "histc", "bincount", "nonzero", "argwhere", "count_nonzero", "nms"],
+        (_ARG_EXTREME, None),
     ),
     **dict.fromkeys(
         ["sign", "sgn", "floor", "ceil", "round", "trunc", "fix", "floor_divide",
          "remainder", "fmod", "heaviside", "relu6", "hardtanh", "clamp", "clip", "threshold"],
-        _STEP,
+        (_STEP, None),
     ),
     **dict.fromkeys(
         ["bool", "byte", "char", "short", "int", "long"],
-        "conversion to an integer or bool dtype: truncates, so nearby values convert alike",
+        ("conversion to an integer or bool dtype: nearby values convert alike", None),
     ),
     **dict.fromkeys(
         ["setitem", "scatter", "scatter_", "index_copy", "index_copy_", "index_put",
-         "index_put_", "masked_scatter", "masked_scatter_", "refresh"],
-        _COVERING_WRITE,
+         "index_put_", "masked_scatter", "masked_scatter_"],
+        (_COVERING_WRITE, _TARGET),
+    ),
+    "refresh": (
+        "a write through another view: it may cover every element of the stale value, or "
+        "(its writer) reach none of them, since views share one version counter",
+        None,
+    ),
+}  # fmt: skip
+
+SILENT_OUTPUT = "the output is NaN in every element: no change to any argument can show"
+
+
+@dataclass(frozen=True)
+class Unread:
+    """Argument positions a function does not read at a call where ``when`` holds.
+
+    ``when(get)`` is called with ``get(index, name, default)``, which returns the call's
+    argument (a tensor value or a recorded non-tensor) by position or keyword.
+    """
+
+    reason: str
+    positions: frozenset[str]
+    when: Callable[[Callable[[int, str, Any], Any]], bool]
+
+
+def _all_true(mask: Any) -> bool:
+    return isinstance(mask, torch.Tensor) and mask.numel() > 0 and bool(mask.all())
+
+
+def _all_false(mask: Any) -> bool:
+    return isinstance(mask, torch.Tensor) and mask.numel() > 0 and not bool(mask.any())
+
+
+def _covers_target(get: Callable[[int, str, Any], Any]) -> bool:
+    """``scatter_reduce(..., include_self=False)`` whose index reaches every element."""
+    if get(5, "include_self", True):
+        return False
+    target, dim, index = get(0, "input", None), get(1, "dim", None), get(2, "index", None)
+    if not isinstance(target, torch.Tensor) or not isinstance(index, torch.Tensor):
+        return False
+    hit = torch.zeros(target.shape, dtype=torch.bool, device=target.device)
+    return bool(hit.scatter_(dim, index, True).all())
+
+
+def _causal_hint(get: Callable[[int, str, Any], Any]) -> bool:
+    """``multi_head_attention_forward`` replaces ``attn_mask`` by SDPA's causal flag."""
+    return (
+        bool(get(24, "is_causal", False))
+        and get(14, "key_padding_mask", None) is None
+        and not get(15, "need_weights", True)
+    )
+
+
+UNREAD: dict[str, tuple[Unread, ...]] = {
+    "where": (
+        Unread("the condition is true everywhere: `other` is never read",
+               _pos("2", "other"), lambda get: _all_true(get(0, "condition", None))),
+        Unread("the condition is false everywhere: `input` is never read",
+               _pos("1", "input"), lambda get: _all_false(get(0, "condition", None))),
+    ),
+    **dict.fromkeys(["masked_fill", "masked_fill_"], (
+        Unread("the mask is true everywhere: every element of the target is replaced",
+               _TARGET, lambda get: _all_true(get(1, "mask", None))),
+    )),
+    **dict.fromkeys(["scatter_reduce", "scatter_reduce_"], (
+        Unread("include_self=False and the index reaches every element: the target's "
+               "values are never read", _TARGET, _covers_target),
+    )),
+    "multi_head_attention_forward": (
+        Unread("is_causal=True with no key_padding_mask and need_weights=False: the mask "
+               "is replaced by the causal flag and never read", _pos("16", "attn_mask"),
+               _causal_hint),
     ),
 }  # fmt: skip
 
@@ -155,11 +242,42 @@ def exempt_reason(op: Any, positions: list[str]) -> str | None:
 
     A parent is exempt only when every position it feeds is exempt.
     """
+    if all(p == "out" or p.startswith("out.") for p in positions):
+        return OUT_TARGET
     entry = PERTURBATION_EXEMPT.get(op.func_name)
     if entry is None or (entry.when is not None and not entry.when(op)):
         return None
     if entry.positions is None or all(p in entry.positions for p in positions):
         return entry.reason
+    return None
+
+
+def unread_reason(op: Any, positions: list[str], args: tuple, kwargs: dict) -> str | None:
+    """Why the parent fed at ``positions`` is not read at this call (see :data:`UNREAD`).
+
+    ``args`` and ``kwargs`` are the call's arguments with their values filled in.
+    """
+
+    def get(index: int, name: str, default: Any) -> Any:
+        if name in kwargs:
+            return kwargs[name]
+        return args[index] if len(args) > index else default
+
+    for rule in UNREAD.get(op.func_name, ()):
+        if all(p in rule.positions for p in positions) and rule.when(get):
+            return rule.reason
+    return None
+
+
+def unchanged_reason(op: Any, positions: list[str]) -> str | None:
+    """Why an output may legitimately stay the same under every probe of this parent
+    (see :data:`MAY_NOT_CHANGE`), if it may."""
+    entry = MAY_NOT_CHANGE.get(op.func_name)
+    if entry is None:
+        return None
+    reason, covered = entry
+    if covered is None or all(p in covered for p in positions):
+        return reason
     return None
 
 

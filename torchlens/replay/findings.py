@@ -19,6 +19,8 @@ class Findings:
         self._replayed: set[str] = set()
         self._verified: set[str] = set()
         self._exempt: set[str] = set()
+        self.exempt_edges = 0  # edges a table exempts without a call
+        self.unread: list[ReplayFailure] = []  # edges no probe could show, exempt by a rule
 
     def fail(self, label: str, arm: str, reason: str) -> None:
         self.failures.append(ReplayFailure(label, arm, reason))
@@ -30,13 +32,19 @@ class Findings:
         self._replayed.add(label)
 
     def perturbed(self, label: str, verdicts: list[tuple[str, str]]) -> None:
-        """Record the per-parent verdicts of one op (``verified``/``exempt``/...)."""
+        """Record the per-parent verdicts of one op: ``verified``, ``exempt`` (a table, no
+        call needed), ``unread`` (no probe showed it; a rule says why), ``failed`` or
+        ``unchecked``."""
         kinds = {verdict for verdict, _ in verdicts}
         for verdict, reason in verdicts:
             if verdict == "failed":
                 self.fail(label, "perturbation", reason)
             elif verdict == "unchecked":
                 self.unchecked(label, "perturbation", reason)
+            elif verdict == "exempt":
+                self.exempt_edges += 1
+            elif verdict == "unread":
+                self.unread.append(ReplayFailure(label, "perturbation", reason))
         if kinds & {"failed", "unchecked"}:
             return
         (self._verified if "verified" in kinds else self._exempt).add(label)
@@ -59,6 +67,8 @@ class Findings:
             perturbation_verified=len(self._verified),
             exempt=len(self._exempt),
             unverified=len(gap_labels),
+            exempt_edges=self.exempt_edges,
+            unread=list(self.unread),
             failures=list(self.failures),
             unchecked=list(self.gaps),
             arms=arms,

@@ -1,15 +1,30 @@
-"""How the perturbation arm changes values: clearly different values of the same kind, and a
-cheap sliced version of a large call to try first."""
+"""How the perturbation arm changes values and tells whether an output moved.
+
+Probes are named moves of one argument (:data:`QUICK_PROBES` at every point,
+:data:`BATTERY` at the recorded point before any edge may fail); :class:`Baseline` judges
+a probed output against the unperturbed one on the output's own scale; :func:`sliced`
+makes a cheap sliced version of a large call to try first."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import torch
 
 from torchlens.replay.exemptions import parent_kind_reason
+from torchlens.replay.tolerances import comparable
 
-__all__ = ["Perturber", "same_elements", "sliced", "SLICE_MIN_ELEMENTS"]
+__all__ = [
+    "BATTERY",
+    "Baseline",
+    "NEUTRAL_PROBES",
+    "Perturber",
+    "QUICK_PROBES",
+    "SLICE_MIN_ELEMENTS",
+    "same_elements",
+    "sliced",
+]
 
 Tensor = torch.Tensor
 
@@ -22,6 +37,18 @@ SLICE_MIN_ELEMENTS = 1 << 16
 # longer; it is broadcast over the other dimensions. A full-size noise tensor per shape cost
 # more than the perturbed calls themselves.
 NOISE_PERIOD = 4093
+
+# The cheap moves, tried at every point (sliced ones included): noise relative to each entry,
+# halving (stays inside ranges such as [0, 1]), and negating with a shift.
+QUICK_PROBES = ("noise", "half", "shift")
+# Tried at the recorded point before an edge may fail: each reaches a class of values the
+# cheap moves leave silent. A sign flip un-saturates tanh/softmax and flips comparisons; zero
+# turns a mask of ones false; a huge value outweighs a huge partner (``1e20 + x``); a random
+# point breaks ties a broadcast noise keeps (arg-max along a constant column); NaN and inf
+# pass through every arithmetic path, even ``x * 0`` and a softmax over one entry.
+BATTERY = (*QUICK_PROBES, "sign", "zero", "large", "random", "nan", "inf")
+# Tried at neutral points (the other arguments replaced by fresh finite values).
+NEUTRAL_PROBES = ("noise", "sign", "nan")
 
 
 class Perturber:
@@ -50,14 +77,50 @@ class Perturber:
         scale = float(base.abs().mean()) + 1.0
         return torch.where(finite, value * 0.5, scale) if attempt == 1 else base * -3 - scale
 
-    def others(self, values: list[Tensor], keep: set[int]) -> list[Tensor] | None:
-        """``values`` with every floating argument outside ``keep`` moved; None if none is."""
-        moved, any_moved = list(values), False
-        for i, value in enumerate(values):
-            if i not in keep and parent_kind_reason(value) is None:
-                moved[i] = self.moved(value, 0)
-                any_moved = True
-        return moved if any_moved else None
+    def probe(self, value: Tensor, name: str) -> Tensor:
+        """``value`` moved by the probe called ``name`` (see :data:`BATTERY`)."""
+        if name in QUICK_PROBES:
+            return self.moved(value, QUICK_PROBES.index(name))
+        if name == "sign":
+            return -value
+        if name == "zero":
+            return torch.zeros_like(value)
+        if name in ("nan", "inf"):
+            return torch.full_like(value, float(name))
+        huge = _huge(value.dtype)
+        if name == "large":  # broadcast noise, made full size
+            return torch.zeros_like(value).add_(self._noise_like(value)[0], alpha=huge)
+        if name == "random":
+            return self.random_like(value)
+        raise ValueError(f"unknown probe {name!r}; the probes are {BATTERY}")
+
+    def random_like(self, value: Tensor, positive: bool = False) -> Tensor:
+        """Fresh finite values of ``value``'s shape, scaled to its finite entries (the
+        caller's RNG is not drawn). With ``positive``, in [0.5, 1.5) times that scale."""
+        finite = value[value.isfinite()] if value.is_floating_point() else value
+        scale = float(finite.abs().mean()) + 1.0 if finite.numel() else 1.0
+        draw = torch.float64 if value.dtype == torch.float64 else torch.float32
+        if positive:
+            fresh = torch.rand(value.shape, generator=self._generator, dtype=draw) + 0.5
+        else:
+            fresh = torch.randn(value.shape, generator=self._generator, dtype=draw)
+        return (fresh * scale).to(dtype=value.dtype, device=value.device)
+
+    def neutral_points(self, values: list[Tensor], keep: set[int]) -> Iterator[list[Tensor]]:
+        """``values`` with every floating argument outside ``keep`` replaced by fresh finite
+        values, first positive ones (valid variances, probabilities), then signed ones.
+
+        An edge can be real yet silenced by another argument's value (a zero weight, a NaN
+        or a saturating partner); at such a point the parent is probed again.
+        """
+        others = [i for i, v in enumerate(values) if i not in keep and _movable(v)]
+        if not others:
+            return
+        for positive in (True, False):
+            point = list(values)
+            for i in others:
+                point[i] = self.random_like(values[i], positive=positive)
+            yield point
 
     def _noise_like(self, value: Tensor) -> tuple[Tensor, Tensor]:
         """``(noise, noise + 1)`` along ``value``'s last dimension, broadcast over the rest.
@@ -67,7 +130,7 @@ class Perturber:
         by ``value + 1``, so the change is still different in every element.
         """
         width = value.shape[-1] if value.dim() else 1
-        key = (width, value.dtype, value.device)
+        key = (width, value.dtype, value.device, value.dim() == 0)
         cached = self._noise.get(key)
         if cached is None:
             draw = torch.float64 if value.dtype == torch.float64 else torch.float32
@@ -77,6 +140,16 @@ class Perturber:
             noise = noise if value.dim() else noise.reshape(())
             cached = self._noise[key] = (noise, noise + 1)
         return cached
+
+
+def _movable(value: Tensor) -> bool:
+    return parent_kind_reason(value) is None
+
+
+def _huge(dtype: torch.dtype) -> float:
+    """A magnitude that outweighs any finite partner short of overflow: sqrt of the max."""
+    info = torch.finfo(dtype if dtype.is_floating_point else torch.float32)
+    return math.sqrt(info.max)
 
 
 def _magnitude(value: Tensor, sample: int = 4096) -> float:
@@ -151,3 +224,59 @@ def same_elements(a: Tensor, b: Tensor) -> bool:
 
 def _layout(t: Tensor) -> list[tuple[int, int]]:
     return sorted((size, stride) for size, stride in zip(t.shape, t.stride()) if size != 1)
+
+
+class Baseline:
+    """An unperturbed output, against which probed outputs are judged moved or not.
+
+    A probed output moved when its shape, dtype or NaN pattern changed, or when some
+    element changed by more than a few rounding errors of *that element*
+    (``|a - b| > 4 * eps * |b|``; any change of an exact zero counts). Judging each element
+    on its own scale, rather than with the replay's fixed ``atol``, sees a move among
+    activations of 1e-10 and a move of an attention score beside a ``finfo.min`` mask.
+    Integer, boolean and quantized outputs move when any element changes.
+    """
+
+    __slots__ = ("shape", "dtype", "value", "_rel", "_bound")
+
+    def __init__(self, value: Tensor) -> None:
+        self.shape, self.dtype = value.shape, value.dtype
+        self.value = comparable(value)
+        wide = self.value.is_floating_point()
+        self._rel = 4 * torch.finfo(self.value.dtype).eps if wide else 0.0
+        if self.value.dtype in (torch.float16, torch.bfloat16):
+            self.value = self.value.float()
+        self._bound: float | None = None
+
+    def moved(self, other: Tensor) -> bool:
+        """Whether ``other`` (the output of a probed call) differs from this baseline."""
+        if other.shape != self.shape or other.dtype != self.dtype:
+            return True
+        b = self.value
+        if b.numel() == 0:
+            return False
+        a = comparable(other)
+        if not self._rel:
+            return not torch.equal(a, b)
+        a = a.float() if a.dtype != b.dtype else a
+        largest = float(torch.sub(a, b).abs_().max())
+        if largest > self._rel * self.bound():  # NaN compares False: decided below
+            return True
+        if largest == 0:
+            return False
+        a_nan, b_nan = a.isnan(), b.isnan()
+        if not torch.equal(a_nan, b_nan):
+            return True
+        close = (a == b) | a_nan | ((a - b).abs() <= self._rel * b.abs())
+        return not bool(close.all())
+
+    @property
+    def silent(self) -> bool:
+        """Whether the value is NaN in every element (no change can show in it)."""
+        return self._rel > 0 and bool(self.value.isnan().all())
+
+    def bound(self) -> float:
+        """``max |value|``, computed once."""
+        if self._bound is None:
+            self._bound = float(self.value.abs().max())
+        return self._bound

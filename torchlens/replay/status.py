@@ -47,6 +47,10 @@ class ReplayStatus:
     perturbation_verified: int = 0  # ops whose every non-exempt tensor edge was proved
     exempt: int = 0  # ops with no edge the perturbation arm must prove (see exemptions.py)
     unverified: int = 0  # ops some arm could not check
+    exempt_edges: int = 0  # edges exempt without a call (shape-only use, int/bool parents...)
+    # edges no probe could show the function reads, exempt by an argument-level rule (an
+    # attn_mask beside is_causal=True, a NaN output): neither passed nor failed
+    unread: list[ReplayFailure] = field(default_factory=list)
     failures: list[ReplayFailure] = field(default_factory=list)
     unchecked: list[ReplayFailure] = field(default_factory=list)  # why ops are unverified
     arms: tuple[str, ...] = ()  # the arms that ran
@@ -72,8 +76,14 @@ class ReplayStatus:
             f"{self.unverified} unverified)",
             f"arms run: {', '.join(self.arms) or '-'}",
         ]
+        if self.exempt_edges or self.unread:
+            lines.append(
+                f"edges exempt: {self.exempt_edges} by kind or table, "
+                f"{len(self.unread)} unread by a rule after every probe"
+            )
         lines += _section("failures", self.failures)
         lines += _section("not checked", self.unchecked)
+        lines += _section("unread (exempt by a rule)", self.unread)
         return "\n".join(lines)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["TOLERANCES", "tolerance", "mismatch", "differs", "Reference"]
+__all__ = ["TOLERANCES", "tolerance", "mismatch", "differs", "Reference", "comparable"]
 
 # dtype -> (rtol, atol); dtypes missing here compare exactly.
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
@@ -62,7 +62,7 @@ def mismatch(
         expected = expected.to(actual.device)
     if _same_memory(actual, expected):  # a view or an alias of the saved value itself
         return None
-    a, e = _comparable(actual), _comparable(expected)
+    a, e = comparable(actual), comparable(expected)
     if torch.equal(a, e):  # the common case, in one pass
         return None
     rtol_, atol_ = tolerance(actual.dtype, atol, rtol)
@@ -102,7 +102,7 @@ class Reference:
     def __init__(self, value: torch.Tensor, atol: float | None = None, rtol: float | None = None):
         self.shape, self.dtype = value.shape, value.dtype
         self.rtol, self.atol = tolerance(value.dtype, atol, rtol)
-        self.value = _comparable(value)
+        self.value = comparable(value)
         # a dense real value compares as it is; so does any other of its dtype and layout
         self.plain = value.layout == torch.strided and not (
             value.is_quantized or value.is_complex()
@@ -120,7 +120,7 @@ class Reference:
         b = self.value
         if b.numel() == 0:
             return False
-        a = other if self.plain and other.layout == torch.strided else _comparable(other)
+        a = other if self.plain and other.layout == torch.strided else comparable(other)
         if self.rtol == 0 and self.atol == 0:
             return not torch.equal(a, b)
         if b.dtype in (torch.float16, torch.bfloat16):  # compared in float32
@@ -157,7 +157,7 @@ def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     )
 
 
-def _comparable(t: torch.Tensor) -> torch.Tensor:
+def comparable(t: torch.Tensor) -> torch.Tensor:
     """A dense, real view of ``t`` that elementwise comparison understands."""
     t = t.detach()
     if t.layout != torch.strided:

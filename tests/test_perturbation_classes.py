@@ -1,0 +1,282 @@
+"""Perturbation never accuses a real edge, and still catches a false one, for each class of
+value that hides a dependency from a small move: sliced points that change the function,
+tiny magnitudes, values silenced by another argument or by the value itself, discrete
+outputs, and arguments a call genuinely does not read.
+
+Each class has a model whose real edges must pass, and a mutation of it (the recorded
+function made to ignore one parent, reading a saved constant instead) that must fail with
+that op and the perturbation arm, or, where no probe can ever tell (an all-NaN output, an
+index function), be reported as *unread*, never as verified.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import torchlens as tl
+from torchlens.capture.tree import fill, flatten_call
+from torchlens.replay import check_trace
+from torchlens.replay.perturb import BATTERY, Baseline, Perturber
+
+
+def ignore_parent(trace, label: str, parent: str) -> None:
+    """Make ``label``'s recorded function read ``parent``'s saved value, whatever it is
+    handed: the edge from ``parent`` is then false, yet per-op replay still matches."""
+    op = trace[label]
+    slots = [i for i, ref in enumerate(op.parent_args) if ref.label == parent]
+    assert slots, f"{parent} is not a parent of {label}"
+    saved = {i: trace[parent].out.clone() for i in slots}
+    real = op.func
+
+    def func(*args, **kwargs):
+        values = [t for _, t in flatten_call(args, kwargs)[0]]
+        for i, value in saved.items():
+            values[i] = value
+        return real(*fill(op.args_template, values), **fill(op.kwargs_template, values))
+
+    op.func = func
+
+
+def failed_edges(status) -> set[str]:
+    return {f.label for f in status.failures if f.arm == "perturbation"}
+
+
+def unread_edges(status) -> set[str]:
+    return {f.label for f in status.unread}
+
+
+def traced(model, *args):
+    torch.manual_seed(0)
+    trace = tl.trace(model, args)
+    status = check_trace(trace, reference=None)
+    return trace, status
+
+
+# -- sliced points that change the function -------------------------------------------------
+class OneKeyAttention(nn.Module):
+    """Attention over a single key: the softmax over it is 1 whatever the scores are."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 64)
+
+    def forward(self, x):
+        scores = self.q(x) @ self.k(x).transpose(-1, -2)
+        return scores.softmax(-1) @ self.v(x)
+
+
+def test_softmax_over_one_entry_is_proved_by_nan_injection():
+    trace, status = traced(OneKeyAttention(), torch.randn(64, 1, 64))
+    assert status.state == "passed", status
+    assert "softmax_1" not in unread_edges(status)
+
+
+def test_softmax_over_one_entry_ignoring_its_scores_fails():
+    trace, _ = traced(OneKeyAttention(), torch.randn(64, 1, 64))
+    ignore_parent(trace, "softmax_1", "matmul_1")
+    assert failed_edges(check_trace(trace)) == {"softmax_1"}
+
+
+def test_spectral_norm_in_train_mode_passes_and_a_false_edge_fails():
+    torch.manual_seed(0)
+    model = nn.utils.spectral_norm(nn.Linear(300, 300)).train()
+    x = torch.randn(300, 300)
+    assert tl.replay(model, x).state == "passed"
+    trace = tl.trace(model, x)
+    first = next(op for op in trace if op.func_name == "normalize")
+    ignore_parent(trace, first.label, first.parent_args[0].label)
+    assert first.label in failed_edges(check_trace(trace))
+
+
+# -- tiny magnitudes ----------------------------------------------------------------------
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(256, 256)
+
+    def forward(self, x):
+        return self.fc(F.relu(x * 1e-10)) * 1e-10
+
+
+def test_tiny_activations_are_proved():
+    _, status = traced(Tiny(), torch.randn(512, 256))
+    assert status.state == "passed", status
+    assert status.unread == []
+
+
+def test_tiny_activation_ignoring_its_input_fails():
+    trace, _ = traced(Tiny(), torch.randn(512, 256))
+    ignore_parent(trace, "relu_1", "mul_1")
+    assert failed_edges(check_trace(trace)) == {"relu_1"}
+
+
+# -- values silenced by the other arguments or by the value itself ------------------------
+class Silenced(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm1d(4)
+        with torch.no_grad():
+            self.bn.weight.zero_()  # the output is the bias, whatever x and the statistics
+
+    def forward(self, x, y):
+        zeroed = x * 0 + y
+        swamped = x * 1e20 + y
+        saturated = torch.tanh(x * 1e4) + torch.softmax(x * 1e4, -1)
+        mask = torch.ones(x.shape[0], x.shape[1]).to(torch.bool)
+        return zeroed, swamped, saturated, x.masked_fill(~mask, -1.0), self.bn(x)
+
+
+SILENCED = [("mul_1", "input_1"), ("add_2", "input_2"), ("tanh_1", "mul_3"),
+            ("softmax_1", "mul_4"), ("to_1", "ones_1"), ("batch_norm_1", "input_1"),
+            ("batch_norm_1", "bn.running_mean")]  # fmt: skip
+
+
+def test_silenced_values_are_proved():
+    _, status = traced(Silenced().eval(), torch.randn(4, 4), torch.randn(4, 4))
+    assert status.state == "passed", status
+    assert status.unread == []
+
+
+@pytest.mark.parametrize("label, parent", SILENCED, ids=[f"{a}<-{b}" for a, b in SILENCED])
+def test_silenced_value_ignoring_its_parent_fails(label, parent):
+    trace, _ = traced(Silenced().eval(), torch.randn(4, 4), torch.randn(4, 4))
+    ignore_parent(trace, label, parent)
+    assert failed_edges(check_trace(trace)) == {label}
+
+
+class AlreadyNaN(nn.Module):
+    def forward(self, x, y):
+        return x * float("nan") + y
+
+
+def test_all_nan_output_is_unread_not_verified_nor_failed():
+    trace, status = traced(AlreadyNaN(), torch.randn(3, 3), torch.randn(3, 3))
+    assert status.state == "passed", status
+    assert unread_edges(status) == {"mul_1"}
+    assert "NaN in every element" in status.unread[0].reason
+    assert "edges exempt" in str(status)
+
+
+# -- discrete outputs ---------------------------------------------------------------------
+class Discrete(nn.Module):
+    def forward(self, x):
+        return x.argmax(-1), x.topk(2, -1).indices, x.sort(0).indices, x > 0, x.round()
+
+
+def test_discrete_outputs_are_proved_by_the_battery():
+    _, status = traced(Discrete(), torch.randn(6, 8))
+    assert status.state == "passed", status
+    assert status.unread == []  # proved, not exempted
+
+
+@pytest.mark.parametrize("label", ["topk_1:0", "sort_1:0"])
+def test_discrete_call_ignoring_its_input_fails(label):
+    trace, _ = traced(Discrete(), torch.randn(6, 8))
+    ignore_parent(trace, label, "input_1")
+    assert label in failed_edges(check_trace(trace))
+
+
+def test_index_function_ignoring_its_input_is_reported_unread():
+    """An arg-max that reads a constant cannot be told from one over a size-1 dimension."""
+    trace, _ = traced(Discrete(), torch.randn(6, 8))
+    ignore_parent(trace, "argmax_1", "input_1")
+    status = check_trace(trace)
+    assert "argmax_1" in unread_edges(status)
+    assert "argmax_1" not in failed_edges(status)
+
+
+# -- arguments a call genuinely does not read ---------------------------------------------
+class CausalAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mha = nn.MultiheadAttention(16, 2, batch_first=True)
+
+    def forward(self, x):
+        mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1])
+        return self.mha(x, x, x, attn_mask=mask, is_causal=True, need_weights=False)[0]
+
+
+def test_attn_mask_beside_is_causal_is_unread_by_rule():
+    _, status = traced(CausalAttention().eval(), torch.randn(2, 5, 16))
+    assert status.state == "passed", status
+    assert unread_edges(status) == {"multi_head_attention_forward_1"}
+    assert "is_causal=True" in status.unread[0].reason
+
+
+def test_attn_mask_is_proved_when_weights_are_needed():
+    class WithWeights(CausalAttention):
+        def forward(self, x):
+            mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1])
+            return self.mha(x, x, x, attn_mask=mask, is_causal=True, need_weights=True)[0]
+
+    _, status = traced(WithWeights().eval(), torch.randn(2, 5, 16))
+    assert status.state == "passed", status
+    assert status.unread == []
+
+
+def test_attention_ignoring_its_query_still_fails():
+    trace, _ = traced(CausalAttention().eval(), torch.randn(2, 5, 16))
+    op = trace["multi_head_attention_forward_1"]
+    ignore_parent(trace, op.label, "mha.in_proj_weight")
+    assert op.label in failed_edges(check_trace(trace))
+
+
+class Overwrites(nn.Module):
+    def forward(self, base, src, h0):
+        index = torch.arange(base.shape[0]).unsqueeze(1).expand(-1, base.shape[1])
+        full = base.scatter_reduce(0, index, src, reduce="sum", include_self=False)
+        partial = base.scatter_reduce(0, index[:2], src[:2], reduce="sum", include_self=False)
+        kept = torch.where(torch.ones_like(src, dtype=torch.bool), src, h0)
+        return full, partial, kept
+
+
+def test_overwritten_arguments_are_unread_by_rule_and_only_then():
+    _, status = traced(Overwrites(), torch.randn(4, 3), torch.randn(4, 3), torch.zeros(4, 3))
+    assert status.state == "passed", status
+    unread = {(u.label, u.reason.split(":")[0]) for u in status.unread}
+    assert unread == {("scatter_reduce_1", "input_1"), ("where_1", "input_3")}
+
+
+def test_overwrite_ignoring_its_source_fails():
+    trace, _ = traced(Overwrites(), torch.randn(4, 3), torch.randn(4, 3), torch.zeros(4, 3))
+    ignore_parent(trace, "where_1", "input_2")
+    assert failed_edges(check_trace(trace)) == {"where_1"}
+
+
+# -- the parts -----------------------------------------------------------------------------
+def test_every_probe_keeps_shape_and_dtype():
+    perturber = Perturber()
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.complex64):
+        for shape in ((3, 5), (1,), (), (2, 0)):
+            value = torch.randn(shape).to(dtype)
+            for name in BATTERY:
+                probed = perturber.probe(value, name)
+                assert (probed.shape, probed.dtype) == (value.shape, value.dtype), name
+
+
+def test_unknown_probe_is_refused():
+    with pytest.raises(ValueError, match="unknown probe"):
+        Perturber().probe(torch.ones(2), "wiggle")
+
+
+@pytest.mark.parametrize(
+    "base, other, moved",
+    [
+        (torch.full((3,), 1e-10), torch.full((3,), 1.1e-10), True),  # tiny, on its own scale
+        (torch.tensor([1.0, -3.4e38]), torch.tensor([1.5, -3.4e38]), True),  # beside finfo.min
+        (torch.ones(3), torch.ones(3), False),
+        (torch.ones(3), torch.ones(3) + 1e-8, False),  # within rounding of each element
+        (torch.tensor([float("nan"), 1.0]), torch.tensor([float("nan"), 1.0]), False),
+        (torch.tensor([float("nan"), 1.0]), torch.tensor([2.0, 1.0]), True),
+        (torch.tensor([float("inf"), 1.0]), torch.tensor([float("inf"), 1.0]), False),
+        (torch.zeros(2), torch.tensor([0.0, 1e-30]), True),
+        (torch.tensor([1, 2]), torch.tensor([1, 3]), True),
+        (torch.ones(2, 2), torch.ones(4), True),
+        (torch.ones(3, dtype=torch.bfloat16), torch.ones(3, dtype=torch.bfloat16) * 1.5, True),
+    ],
+)
+def test_baseline_judges_moves_on_each_elements_scale(base, other, moved):
+    assert Baseline(base).moved(other) is moved
