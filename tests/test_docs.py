@@ -95,7 +95,11 @@ def test_block_runs_alone(page, line, code, skipped, tmp_path, monkeypatch, clea
 JARGON = re.compile(r"issue \d|the spec's|spec's table|preview-backend|\bfastlog\b(?!`)", re.I)
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if p.name != "validation.md"], ids=str)
+@pytest.mark.parametrize(
+    "page",
+    [p for p in PAGES if p.name != "validation.md"],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
 def test_pages_use_no_words_a_user_cannot_know(page):
     text = page.read_text(encoding="utf-8")
     assert JARGON.findall(text) == []

@@ -14,7 +14,7 @@ import torchlens as tl
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
 
 
-@pytest.fixture(params=[0o022, 0o002, 0o027])
+@pytest.fixture(params=[0o022, 0o002, 0o027], ids=oct)
 def umask(request):
     old = os.umask(request.param)
     yield request.param
