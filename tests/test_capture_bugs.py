@@ -326,3 +326,21 @@ def test_random_seed_must_be_an_integer():
     with pytest.raises(InvalidArgumentError) as info:
         tl.validate(noisy_net(), torch.randn(2, 4), random_seed="7")
     assert info.value.code == "bad_random_seed"
+
+
+# -- a generator handed to the forward --------------------------------------------------------
+
+
+def noise_from(x, generator):
+    return x + torch.rand(x.shape, generator=generator) * torch.randn(3, generator=generator)
+
+
+def test_a_call_with_its_own_generator_replays_its_draws():
+    generator = torch.Generator().manual_seed(3)
+    trace = tl.trace(noise_from, (torch.randn(3), generator))
+    assert set(trace["rand_1"].rng_state) == {"cpu", "generator"}
+    x, generator, plain = torch.randn(3), torch.Generator().manual_seed(3), torch.Generator()
+    status = tl.replay(noise_from, (x, generator))
+    assert status.state == "passed", str(status)
+    noise_from(x, plain.manual_seed(3))
+    assert torch.equal(generator.get_state(), plain.get_state())  # as one plain forward

@@ -52,7 +52,7 @@ class CaptureMode(TorchFunctionMode):
         targets = _inplace_targets(info.inplace, args, kwargs)
         for target in targets:
             builder.protect(target)
-        rng_state = rng.snapshot() if info.stochastic else None
+        rng_state = rng.call_snapshot(args, kwargs) if info.stochastic else None
         autocast = autocast_state()
 
         try:

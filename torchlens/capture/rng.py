@@ -2,17 +2,20 @@
 
 A snapshot holds the CPU generator's state and, when CUDA has been initialised, the state
 of every CUDA generator. :func:`restored` puts a snapshot in place for the duration of a block
-and then gives the caller back exactly the state it had before.
+and then gives the caller back exactly the state it had before. A call handed its own
+``torch.Generator`` (``torch.rand(3, generator=g)``) also keeps that generator's state, under
+``"generator"``, and :func:`generator_restored` puts it back on the generator it names.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 
-__all__ = ["snapshot", "restore", "restored"]
+__all__ = ["snapshot", "restore", "restored", "call_snapshot", "generator_restored"]
 
 RngSnapshot = dict[str, torch.Tensor]
 
@@ -47,3 +50,35 @@ def restored(state: RngSnapshot | None) -> Iterator[None]:
         yield
     finally:
         restore(saved)
+
+
+def _generator_of(args: Any, kwargs: dict) -> torch.Generator | None:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Generator):
+            return value
+    return None
+
+
+def call_snapshot(args: Any, kwargs: dict) -> RngSnapshot:
+    """:func:`snapshot`, plus the state of the generator the call was handed, if any."""
+    state = snapshot()
+    generator = _generator_of(args, kwargs)
+    if generator is not None:
+        state["generator"] = generator.get_state()
+    return state
+
+
+@contextmanager
+def generator_restored(state: RngSnapshot, args: Any, kwargs: dict) -> Iterator[None]:
+    """Run a block with the call's own generator (found in ``args``/``kwargs``) set to the
+    state saved under ``"generator"``; its state comes back afterwards."""
+    generator = _generator_of(args, kwargs) if "generator" in state else None
+    if generator is None:
+        yield
+        return
+    saved = generator.get_state()
+    generator.set_state(state["generator"])
+    try:
+        yield
+    finally:
+        generator.set_state(saved)

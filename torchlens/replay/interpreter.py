@@ -104,7 +104,7 @@ class Interpreter:
         return [tensor for _, tensor in outputs]
 
     def execute_stochastic(self, op: Any, values: list[Tensor]) -> list[Tensor]:
-        with rng.restored(op.rng_state):
+        with rng.restored(op.rng_state), _own_generator(op):
             return self.execute_call(op, values)
 
     def execute_refresh(self, op: Any, values: list[Tensor]) -> list[Tensor]:
@@ -120,6 +120,11 @@ class Interpreter:
         if any(value.dtype != stale.dtype for value in written):
             raise Unreplayable("the write reinterpreted the storage as another dtype")
         return [write_through(stale, list(zip(written, regions)), base)]
+
+
+def _own_generator(op: Any) -> Any:
+    """The recorded state put on the ``torch.Generator`` the call was handed, if any."""
+    return rng.generator_restored(op.rng_state, op.args_template, op.kwargs_template)
 
 
 def write_through(stale: Tensor, writes: list[tuple[Tensor, tuple]], base: tuple) -> Tensor:
@@ -171,7 +176,8 @@ class Checker(Interpreter):
 
     def execute_stochastic(self, op: Any, values: list[Tensor]) -> list[Tensor]:
         rng.restore(op.rng_state)  # no need to save the state between calls: see run()
-        return self.execute_call(op, values)
+        with _own_generator(op):
+            return self.execute_call(op, values)
 
     def visit(self, ops: list[Any]) -> None:
         head, record = ops[0], self.findings
