@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import atexit
+import ctypes
 import hashlib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -115,10 +117,13 @@ def extract(
         writer = _store.ShardWriter(root, int(shard_mb * 2**20))
         bar = tqdm(total=plan.known_total, unit="ex", desc="tl.extract", dynamic_ncols=True,
                    disable=(rank != 0) or (None if progress is None else not progress))  # fmt: skip
+        trim = _heap_trimmer()
         try:
-            for batch in plan:
+            for k, batch in enumerate(plan, 1):
                 writer.add(batch.index, batch.start, batch.size, run.sites(batch, inputs))
                 bar.update(batch.size)
+                if k % _TRIM_EVERY == 0:
+                    trim()
         finally:
             bar.close()
             writer.flush()  # the batches that ran are kept, whatever stopped the loop
@@ -129,6 +134,24 @@ def extract(
             _store.finalize(root, plan.n_batches, plan.n_examples, meta)
         _barrier(world)
         return load_extraction(root)
+
+
+_TRIM_EVERY = 8  # batches
+
+
+def _heap_trimmer() -> Callable[[], object]:
+    """A function handing freed heap memory back to the OS (glibc's ``malloc_trim``).
+
+    Each batch frees large activation buffers; glibc keeps them in a fragmented heap whose
+    resident size creeps up over thousands of batches (convnet8: +290 MB from 1k to 10k
+    examples) although nothing is leaked. Trimming every few batches keeps it flat. A no-op
+    where the C library has no ``malloc_trim`` (macOS, Windows, musl).
+    """
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return lambda: None
+    return partial(trim, 0)
 
 
 class _Run:
