@@ -3,8 +3,11 @@
 :class:`Interpreter` walks the trace one recorded call at a time (the outputs of a
 multi-output call are replayed together) and re-executes a call from values it is handed,
 with one method per kind of op: ordinary calls, stochastic calls (the op's RNG snapshot is
-restored around them) and ``refresh`` ops (a write through another view, redone from the
-writer's recorded geometry). :class:`Checker` is the small variation that validation runs:
+restored around them, including a generator the call was handed) and ``refresh`` ops
+(writes through other views, redone in order from the writers' recorded geometry). A call
+recorded inside an autocast region runs under it again; ``torch.autograd.grad`` calls are
+not re-executed (:data:`AUTOGRAD_REASON`). :class:`Checker` is the small variation that
+validation runs:
 per-op replay from saved parent values, each call then handed to the perturbation arm
 (:mod:`torchlens.replay.edges`).
 """
