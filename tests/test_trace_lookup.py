@@ -143,3 +143,15 @@ def test_summary_filters_by_selector_module_and_rows(trace):
     ]
     few = trace.summary(max_rows=2)
     assert "linear_1" in few and "linear_4" in few and "more ops" in few
+
+
+def double(x):
+    return torch.relu(x) * 2
+
+
+def test_module_type_at_the_root_is_the_callables_name():
+    trace = tl.trace(double, torch.randn(3))
+    assert trace.modules[""].module_type == "double"
+    assert [op.module_type for op in trace] == ["double", "double"]
+    recording = tl.record(double, torch.randn(3), save=tl.where(lambda op: op.module_type))
+    assert [op.module_type for op in recording] == ["double", "double"]

@@ -231,7 +231,11 @@ class RecordMode(TorchFunctionMode):
         this model's submodules (two handles instead of two per module), plus per-module
         hooks for submodules that carry hooks of their own, so that ops run by those hooks
         fall inside or outside the module call exactly as in ``tl.trace``."""
-        self._types[0] = type(model).__name__ if isinstance(model, nn.Module) else ""
+        self._types[0] = (  # the root's type, as the trace's root module call names it
+            type(model).__name__
+            if isinstance(model, nn.Module)
+            else getattr(model, "__qualname__", None) or type(model).__name__
+        )
         if not isinstance(model, nn.Module):
             return []
         handles: list[RemovableHandle] = []
