@@ -241,9 +241,26 @@ def test_selector_matching_nothing(tmp_path):
     with pytest.raises(SelectorMatchError) as err:
         _run(tmp_path, save=tl.func("rleu"))
     assert err.value.code == "no_match" and "relu" in str(err.value)
+    ex = _run(tmp_path, save=tl.func("relu"))  # nothing was written: no overwrite needed
+    assert ex["relu_1"].shape == (20, 8)
     with pytest.raises(InvalidArgumentError) as err:
         _run(tmp_path, name="none", save=None)
     assert err.value.code == "bad_save"
+
+
+def test_bad_inputs_targets_and_empty_data(tmp_path):
+    pairs = [(x, torch.zeros(4)) for x in _batches()]
+    for options, code in (({"inputs": 2}, "bad_inputs"), ({"inputs": 0, "targets": "y"},
+                          "bad_targets")):  # fmt: skip
+        with pytest.raises(InvalidArgumentError) as err:
+            _run(tmp_path, pairs, name=code, **options)
+        assert err.value.code == code and "tuple batch" in str(err.value)
+    with pytest.raises(ExtractionError) as err:
+        _run(tmp_path, pairs, name="scalar", inputs=0, targets=lambda b: b[1].sum())
+    assert err.value.code == "not_batched" and "'targets='" in str(err.value)
+    with pytest.raises(InvalidArgumentError) as err:
+        tl.extract(_mlp(), [], save=tl.func("relu"), to=tmp_path / "empty", progress=False)
+    assert err.value.code == "empty_data"
 
 
 def test_rejected_batch_keeps_earlier_batches_and_resumes(tmp_path):

@@ -88,7 +88,7 @@ def extract(
             ``distributed`` (see :class:`~torchlens.errors.ExtractionError`).
         SelectorMatchError: ``no_match`` when ``save=`` matches nothing in the first batch.
         InvalidArgumentError: ``bad_inputs``, ``bad_targets``, ``bad_reduce``,
-            ``shuffled_loader``, ``sharded_loader``, ``bad_save``.
+            ``shuffled_loader``, ``sharded_loader``, ``bad_save``, ``empty_data``.
 
     Example:
         >>> import tempfile, torch, torchlens as tl
@@ -127,6 +127,10 @@ def extract(
         finally:
             bar.close()
             writer.flush()  # the batches that ran are kept, whatever stopped the loop
+        if plan.n_batches == 0:
+            raise InvalidArgumentError(
+                "data gave no batch; pass a non-empty loader or list", code="empty_data"
+            )
         _barrier(world)
         if rank == 0:
             meta = {"args": args, "model": args["model"], "torch_version": torch.__version__,

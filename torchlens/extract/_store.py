@@ -95,9 +95,10 @@ def prepare(root: Path, args: dict[str, Any], overwrite: bool, rank: int) -> Non
             "directory as to=",
             code="not_an_extraction",
         )
-    if run.exists() and not overwrite:
+    fresh = overwrite or not run.exists()
+    if not fresh:
         before = _read_json(run).get("args", {})
-        if before != args:
+        if before != args and _shard_paths(root):
             raise ExtractionError(
                 f"{root} holds a run started with other arguments: {_difference(before, args)}; "
                 "rerun with the same arguments to resume it, or pass overwrite=True to start "
@@ -110,13 +111,14 @@ def prepare(root: Path, args: dict[str, Any], overwrite: bool, rank: int) -> Non
                 "pass overwrite=True to run it again",
                 code="exists",
             )
+        fresh = before != args  # a run that wrote nothing yet is simply started again
     if rank != 0:
         return
     if overwrite and run.exists():
         (root / MANIFEST).unlink(missing_ok=True)
         shutil.rmtree(root / SHARDS, ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
-    if overwrite or not run.exists():  # the run record first: it makes the directory ours
+    if fresh:  # the run record first: it makes the directory ours
         record = {"format": FORMAT, "format_version": FORMAT_VERSION, "args": args}
         _write_file(run, _dumps(record).encode())
     (root / SHARDS).mkdir(exist_ok=True)
