@@ -153,5 +153,7 @@ def test_module_type_at_the_root_is_the_callables_name():
     trace = tl.trace(double, torch.randn(3))
     assert trace.modules[""].module_type == "double"
     assert [op.module_type for op in trace] == ["double", "double"]
-    recording = tl.record(double, torch.randn(3), save=tl.where(lambda op: op.module_type))
+    by_type = tl.where(lambda op: op.module_type == "double")
+    recording = tl.record(double, torch.randn(3), save=by_type)
     assert [op.module_type for op in recording] == ["double", "double"]
+    assert [op.has_out for op in tl.trace(double, torch.randn(3), save=by_type)] == [True, True]

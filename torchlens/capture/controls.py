@@ -253,7 +253,10 @@ class Controls:
     @contextmanager
     def halting(self, model: Any) -> Iterator[None]:
         """Catch the halt of ``stop_after``; the RNG state and the model's buffers are then
-        put back as they were when the block began."""
+        put back as they were when the block began. Also notes the model's type, which
+        selectors see as ``op.module_type`` of the ops run outside any submodule."""
+        if not isinstance(model, nn.Module):
+            self._types[""] = getattr(model, "__qualname__", None) or type(model).__name__
         if self.stop is None:
             yield
             return
