@@ -280,3 +280,51 @@ def test_unknown_probe_is_refused():
 )
 def test_baseline_judges_moves_on_each_elements_scale(base, other, moved):
     assert Baseline(base).moved(other) is moved
+
+
+class Ignored(nn.Module):
+    """Arguments torch documents as ignored at these calls."""
+
+    def forward(self, x, y, z, logits):
+        scores = torch.baddbmm(z, x, y.transpose(1, 2), beta=0, alpha=0.5)
+        ones = x**0
+        sampled = torch.multinomial(logits.softmax(-1), 1)
+        return scores, ones, sampled
+
+
+def test_documented_ignored_arguments_are_unread_by_rule():
+    args = (torch.randn(2, 3, 4), torch.randn(2, 3, 4), torch.randn(2, 3, 3), torch.randn(4, 9))
+    _, status = traced(Ignored(), *args)
+    assert status.state == "passed", status
+    reasons = {u.label: u.reason for u in status.unread}
+    assert set(reasons) == {"baddbmm_1", "pow_1", "multinomial_1"}
+    assert "beta=0" in reasons["baddbmm_1"] and "input_3" in reasons["baddbmm_1"]
+    assert "exponent 0" in reasons["pow_1"]
+
+
+def test_beta_rule_does_not_cover_the_product():
+    args = (torch.randn(2, 3, 4), torch.randn(2, 3, 4), torch.randn(2, 3, 3), torch.randn(4, 9))
+    trace, _ = traced(Ignored(), *args)
+    ignore_parent(trace, "baddbmm_1", "input_1")
+    assert failed_edges(check_trace(trace)) == {"baddbmm_1"}
+
+
+class AtenBatchNorm(nn.Module):
+    """``torch.batch_norm`` puts weight and bias before the running statistics."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm1d(4)
+
+    def forward(self, x):
+        bn = self.bn
+        return torch.batch_norm(
+            x, bn.weight, bn.bias, bn.running_mean, bn.running_var, True, 0.1, 1e-5, False
+        )
+
+
+def test_running_statistics_are_exempt_in_either_argument_order():
+    trace, status = traced(AtenBatchNorm().train(), torch.randn(8, 4))
+    assert status.state == "passed", status
+    ignore_parent(trace, "batch_norm_1", "bn.weight")  # weight is read: not exempt
+    assert failed_edges(check_trace(trace)) == {"batch_norm_1"}

@@ -60,6 +60,12 @@ class Exemption:
     reason: str
     positions: frozenset[str] | None = None  # None: every tensor argument
     when: Callable[[Any], bool] | None = None  # condition on the recorded op, if any
+    # positions that depend on which overload was called (torch.batch_norm's order differs)
+    select: Callable[[Any], frozenset[str]] | None = None
+
+    def covers(self, op: Any) -> frozenset[str] | None:
+        """The positions exempt at this call (None: every tensor argument)."""
+        return self.select(op) if self.select is not None else self.positions
 
 
 def _pos(*positions: str) -> frozenset[str]:
@@ -73,6 +79,13 @@ def _arg(op: Any, index: int, name: str, default: Any) -> Any:
     if len(op.args_template) > index:
         return op.args_template[index]
     return default
+
+
+def _running_statistics(op: Any, aten_style: Any) -> frozenset[str]:
+    """Where the running statistics sit: 1 and 2 in ``F.batch_norm``/``F.instance_norm``,
+    3 and 4 in ``torch.batch_norm``/``torch.instance_norm`` (weight and bias come first)."""
+    first = 3 if op.func is aten_style else 1
+    return _pos(str(first), str(first + 1), "running_mean", "running_var")
 
 
 _SHAPE_ONLY = "reads only the shape, dtype and device of this argument"
@@ -101,14 +114,14 @@ PERTURBATION_EXEMPT: dict[str, Exemption] = {
     "batch_norm": Exemption(
         "in training mode the output uses batch statistics; the running statistics are "
         "only updated",
-        _pos("1", "2", "running_mean", "running_var"),
         when=lambda op: bool(_arg(op, 5, "training", False)),
+        select=lambda op: _running_statistics(op, torch.batch_norm),
     ),
     "instance_norm": Exemption(
         "with use_input_stats the output uses the input's statistics; the running "
         "statistics are only updated",
-        _pos("1", "2", "running_mean", "running_var"),
         when=lambda op: bool(_arg(op, 5, "use_input_stats", True)),
+        select=lambda op: _running_statistics(op, torch.instance_norm),
     ),
 }  # fmt: skip
 
@@ -139,6 +152,11 @@ MAY_NOT_CHANGE: dict[str, tuple[str, frozenset[str] | None]] = {
         ["argmax", "argmin", "argsort", "unique", "unique_consecutive", "bucketize",
          "searchsorted", "histc", "bincount", "nonzero", "argwhere", "count_nonzero", "nms"],
         (_ARG_EXTREME, None),
+    ),
+    "multinomial": (
+        "sampled indices: with the random draw restored, a moved distribution may sample "
+        "the same indices (and halving it changes nothing once normalized)",
+        None,
     ),
     **dict.fromkeys(
         ["sign", "sgn", "floor", "ceil", "round", "trunc", "fix", "floor_divide",
@@ -205,7 +223,37 @@ def _causal_hint(get: Callable[[int, str, Any], Any]) -> bool:
     )
 
 
+_KEYWORD_ONLY = 1 << 10  # a position no call reaches: the argument is read by keyword only
+_BETA_ZERO = Unread(
+    "beta=0: the added input is ignored (torch does not even propagate its NaN)",
+    _TARGET,
+    lambda get: get(_KEYWORD_ONLY, "beta", 1) == 0,
+)
+_ALPHA_ZERO = Unread(
+    "alpha=0: the product is scaled away and its factors are not read",
+    _pos("1", "2", "mat1", "mat2", "batch1", "batch2", "mat", "vec", "vec1", "vec2"),
+    lambda get: get(_KEYWORD_ONLY, "alpha", 1) == 0,
+)
+_POWER_ZERO = Unread(
+    "exponent 0: the result is 1 whatever the base, NaN included",
+    _TARGET,
+    lambda get: _is_zero(get(1, "exponent", None)),
+)
+
+
+def _is_zero(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.numel() > 0 and not bool(value.any())
+    return isinstance(value, (int, float)) and value == 0
+
+
 UNREAD: dict[str, tuple[Unread, ...]] = {
+    **dict.fromkeys(
+        ["addmm", "addmm_", "baddbmm", "baddbmm_", "addbmm", "addbmm_", "addmv", "addmv_",
+         "addr", "addr_"],
+        (_BETA_ZERO, _ALPHA_ZERO),
+    ),
+    **dict.fromkeys(["pow", "pow_", "float_power", "float_power_"], (_POWER_ZERO,)),
     "where": (
         Unread("the condition is true everywhere: `other` is never read",
                _pos("2", "other"), lambda get: _all_true(get(0, "condition", None))),
@@ -247,7 +295,8 @@ def exempt_reason(op: Any, positions: list[str]) -> str | None:
     entry = PERTURBATION_EXEMPT.get(op.func_name)
     if entry is None or (entry.when is not None and not entry.when(op)):
         return None
-    if entry.positions is None or all(p in entry.positions for p in positions):
+    covered = entry.covers(op)
+    if covered is None or all(p in covered for p in positions):
         return entry.reason
     return None
 
