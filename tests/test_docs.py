@@ -12,8 +12,7 @@ Markdown renders as nothing::
     <!-- docs-test: skip (the reason) -->
 
 Blocks that draw need Graphviz's ``dot``; without it they are skipped, as the drawing tests
-are. A page listed in ``PENDING`` is being rewritten: a block of it that fails is reported
-as an expected failure (one that passes is a plain pass); delete the entry once it is done.
+are.
 """
 
 from __future__ import annotations
@@ -30,10 +29,6 @@ from torchlens.errors import GraphvizMissingError
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SKIP_MARKER = re.compile(r"<!--\s*docs-test:\s*skip\b.*-->")
-PENDING = {
-    "docs/validation.md": "being restructured (verdicts first); its check_trace block still "
-    "leans on the first block's model and x",
-}
 _FENCE = re.compile(r"^```(\S*)[^\n]*\n(.*?)^```\s*$", re.S | re.M)
 
 
@@ -84,22 +79,13 @@ def test_block_runs_alone(page, line, code, skipped, tmp_path, monkeypatch, clea
         if shutil.which("dot") is not None:
             raise
         pytest.skip("drawing needs Graphviz's dot")
-    except Exception:
-        if page in PENDING:
-            pytest.xfail(f"{page}: {PENDING[page]}")
-        raise
 
 
-# Words that only make sense to the people who built torchlens. docs/validation.md is left
-# out while it is being restructured; it still says "issue 3's target".
+# Words that only make sense to the people who built torchlens.
 JARGON = re.compile(r"issue \d|the spec's|spec's table|preview-backend|\bfastlog\b(?!`)", re.I)
 
 
-@pytest.mark.parametrize(
-    "page",
-    [p for p in PAGES if p.name != "validation.md"],
-    ids=lambda p: str(p.relative_to(ROOT)),
-)
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_pages_use_no_words_a_user_cannot_know(page):
     text = page.read_text(encoding="utf-8")
     assert JARGON.findall(text) == []
