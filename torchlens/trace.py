@@ -409,7 +409,12 @@ class Trace:
     def draw(
         self, path: Any, depth: int | None = None, collapse_repeats: bool = False, **options: Any
     ) -> Any:
-        """Draw the graph to an .svg, .png or .pdf file; see :func:`torchlens.viz.draw`."""
+        """Draw the graph to an .svg, .png or .pdf file; see :func:`torchlens.viz.draw`.
+
+        A graph of more than ``max_nodes=150`` boxes drawn without ``depth`` or
+        ``collapse_repeats`` is folded to a readable size, with a warning saying so;
+        ``max_nodes=None`` draws every op.
+        """
         from torchlens.viz import draw
 
         return draw(self, path, depth=depth, collapse_repeats=collapse_repeats, **options)
