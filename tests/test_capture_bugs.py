@@ -126,11 +126,6 @@ def test_module_built_in_forward_replays():
     assert status.replayed == status.ops
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs torch.nn.init's in-place initializers (kaiming_uniform_, ...) in the "
-    "perturbation table's 'overwrites every element of its target' entry",
-)
 def test_module_built_in_forward_validates():
     torch.manual_seed(0)
     assert tl.validate(FreshLinear(), torch.randn(2, 4))

@@ -91,7 +91,7 @@ def _running_statistics(op: Any, aten_style: Any) -> frozenset[str]:
 _SHAPE_ONLY = "reads only the shape, dtype and device of this argument"
 _FACTORY_LIKE = Exemption(f"*_like factory: {_SHAPE_ONLY}")
 _NEW_FACTORY = Exemption(f"new_* factory: {_SHAPE_ONLY}", _pos("0"))
-_OVERWRITES = Exemption("overwrites every element of its target", _pos("0"))
+_OVERWRITES = Exemption("overwrites every element of its target", _pos("0", "tensor"))
 _OTHER_SHAPE = Exemption(f"*_as / type_as: {_SHAPE_ONLY}", _pos("1", "other"))
 
 PERTURBATION_EXEMPT: dict[str, Exemption] = {
@@ -107,7 +107,9 @@ PERTURBATION_EXEMPT: dict[str, Exemption] = {
     **dict.fromkeys(["expand_as", "view_as", "reshape_as", "type_as"], _OTHER_SHAPE),
     **dict.fromkeys(
         ["fill_", "zero_", "copy_", "normal_", "uniform_", "random_", "exponential_",
-         "geometric_", "log_normal_", "cauchy_", "bernoulli_"],
+         "geometric_", "log_normal_", "cauchy_", "bernoulli_", "kaiming_uniform_",
+         "kaiming_normal_", "xavier_uniform_", "xavier_normal_", "trunc_normal_",
+         "orthogonal_", "sparse_", "constant_", "ones_", "zeros_", "eye_", "dirac_"],
         _OVERWRITES,
     ),
     "to": Exemption(f"x.to(other): {_SHAPE_ONLY}", _pos("1", "other")),
