@@ -86,7 +86,7 @@ def run_hooks(name, model, modules, labels, loader, out: Path) -> None:
     reduce, saved = REDUCTIONS[REDUCE[name]], {}
     handles = [m.register_forward_hook(partial(_keep, saved, labels[a], reduce))
                for a, m in modules.items()]  # fmt: skip
-    writer, start = _store.ShardWriter(out, 64 * 2**20), 0
+    writer, start = _store.ShardWriter(out, 16 * 2**20), 0
     try:
         with torch.no_grad():
             for b, x in enumerate(loader):

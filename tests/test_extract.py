@@ -108,6 +108,12 @@ def test_rows_are_examples_in_order_across_shards(tmp_path):
     assert torch.equal(arr[[22, 0, 7, 7]], expected[[22, 0, 7, 7]])
     assert torch.equal(arr[-1], expected[-1]) and torch.equal(arr[5, 2:4], expected[5, 2:4])
     assert np.array_equal(np.asarray(arr), expected.numpy())
+    far = [21, 0, 22, 1, 0, 11]  # runs of nearby rows, a repeat, out of order
+    assert torch.equal(arr[far], expected[far]) and torch.equal(
+        arr[torch.tensor(far)], expected[far]
+    )
+    mask = torch.arange(23) % 4 == 1
+    assert torch.equal(arr[mask], expected[mask]) and torch.equal(arr[np.array([5])], expected[[5]])
     with pytest.raises(IndexError):
         arr[23]
 

@@ -191,7 +191,7 @@ def _callable_name(fn: Callable | Any) -> str:
     return f"{module}.{name}" if module else name
 
 
-def check_batch_error(err: BaseException, batch: Batch) -> ExtractionError:
+def batch_error(err: BaseException, batch: Batch) -> ExtractionError:
     """The typed error for a batch the model (or the input selection) rejected."""
     return ExtractionError(
         f"the model rejected batch {batch.index} (rows {batch.start} to "

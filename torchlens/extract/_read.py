@@ -23,6 +23,7 @@ _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
            "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
            "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}  # fmt: skip
 _OPEN_LIMIT = 64  # shard files held open (memory-mapped) at once
+_GAP = 16  # rows asked for this close together are read in one slice
 
 
 class _Shards:
@@ -99,7 +100,10 @@ class SiteArray:
             start, stop, step = index.indices(len(self))
             out = self._rows(start, stop) if step == 1 else self._take(range(start, stop, step))
         else:
-            out = self._take(np.asarray(index).reshape(-1).tolist())
+            index = np.asarray(index)
+            if index.dtype == bool:  # a mask over the rows
+                index = np.flatnonzero(index)
+            out = self._take(index.reshape(-1).tolist())
         return out[rest] if rest else out
 
     def _rows(self, start: int, stop: int) -> torch.Tensor:
@@ -108,15 +112,22 @@ class SiteArray:
             return torch.empty((0, *self.shape[1:]), dtype=self.dtype)
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-    def _take(self, rows: Any) -> torch.Tensor:
+    def _take(self, rows: list[int]) -> torch.Tensor:
         rows = [r + len(self) if r < 0 else r for r in rows]
         if any(not 0 <= r < len(self) for r in rows):
             raise IndexError(f"rows out of range for {len(self)} examples")
         if not rows:
             return torch.empty((0, *self.shape[1:]), dtype=self.dtype)
-        lo, hi = min(rows), max(rows) + 1
-        block = self._rows(lo, hi)
-        return block[torch.tensor(rows) - lo]
+        wanted = np.unique(rows)  # read runs of nearby rows, not the whole span between
+        cuts = np.flatnonzero(np.diff(wanted) > _GAP) + 1
+        blocks, where = [], {}
+        for run in np.split(wanted, cuts):
+            lo, hi = int(run[0]), int(run[-1]) + 1
+            base = sum(len(b) for b in blocks)
+            blocks.append(self._rows(lo, hi))
+            where.update((int(r), base + int(r) - lo) for r in run)
+        block = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
+        return block[torch.tensor([where[r] for r in rows])]
 
     def numpy(self) -> np.ndarray:
         """Every row as one numpy array (bfloat16 is widened to float32)."""

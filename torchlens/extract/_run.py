@@ -22,8 +22,8 @@ from torchlens.extract import _store
 from torchlens.extract._batches import (
     Batch,
     BatchPlan,
+    batch_error,
     call_args,
-    check_batch_error,
     describe,
     pick,
     to_device,
@@ -48,7 +48,7 @@ def extract(
     device: str | torch.device | None = None,
     overwrite: bool = False,
     progress: bool | None = None,
-    shard_mb: float = 64.0,
+    shard_mb: float = 16.0,
 ) -> Extraction:
     """Run ``model`` over every batch of ``data`` and store the ``save=`` sites, one row per
     example, in the directory ``to``; resumable, and split across processes under torchrun.
@@ -77,7 +77,8 @@ def extract(
         device: where inputs go (default: the device of the model's first parameter).
         overwrite: run again over a finished run, or over one started with other arguments.
         progress: show a tqdm bar; ``None`` shows it only on a terminal (and on rank 0).
-        shard_mb: megabytes buffered before a shard is written.
+        shard_mb: megabytes of rows buffered before a shard is written (writing one briefly
+            takes twice that).
 
     Returns:
         The finished :class:`~torchlens.extract.Extraction` (as :func:`load_extraction`).
@@ -176,7 +177,7 @@ class _Run:
         except TorchLensError:
             raise
         except Exception as err:
-            raise check_batch_error(err, batch) from err
+            raise batch_error(err, batch) from err
         values = {}
         for view in rec.ops:
             if self.selector.matches(view):

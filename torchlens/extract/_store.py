@@ -187,8 +187,11 @@ class ShardWriter:
             return
         parts, batches = self.parts, self.batches
         self.parts, self.batches, self.nbytes = {}, [], 0
-        tensors = {k: torch.cat(v).contiguous() for k, v in parts.items()}
+        tensors = {}
+        for key in list(parts):  # free each site's parts as soon as they are joined
+            tensors[key] = torch.cat(parts.pop(key)).contiguous()
         data = _to_bytes(tensors, metadata={"batches": json.dumps(batches)})
+        del tensors
         _write_file(self.root / SHARDS / f"shard-{batches[0][0]:09d}.safetensors", data)
 
 
