@@ -10,8 +10,10 @@ mean). Data is synthetic, made per example from its index, so it takes no memory
   extract time / hooks time (target: at most 1.10 on both models). torch runs on one thread
   and runs are timed by process CPU time (steadier on a shared machine; ``--clock wall``
   for wall time, which adds the disk writes' waits);
-* memory: peak RSS of ``tl.extract`` in a fresh process at 1k and at 10k examples (target:
-  flat).
+* memory: peak RSS of ``tl.extract`` in a fresh process at 1k and at 10k examples, from
+  after the set-up (target: flat). Rows are buffered up to ``--shard-mb`` (default 16, as
+  ``tl.extract``) and writing a shard briefly doubles that, so the peak rises until the
+  buffer fills, then stays flat; ``--shard-mb 1`` shows the flat part at these sizes.
 
 Run: ``python benchmarks/bench_extract.py [--examples 512] [--rounds 5] [--rss 1000,10000]
 [--clock wall]``.
@@ -70,9 +72,9 @@ def setup(name: str, n: int):
     return model, modules, labels, loader
 
 
-def run_extract(name, model, labels, loader, out: Path) -> None:
+def run_extract(name, model, labels, loader, out: Path, shard_mb: float = 16.0) -> None:
     tl.extract(model, loader, save=tl.label(*labels.values()), to=out, reduce=REDUCE[name],
-               progress=False, overwrite=True)  # fmt: skip
+               progress=False, overwrite=True, shard_mb=shard_mb)  # fmt: skip
 
 
 def _keep(saved: dict, label: str, reduce, module, args, output) -> None:
@@ -142,22 +144,23 @@ def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def child_rss(name: str, n: int, folder: str) -> None:
+def child_rss(name: str, n: int, folder: str, shard_mb: float) -> None:
     model, _, labels, loader = setup(name, n)
     setup_mb = _peak_mb()
     reset = _reset_peak()
     start = time.perf_counter()
-    run_extract(name, model, labels, loader, Path(folder) / "run")
+    run_extract(name, model, labels, loader, Path(folder) / "run", shard_mb)
     seconds = time.perf_counter() - start
     print(json.dumps({"examples": n, "peak_mb": _peak_mb(), "setup_mb": setup_mb,
                       "reset": reset, "ex_per_s": n / seconds}))  # fmt: skip
 
 
-def bench_rss(name: str, sizes: list[int]) -> list[dict]:
+def bench_rss(name: str, sizes: list[int], shard_mb: float) -> list[dict]:
     rows = []
     for n in sizes:
         with tempfile.TemporaryDirectory() as folder:
-            cmd = [sys.executable, __file__, "--child-rss", str(n), "--models", name, folder]
+            cmd = [sys.executable, __file__, "--child-rss", str(n), "--models", name,
+                   "--shard-mb", str(shard_mb), folder]  # fmt: skip
             out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
             rows.append(json.loads(out.strip().splitlines()[-1]))
     return rows
@@ -170,13 +173,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="convnet8,transformer_encoder")
     parser.add_argument("--rss", default="1000,10000", help="example counts, '' to skip")
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
+    parser.add_argument("--shard-mb", type=float, default=16.0, help="for the RSS runs")
     parser.add_argument("--child-rss", type=int, help=argparse.SUPPRESS)
     parser.add_argument("folder", nargs="?", help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
     torch.set_num_threads(1)
     names = opts.models.split(",")
     if opts.child_rss:
-        child_rss(names[0], opts.child_rss, opts.folder)
+        child_rss(names[0], opts.child_rss, opts.folder, opts.shard_mb)
         return 0
     failed = False
     with tempfile.TemporaryDirectory() as folder:
@@ -190,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['ratio']:.3f} (target <= {TARGET}) {'ok' if ok else 'MISSED'}")  # fmt: skip
     sizes = [int(s) for s in opts.rss.split(",") if s]
     if sizes:
-        rows = bench_rss(names[0], sizes)
+        rows = bench_rss(names[0], sizes, opts.shard_mb)
         for row in rows:
             during = "during extraction" if row["reset"] else "whole process"
             print(f"{names[0]:20s} peak RSS at {row['examples']:6d} examples: "

@@ -330,3 +330,18 @@ def test_shuffled_or_presharded_loaders_are_refused(tmp_path):
         with pytest.raises(InvalidArgumentError) as err:
             _run(tmp_path, loader, inputs=0, overwrite=True)
         assert err.value.code == code
+
+
+def test_damaged_runs_fail_typed_on_reading(tmp_path):
+    _run(tmp_path, shard_mb=0)
+    run = tmp_path / "run"
+    (run / "shards" / "shard-000000003.safetensors").unlink()
+    ex = tl.load_extraction(run)
+    assert torch.equal(ex["relu_1"][:12], torch.cat([_mlp()[:2](x) for x in _batches()[:3]]))
+    with pytest.raises(ExtractionError) as err:
+        ex["relu_1"][:]
+    assert err.value.code == "corrupt" and "shard-000000003" in str(err.value)
+    (run / "manifest.json").write_text('{"format": "torchlens-extr')
+    with pytest.raises(ExtractionError) as err:
+        tl.load_extraction(run)
+    assert err.value.code == "corrupt"
