@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 import torch
@@ -455,6 +457,26 @@ def test_mode_and_hooks_removed_after_exception():
         "relu",
         "linear",
     ]
+
+
+def test_garbage_collector_is_paused_during_capture_and_restored_on_every_exit():
+    seen = []
+
+    def probe(x):
+        seen.append(gc.isenabled())
+        return x * 2
+
+    assert gc.isenabled()
+    tl.trace(probe, torch.randn(2))
+    with pytest.raises(ValueError, match="boom"):
+        tl.trace(Explodes(), torch.randn(1, 2))
+    assert seen == [False] and gc.isenabled()
+    gc.disable()  # a caller that paused it itself keeps it paused
+    try:
+        tl.trace(probe, torch.randn(2))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_hooks_removed_after_success():

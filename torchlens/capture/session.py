@@ -8,6 +8,7 @@ in the middle of a capture.
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -58,6 +59,7 @@ class CaptureSession:
             _local.session = self
             stack.callback(_clear_session)
             stack.callback(_remove_all, install_module_hooks(self.model, self.builder))
+            stack.enter_context(_collector_paused())
             stack.enter_context(self.mode)
             self._stack = stack.pop_all()
         return self
@@ -65,6 +67,23 @@ class CaptureSession:
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         trim_torchlens_frames(exc)  # a model's error then ends at the model's line
         self._stack.close()
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused for the capture, as it was after.
+
+    A capture allocates a few objects per op, which triggers collections that walk every
+    object torch holds (~170,000): a fifth of the capture time of a model of small ops.
+    Reference counting still frees everything acyclic at once; cycles wait until the end.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _remove_all(handles: list) -> None:
