@@ -30,7 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-grad", action="store_true", help="run under torch.no_grad()")
     opts = parser.parse_args(argv)
     torch.set_grad_enabled(not opts.no_grad)
-    print(f"{'model':<22}{'ops':>6}{'forward ms':>12}{'trace ms':>10}{'ratio':>8}{'target':>8}")
+    print(
+        f"{'model':<22}{'ops':>6}{'forward ms':>12}{'trace ms':>10}{'ratio':>8}"
+        f"{'us/op':>8}{'target':>8}"
+    )
     failed = False
     for name, factory in BENCH_MODELS.items():
         model, args = factory()
@@ -45,9 +48,10 @@ def main(argv: list[str] | None = None) -> int:
         ratio = medians["trace"] / medians["forward"]
         target = TARGETS.get(name)
         failed |= target is not None and ratio > target
+        per_op = (medians["trace"] - medians["forward"]) / n_ops * 1e6  # capture cost per op
         print(
             f"{name:<22}{n_ops:>6}{medians['forward'] * 1e3:>12.2f}"
-            f"{medians['trace'] * 1e3:>10.2f}{ratio:>8.2f}{target or '-':>8}"
+            f"{medians['trace'] * 1e3:>10.2f}{ratio:>8.2f}{per_op:>8.1f}{target or '-':>8}"
         )
     return 1 if failed else 0
 
