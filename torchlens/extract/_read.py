@@ -71,8 +71,16 @@ class _Shards:
 class SiteArray:
     """One site's rows, one per example, read from disk only when indexed.
 
-    ``array[i]``, ``array[a:b]``, ``array[[i, j]]`` give tensors; ``array[:]`` or
-    ``np.asarray(array)`` everything. ``shape[0]`` is the number of examples.
+    ``array[i]``, ``array[a:b]``, ``array[[i, j]]``, ``array[mask]`` give tensors;
+    ``array[:]`` or ``np.asarray(array)`` everything. ``shape[0]`` is the number of examples.
+
+    Example:
+        >>> import tempfile, torch, torchlens as tl
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+        >>> ex = tl.extract(model, [torch.ones(4, 4)], save=tl.func("relu"),
+        ...                 to=tempfile.mkdtemp() + "/run", progress=False)
+        >>> ex["relu_1"], ex["relu_1"][1:3].shape
+        (SiteArray('relu_1', shape=(4, 3), dtype=torch.float32), torch.Size([2, 3]))
     """
 
     def __init__(self, shards: _Shards, key: str, shape: list[int], dtype: str) -> None:
@@ -168,6 +176,18 @@ class Extraction(Mapping):
         meta: the manifest (``n_examples``, ``model``, ``torch_version``,
             ``torchlens_version``, ``args`` and the shard index).
         targets: the stored ``targets=`` part of each batch, or ``None``.
+
+    Example:
+        >>> import tempfile, torch, torchlens as tl
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+        >>> batches = [(torch.randn(5, 4), torch.arange(5))]
+        >>> ex = tl.extract(model, batches, save=tl.func("linear", "relu"), inputs=0, targets=1,
+        ...                 to=tempfile.mkdtemp() + "/run", progress=False)
+        >>> list(ex), ex.n_examples, ex.meta["sites"]["relu_1"]["shape"]
+        (['linear_1', 'relu_1'], 5, [5, 3])
+        >>> features, label = ex.dataset("relu_1")[4]
+        >>> features.shape, int(label)
+        (torch.Size([3]), 4)
     """
 
     def __init__(self, root: Path, manifest: dict[str, Any]) -> None:

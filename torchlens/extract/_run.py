@@ -262,15 +262,27 @@ def _run_args(model, data, selector, stop_after, inputs, targets, reduce) -> dic
     }
 
 
+_WHOLE = 1 << 24  # tensors up to this many elements are hashed whole
+_SAMPLE = 1 << 20  # larger ones: this many evenly spaced elements, plus their sum
+
+
 def _digest(model: Any) -> str | None:
-    """A hash of the model's parameters and buffers (names, dtypes, shapes and values)."""
+    """A hash of the model's parameters and buffers: names, dtypes, shapes and values (a
+    tensor over 16M elements by an even sample and its sum, computed on its own device, so
+    that a large GPU model is not copied whole to the CPU)."""
     if not isinstance(model, nn.Module):
         return None
     h = hashlib.sha256()
     for name, t in model.state_dict().items():
-        t = t.detach().cpu().contiguous().reshape(-1)
+        t = t.detach()
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        flat = t.reshape(-1)
+        if flat.numel() > _WHOLE:
+            total = flat.double().sum() if flat.is_floating_point() else flat.sum()
+            h.update(repr(total.item()).encode())
+            flat = flat[:: flat.numel() // _SAMPLE]
+        if flat.numel():
+            h.update(flat.contiguous().cpu().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()[:16]
 
 
