@@ -5,7 +5,8 @@ forward, ``tl.trace`` and ``tl.validate``; a model's ratio is the median over ro
 per-round ratio to the forward (see ``timing.interleaved_ratios``), and a family's figure is
 the median over its models. Models whose forward mutates its inputs (a cache passed in) are
 left out: repeating the call would time a different forward each round. A model that does not
-validate ``passed`` is still timed, and marked ``*`` in the per-model table.
+validate ``passed`` is still timed, and marked ``*`` in the per-model table; one whose
+validation raises is listed as an error and left out of the medians.
 
 Run (in an environment with the ``zoo`` extra): ``python benchmarks/bench_realworld.py
 [--repeats N] [--family F] [--per-model]``.
@@ -44,7 +45,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if "mutates_input" in case.tags or missing_packages(case):
             continue
-        rows.append((case, *_bench(case, opts.repeats)))
+        try:
+            rows.append((case, *_bench(case, opts.repeats)))
+        except Exception as error:  # noqa: BLE001 - reported, the others still run
+            print(f"{case.name}: not timed, {type(error).__name__}: {error}")
     if opts.per_model:
         print(f"{'model':<40}{'family':<13}{'forward ms':>11}{'trace x':>9}{'validate x':>12}")
         for case, forward_ms, trace_x, validate_x, passed in rows:

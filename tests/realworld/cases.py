@@ -182,6 +182,7 @@ def _encoder(
     token_types=False,
     train=False,
     checkpointing=False,
+    mask=True,
     **config,
 ):
     def build():
@@ -189,7 +190,9 @@ def _encoder(
         if train:
             _train(model, checkpointing)
         torch.manual_seed(SEED + 1)
-        kwargs = {"input_ids": _ids(), "attention_mask": _padded_mask()}
+        kwargs = {"input_ids": _ids()}
+        if mask:
+            kwargs["attention_mask"] = _padded_mask()
         if token_types:
             kwargs["token_type_ids"] = torch.tensor([[0] * 4 + [1] * 4] * BATCH)
         return model, (), kwargs
@@ -346,6 +349,44 @@ def _ast():
     return model, (torch.randn(BATCH, 32, 16),), {}
 
 
+def _encodec():
+    """EnCodec: conv encoder, LSTM, residual vector quantizer (argmin over codebooks), decoder."""
+    model = _hf_model(
+        "EncodecModel",
+        "EncodecConfig",
+        attn=None,
+        hidden_size=16,
+        num_filters=4,
+        num_residual_layers=1,
+        upsampling_ratios=[4, 2],
+        codebook_size=16,
+        codebook_dim=16,
+        num_lstm_layers=1,
+        target_bandwidths=[1.5],
+        sampling_rate=800,
+    )
+    torch.manual_seed(SEED + 1)
+    return model, (torch.randn(1, 1, 400),), {}
+
+
+def _time_series():
+    """PatchTST: a patching time-series transformer, called with past values."""
+    model = _hf_model(
+        "PatchTSTModel",
+        "PatchTSTConfig",
+        num_input_channels=3,
+        context_length=32,
+        patch_length=8,
+        patch_stride=8,
+        d_model=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        ffn_dim=64,
+    )
+    torch.manual_seed(SEED + 1)
+    return model, (), {"past_values": torch.randn(BATCH, 32, 3)}
+
+
 # ---------------------------------------------------------------------------
 # timm and torchvision helpers
 # ---------------------------------------------------------------------------
@@ -482,6 +523,41 @@ def _tv_r3d():
 
     torch.manual_seed(SEED)
     model = torchvision.models.video.r3d_18(weights=None, num_classes=5)
+    model.eval()
+    torch.manual_seed(SEED + 1)
+    return model, (torch.randn(1, 3, 4, 32, 32),), {}
+
+
+def _tv_ssdlite():
+    """SSDlite at its fixed 320-pixel transform, few detections kept."""
+    import torchvision
+
+    torch.manual_seed(SEED)
+    model = torchvision.models.detection.ssdlite320_mobilenet_v3_large(
+        weights=None, weights_backbone=None, num_classes=3, topk_candidates=20, detections_per_img=5
+    )
+    model.eval()
+    torch.manual_seed(SEED + 1)
+    return model, ([torch.rand(3, 64, 64)],), {}
+
+
+def _tv_quantizable_mobilenet():
+    """MobileNetV3 made ready for quantization (QuantStub, FloatFunctional), not quantized."""
+    import torchvision
+
+    torch.manual_seed(SEED)
+    model = torchvision.models.quantization.mobilenet_v3_large(weights=None, quantize=False)
+    model.eval()
+    torch.manual_seed(SEED + 1)
+    return model, (_image(64),), {}
+
+
+def _tv_r2plus1d():
+    """(2+1)D video ResNet: spatial then temporal convolutions."""
+    import torchvision
+
+    torch.manual_seed(SEED)
+    model = torchvision.models.video.r2plus1d_18(weights=None, num_classes=5)
     model.eval()
     torch.manual_seed(SEED + 1)
     return model, (torch.randn(1, 3, 4, 32, 32),), {}
@@ -771,6 +847,62 @@ CASES: list[RealCase] = [
         ),
         tags={"kwargs", "mask", "moe", "ssm"},
     ),
+    _c(
+        "recurrent_gemma",
+        "hf_decoder",
+        _lm(
+            "RecurrentGemmaForCausalLM",
+            "RecurrentGemmaConfig",
+            attn=None,
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=8,
+            lru_width=32,
+            attention_window_size=4,
+            block_types=["recurrent", "recurrent", "attention"],
+        ),
+        tags={"kwargs", "mask", "ssm"},
+    ),
+    _c(
+        "mamba2",
+        "hf_decoder",
+        _lm(
+            "Mamba2ForCausalLM",
+            "Mamba2Config",
+            mask=None,
+            attn=None,
+            vocab_size=VOCAB,
+            hidden_size=32,
+            state_size=8,
+            num_hidden_layers=2,
+            expand=2,
+            head_dim=8,
+            num_heads=8,
+            n_groups=1,
+            chunk_size=4,
+            conv_kernel=4,
+        ),
+        tags={"kwargs", "ssm"},
+    ),
+    _c(
+        "xlnet",
+        "hf_decoder",
+        _lm(
+            "XLNetLMHeadModel",
+            "XLNetConfig",
+            attn=None,
+            vocab_size=VOCAB,
+            d_model=32,
+            n_layer=2,
+            n_head=4,
+            d_inner=64,
+        ),
+        tags={"kwargs", "mask"},
+    ),
     # --- Hugging Face encoders -------------------------------------------------------------
     _c(
         "bert",
@@ -870,6 +1002,75 @@ CASES: list[RealCase] = [
             attn=None,
             relative_attention=True,
             pos_att_type=["p2c", "c2p"],
+            **_BERT_LIKE,
+        ),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "fnet",
+        "hf_encoder",
+        _encoder(
+            "FNetModel",
+            "FNetConfig",
+            attn=None,
+            mask=False,
+            **{k: v for k, v in _BERT_LIKE.items() if k != "num_attention_heads"},
+        ),
+        tags={"kwargs"},
+    ),
+    _c(
+        "funnel",
+        "hf_encoder",
+        _encoder(
+            "FunnelModel",
+            "FunnelConfig",
+            attn=None,
+            vocab_size=VOCAB,
+            block_sizes=[1, 1],
+            num_decoder_layers=1,
+            d_model=32,
+            n_head=4,
+            d_head=8,
+            d_inner=64,
+        ),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "big_bird",
+        "hf_encoder",
+        _encoder(
+            "BigBirdModel", "BigBirdConfig", attn=None, attention_type="original_full", **_BERT_LIKE
+        ),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "squeezebert",
+        "hf_encoder",
+        _encoder(
+            "SqueezeBertModel",
+            "SqueezeBertConfig",
+            attn=None,
+            embedding_size=32,
+            q_groups=2,
+            k_groups=2,
+            v_groups=2,
+            post_attention_groups=2,
+            intermediate_groups=2,
+            output_groups=2,
+            **_BERT_LIKE,
+        ),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
+        "canine",
+        "hf_encoder",
+        _encoder(
+            "CanineModel",
+            "CanineConfig",
+            attn=None,
+            num_hash_buckets=64,
+            downsampling_rate=2,
+            local_transformer_stride=4,
             **_BERT_LIKE,
         ),
         tags={"kwargs", "mask"},
@@ -1118,6 +1319,8 @@ CASES: list[RealCase] = [
         tags={"kwargs", "mask"},
     ),
     _c("audio_spectrogram_transformer", "hf_audio", _ast),
+    _c("encodec", "hf_audio", _encodec),
+    _c("patchtst_time_series", "hf_audio", _time_series, tags={"kwargs"}),
     # --- timm ------------------------------------------------------------------------------
     _c("timm_resnet18", "timm", _timm("resnet18", 64), _TIMM),
     _c("timm_vit_tiny", "timm", _timm("vit_tiny_patch16_224", 32, img_size=32), _TIMM),
@@ -1162,6 +1365,18 @@ CASES: list[RealCase] = [
         _TIMM,
         tags={"train", "checkpointing"},
     ),
+    _c("timm_hrnet_w18_small", "timm", _timm("hrnet_w18_small", 64), _TIMM),
+    _c("timm_sknet", "timm", _timm("skresnet18", 64), _TIMM),
+    _c("timm_resnest14d", "timm", _timm("resnest14d", 64), _TIMM),
+    _c("timm_res2net", "timm", _timm("res2net50_14w_8s", 32), _TIMM),
+    _c("timm_repvgg_a0", "timm", _timm("repvgg_a0", 64), _TIMM),
+    _c("timm_tresnet", "timm", _timm("tresnet_m", 64), _TIMM),
+    _c("timm_crossvit_tiny", "timm", _timm("crossvit_tiny_240", 240), _TIMM),
+    _c("timm_xcit_nano", "timm", _timm("xcit_nano_12_p16_224", 32, img_size=32), _TIMM),
+    _c("timm_eva02_tiny", "timm", _timm("eva02_tiny_patch14_224", 28, img_size=28), _TIMM),
+    _c("timm_fastvit_t8", "timm", _timm("fastvit_t8", 64), _TIMM),
+    _c("timm_edgenext", "timm", _timm("edgenext_xx_small", 64), _TIMM),
+    _c("timm_dla34", "timm", _timm("dla34", 64), _TIMM),
     # --- torchvision -----------------------------------------------------------------------
     _c("tv_resnet18", "torchvision", _tv("resnet18", 64), _TV),
     _c(
@@ -1248,6 +1463,20 @@ CASES: list[RealCase] = [
     _c("tv_keypointrcnn", "torchvision", _tv_keypointrcnn, _TV, tags={"detection"}),
     _c("tv_raft_small", "torchvision", _tv_raft_small, _TV, tags={"kwargs"}),
     _c("tv_r3d_18", "torchvision", _tv_r3d, _TV),
+    _c(
+        "tv_ssdlite320",
+        "torchvision",
+        _tv_ssdlite,
+        _TV,
+        tags={"detection"},
+    ),
+    _c(
+        "tv_quantizable_mobilenet_v3",
+        "torchvision",
+        _tv_quantizable_mobilenet,
+        _TV,
+    ),
+    _c("tv_r2plus1d_18", "torchvision", _tv_r2plus1d, _TV),
 ]
 
 CASES_BY_NAME = {case.name: case for case in CASES}
