@@ -40,24 +40,28 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     rows = []
+    if opts.per_model:
+        print(f"{'model':<40}{'family':<13}{'forward ms':>11}{'trace x':>9}{'validate x':>12}")
     for case in CASES:
         if opts.family and case.family not in opts.family:
             continue
         if "mutates_input" in case.tags or missing_packages(case):
             continue
         try:
-            rows.append((case, *_bench(case, opts.repeats)))
+            row = (case, *_bench(case, opts.repeats))
         except Exception as error:  # noqa: BLE001 - reported, the others still run
             print(f"{case.name}: not timed, {type(error).__name__}: {error}")
-    if opts.per_model:
-        print(f"{'model':<40}{'family':<13}{'forward ms':>11}{'trace x':>9}{'validate x':>12}")
-        for case, forward_ms, trace_x, validate_x, passed in rows:
+            continue
+        rows.append(row)
+        if opts.per_model:
+            _, forward_ms, trace_x, validate_x, passed = row
             mark = "" if passed else " *"
             print(
                 f"{case.name:<40}{case.family:<13}{forward_ms:>11.1f}{trace_x:>9.2f}"
-                f"{validate_x:>12.2f}{mark}"
+                f"{validate_x:>12.2f}{mark}",
+                flush=True,
             )
-        print()
+    print()
     print(f"{'family':<13}{'models':>7}{'median trace x':>16}{'median validate x':>19}")
     for family in FAMILIES:
         got = [row for row in rows if row[0].family == family]

@@ -1320,7 +1320,7 @@ CASES: list[RealCase] = [
     ),
     _c("audio_spectrogram_transformer", "hf_audio", _ast),
     _c("encodec", "hf_audio", _encodec),
-    _c("patchtst_time_series", "hf_audio", _time_series, tags={"kwargs"}),
+    _c("patchtst_time_series", "hf_encoder", _time_series, tags={"kwargs"}),
     # --- timm ------------------------------------------------------------------------------
     _c("timm_resnet18", "timm", _timm("resnet18", 64), _TIMM),
     _c("timm_vit_tiny", "timm", _timm("vit_tiny_patch16_224", 32, img_size=32), _TIMM),
