@@ -162,6 +162,17 @@ def test_reductions_pool_before_storing(tmp_path):
     tokens = [torch.randn(2, 5, 4) for _ in range(2)]
     ex = _run(tmp_path, tokens, name="tokens", reduce="token_mean")
     assert torch.allclose(ex["relu_1"][:], torch.cat([_mlp()[:2](t) for t in tokens]).mean(1))
+    masked = [{"x": t, "mask": torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])} for t in tokens]
+
+    def masked_mean(t, batch):  # a reduction that sees the batch: pool the real tokens only
+        m = batch["mask"][..., None].to(t.dtype)
+        return (t * m).sum(1) / m.sum(1)
+
+    ex = _run(tmp_path, masked, name="masked", inputs="x", reduce=masked_mean)
+    full = torch.cat([_mlp()[:2](t) for t in tokens]).detach()
+    expected = torch.stack([full[0, :3].mean(0), full[1].mean(0), full[2, :3].mean(0),
+                            full[3].mean(0)])  # fmt: skip
+    assert torch.allclose(ex["relu_1"][:], expected)
     with pytest.raises(InvalidArgumentError) as err:
         _run(tmp_path, name="bad", reduce="median")
     assert err.value.code == "bad_reduce" and "spatial_mean" in str(err.value)

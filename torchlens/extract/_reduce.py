@@ -1,7 +1,13 @@
-"""Per-site reductions applied to a batch's activations before anything is stored."""
+"""Per-site reductions applied to a batch's activations before anything is stored.
+
+A reduction is a name from :data:`REDUCTIONS`, a function ``tensor -> tensor``, or a function
+``(tensor, batch) -> tensor`` that also sees the batch as the data gave it (to pool over the
+real tokens with the batch's attention mask, say). It must keep the batch dimension first.
+"""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -31,7 +37,23 @@ REDUCTIONS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
-def _as_fn(value: Any) -> Callable[[Tensor], Tensor]:
+def _takes_batch(fn: Callable) -> bool:
+    """Whether ``fn`` takes a second positional argument (the batch)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # builtins without a signature take the tensor only
+        return False
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    positional = [p for p in params if p.kind in kinds]
+    varargs = any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in params)
+    return varargs or len(positional) >= 2
+
+
+def _as_fn(value: Any) -> Callable[[Tensor, Any], Tensor]:
+    """The reduction as ``fn(tensor, batch)``: named ones and one-argument functions ignore
+    the batch; a two-argument function gets it (for a padding mask, say)."""
+    if callable(value) and not isinstance(value, str):
+        return value if _takes_batch(value) else (lambda t, batch, fn=value: fn(t))
     if isinstance(value, str):
         fn = REDUCTIONS.get(value)
         if fn is None:
@@ -40,9 +62,7 @@ def _as_fn(value: Any) -> Callable[[Tensor], Tensor]:
                 "or a function tensor -> tensor",
                 code="bad_reduce",
             )
-        return fn
-    if callable(value):
-        return value
+        return lambda t, batch: fn(t)
     raise InvalidArgumentError(
         f"reduce= takes a name, a function or a {{site: reduction}} dict, got "
         f"{type(value).__name__}",
@@ -56,7 +76,7 @@ class Reducer:
     whole)."""
 
     def __init__(self, spec: Any) -> None:
-        self.rules: list[tuple[Any, Callable[[Tensor], Tensor]]] = []
+        self.rules: list[tuple[Any, Callable[[Tensor, Any], Tensor]]] = []
         if spec is None:
             return
         if isinstance(spec, dict):
@@ -70,17 +90,17 @@ class Reducer:
         else:
             self.rules.append((None, _as_fn(spec)))
 
-    def __call__(self, view: Any, value: Tensor) -> Tensor:
+    def __call__(self, view: Any, value: Tensor, batch: Any = None) -> Tensor:
         for key, fn in self.rules:
             hit = key is None or (view.label == key if isinstance(key, str) else key.matches(view))
             if hit:
-                return self._apply(fn, view.label, value)
+                return self._apply(fn, view.label, value, batch)
         return value
 
     @staticmethod
-    def _apply(fn: Callable[[Tensor], Tensor], label: str, value: Tensor) -> Tensor:
+    def _apply(fn: Callable[[Tensor, Any], Tensor], label: str, value: Tensor, batch: Any):
         try:
-            out = fn(value)
+            out = fn(value, batch)
         except Exception as err:
             raise InvalidArgumentError(
                 f"the reduction for site {label!r} failed on a {tuple(value.shape)} "

@@ -72,7 +72,8 @@ def extract(
         targets: a part of each batch to store too (as ``inputs=``), e.g. ``1`` for labels.
         reduce: applied to each site before it is stored: ``"spatial_mean"``,
             ``"token_mean"``, ``"token_last"``, ``"flatten"``, a function ``tensor ->
-            tensor`` keeping the batch dimension, or ``{label or selector: reduction}``.
+            tensor`` or ``(tensor, batch) -> tensor`` keeping the batch dimension, or
+            ``{label or selector: reduction}``.
         stop_after: a selector: halt each forward after the first matching op.
         device: where inputs go (default: the device of the model's first parameter).
         overwrite: run again over a finished run, or over one started with other arguments.
@@ -181,8 +182,8 @@ class _Run:
         values = {}
         for view in rec.ops:
             if self.selector.matches(view):
-                values[view.label] = self._row_block(view.label, self.reducer(view, view.out),
-                                                     batch)  # fmt: skip
+                reduced = self.reducer(view, view.out, batch.data)
+                values[view.label] = self._row_block(view.label, reduced, batch)
         if self.targets is not None:
             target = pick(batch.data, self.targets, "targets")
             values[_store.TARGETS] = self._row_block("targets=", torch.as_tensor(target), batch)
