@@ -23,6 +23,7 @@ __all__ = [
     "missing_label_message",
     "module_types",
     "not_found_message",
+    "note_returns",
     "summary_text",
 ]
 
@@ -178,3 +179,18 @@ def _row(op: Any) -> tuple[str, ...]:
 def module_types(calls: Iterable[Any]) -> Mapping[str, str]:
     """Address -> class name, from a trace's module calls."""
     return {m.address: m.module_type for m in calls}
+
+
+def note_returns(calls: Iterable[Any], records: Mapping[str, Any]) -> None:
+    """Set each op's ``returned_by``: the non-root module calls that returned its value."""
+    returned: dict[str, list[tuple[str, int, str]]] = {}
+    for call in calls:
+        if call.address:  # the root's return is trace.outputs
+            for label in call.outputs:
+                returned.setdefault(label, []).append(
+                    (call.address, call.call_index, call.module_type)
+                )
+    for label, frames in returned.items():
+        record = records.get(label)
+        if record is not None and hasattr(record, "returned_by"):
+            record.returned_by = tuple(frames)

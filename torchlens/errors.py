@@ -23,6 +23,7 @@ __all__ = [
     "SelectorMatchError",
     "InterventionError",
     "ExtractionError",
+    "MixedShapesWarning",
 ]
 
 
@@ -194,3 +195,15 @@ class ExtractionError(TorchLensError, RuntimeError):
     """
 
     code = "extraction_failed"
+
+
+class MixedShapesWarning(UserWarning):
+    """One ``intervene=`` selector edited ops of different shapes (``tl.module("block")``
+    matches every op inside the block, not what it returned).
+
+    Select ``tl.module(...).output`` for what a module returned, or ``tl.label(...)`` for
+    one op; silence it with ``warnings.filterwarnings("ignore", category=MixedShapesWarning)``
+    when editing them all is intended.
+    """
+
+    code = "mixed_shapes"

@@ -30,7 +30,7 @@ class OpView:
 
     __slots__ = (
         "label", "index", "func_name", "output_index", "module", "module_stack",
-        "module_type", "shape", "dtype", "device", "meta", "_store",
+        "module_type", "shape", "dtype", "device", "meta", "returned_by", "_store",
     )  # fmt: skip
 
     def __init__(
@@ -54,6 +54,7 @@ class OpView:
         self.dtype = tensor.dtype
         self.device = tensor.device
         self.meta: dict[str, Any] = {}
+        self.returned_by: tuple[tuple[str, int, str], ...] = ()  # set for module outputs
         self._store: MemoryPayloadStore | None = None
 
     @property

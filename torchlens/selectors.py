@@ -50,6 +50,7 @@ class Selector:
 
     static: bool = False  # the answer depends only on func_name and module addresses
     func_names: frozenset[str] | None = None  # the only function names it can match
+    at_exit: bool = False  # asks what a module call returned: answered when the call ends
 
     def matches(self, op: Any) -> bool:
         """Whether the op (an :class:`~torchlens.trace.Op` or a light view) is selected."""
@@ -114,6 +115,7 @@ class _Func(Selector):
 class _Module(Selector):
     pattern: str
     call: int | None = None
+    type_name: str | None = None  # the innermost module's class name must be this
     _regex: re.Pattern | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -123,14 +125,28 @@ class _Module(Selector):
         object.__setattr__(self, "static", self.call is None)
 
     def matches(self, op: Any) -> bool:
+        if self.type_name is not None and op.module_type != self.type_name:
+            return False
         if self.pattern == "" and self.call is None:  # the root: every op
             return True
+        if self.pattern == "*" and self.type_name is not None:  # type only: any call
+            return bool(op.module_stack)
         regex, pattern, call = self._regex, self.pattern, self.call
         for address, index in op.module_stack:
             hit = regex.match(address) is not None if regex else address == pattern
             if hit and (call is None or index == call):
                 return True
         return False
+
+    @property
+    def output(self) -> Selector:
+        """The op(s) each matching module call returned (not the ops inside it).
+
+        Example:
+            >>> module("layers.0").output
+            module('layers.0').output
+        """
+        return _ModuleOutput(self)
 
     def suggestions(self, seen: Candidates) -> list[str]:
         modules = set(seen.modules)
@@ -142,7 +158,41 @@ class _Module(Selector):
 
     def __repr__(self) -> str:
         call = "" if self.call is None else f", call={self.call}"
-        return f"module({self.pattern!r}{call})"
+        kind = "" if self.type_name is None else f", type={self.type_name!r}"
+        return f"module({self.pattern!r}{call}{kind})"
+
+
+@dataclass(frozen=True, eq=False)
+class _ModuleOutput(Selector):
+    """``tl.module(...).output``: matches the ops whose value a matching module call
+    returned, read from ``op.returned_by`` (filled when the call ends)."""
+
+    calls: _Module
+    at_exit = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "func_names", frozenset())  # nothing matches mid-call
+
+    def matches(self, op: Any) -> bool:
+        sel = self.calls
+        for address, index, type_name in getattr(op, "returned_by", ()):
+            if sel.type_name is not None and type_name != sel.type_name:
+                continue
+            if sel.pattern == "*" and sel.type_name is not None:
+                hit = True
+            elif sel._regex is not None:
+                hit = sel._regex.match(address) is not None
+            else:
+                hit = address == sel.pattern
+            if hit and (sel.call is None or index == sel.call):
+                return True
+        return False
+
+    def suggestions(self, seen: Candidates) -> list[str]:
+        return self.calls.suggestions(seen)
+
+    def __repr__(self) -> str:
+        return f"{self.calls!r}.output"
 
 
 @dataclass(frozen=True, eq=False)
@@ -187,6 +237,7 @@ class _And(Selector):
         names = a if b is None else b if a is None else a & b
         object.__setattr__(self, "func_names", names)
         object.__setattr__(self, "static", self.left.static and self.right.static)
+        object.__setattr__(self, "at_exit", self.left.at_exit or self.right.at_exit)
 
     def matches(self, op: Any) -> bool:
         return self.left.matches(op) and self.right.matches(op)
@@ -207,6 +258,7 @@ class _Or(Selector):
         a, b = self.left.func_names, self.right.func_names
         object.__setattr__(self, "func_names", None if a is None or b is None else a | b)
         object.__setattr__(self, "static", self.left.static and self.right.static)
+        object.__setattr__(self, "at_exit", self.left.at_exit or self.right.at_exit)
 
     def matches(self, op: Any) -> bool:
         return self.left.matches(op) or self.right.matches(op)
@@ -224,6 +276,7 @@ class _Not(Selector):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "static", self.inner.static)
+        object.__setattr__(self, "at_exit", self.inner.at_exit)
 
     def matches(self, op: Any) -> bool:
         return not self.inner.matches(op)
@@ -261,27 +314,59 @@ def func(*names: str) -> Selector:
     return _Func(_strings(names, "func"))
 
 
-def module(pattern: str, call: int | None = None) -> Selector:
-    """Select the ops run inside a module call, nested submodules included.
+def module(
+    pattern: str | None = None, call: int | None = None, *, type: type | str | None = None
+) -> Selector:
+    """Select the ops run inside a module call, nested submodules included; ``.output``
+    selects what the call returned instead.
+
+    ``tl.module("blocks.0").output`` matches the op(s) whose value the module's forward
+    returned (every call, or the ``call=`` one), as a forward hook sees it: with
+    ``intervene=`` the edit replaces the returned value, once, however many ops ran inside.
+    An opened composite function (``capture/composite.py``) is a call too, at the
+    enclosing module's address plus ``".multi_head_attention_forward"``.
 
     Args:
         pattern: a module address such as ``"layers.3"`` or a glob such as ``"layers.*"``
             (``fnmatch`` rules; ``*`` also crosses dots). ``""`` is the whole model.
+            May be left out when ``type=`` is given (any address).
         call: only this call of the module (1 for the first), for modules called repeatedly.
+        type: only modules of this class (``nn.Linear`` or ``"Linear"``). An op matches when
+            its innermost module is of that class; ``.output`` matches what every call of
+            such a module returned, containers included.
 
     Returns:
-        A :class:`Selector`.
+        A :class:`Selector` with an ``.output`` selector.
+
+    Raises:
+        InvalidArgumentError: ``bad_selector`` for a pattern that is not a string, or no
+            pattern and no type.
 
     Example:
+        >>> import torch
         >>> module("layers.*", call=2)
         module('layers.*', call=2)
+        >>> module(type=torch.nn.Linear).output
+        module('*', type='Linear').output
     """
-    if not isinstance(pattern, str):
+    if pattern is None and type is None:
         raise InvalidArgumentError(
-            f"tl.module() takes a module address string, got {type(pattern).__name__}",
+            "tl.module() needs a module address (tl.module('layers.0')) or a class "
+            "(tl.module(type=nn.Linear))",
             code="bad_selector",
         )
-    return _Module(pattern, call)
+    if pattern is not None and not isinstance(pattern, str):
+        raise InvalidArgumentError(
+            f"tl.module() takes a module address string, got {pattern.__class__.__name__}",
+            code="bad_selector",
+        )
+    if type is not None and not isinstance(type, str) and not hasattr(type, "__name__"):
+        raise InvalidArgumentError(
+            f"tl.module(type=...) takes a module class or its name, got {type!r}",
+            code="bad_selector",
+        )
+    type_name = None if type is None else type if isinstance(type, str) else type.__name__
+    return _Module("*" if pattern is None else pattern, call, type_name)
 
 
 def label(*labels: str) -> Selector:

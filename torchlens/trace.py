@@ -20,6 +20,7 @@ from torchlens._views import (
     filter_ops,
     missing_label_message,
     module_types,
+    note_returns,
     summary_text,
 )
 from torchlens.errors import GradUnavailableError, LookupFailedError, PayloadUnavailableError
@@ -106,6 +107,8 @@ class Op:
     kwargs_template: dict = field(default_factory=dict, repr=False)
     rng_state: dict[str, torch.Tensor] | None = field(default=None, repr=False)
     meta: dict[str, Any] = field(default_factory=dict, repr=False)  # free-form annotations
+    # module calls that returned this value, as (address, call, module type); from modules
+    returned_by: tuple[tuple[str, int, str], ...] = field(default=(), repr=False)
     _store: PayloadStore | None = field(default=None, repr=False)
     _grads: PayloadStore | None = field(default=None, repr=False)  # set by save_grads=True
 
@@ -227,6 +230,7 @@ class Trace:
         for op in ops:
             if not op.module_type:
                 op.module_type = types.get(op.module, "")
+        note_returns(self.modules, self._by_label)
 
     # -- container protocol ---------------------------------------------------------------
     def __iter__(self) -> Iterator[Op]:

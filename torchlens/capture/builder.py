@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from torchlens._tensors import storage_key, version_of
+from torchlens.capture.composite import group_address
 from torchlens.capture.sinks import PayloadSink
 from torchlens.trace import ArgRef, MemoryPayloadStore, ModuleCall, Op, Source, Trace
 
@@ -102,6 +103,9 @@ class TraceBuilder:
         # alias_of is the label the tensor held with the same value (an op returned its input)
         self.observers: list[Callable[[Op | Source, Tensor, str | None], None]] = []
         self.module_stack: list[tuple[str, int]] = []
+        # called as hook(call, output tensors) when a module call (or group) ends; may return
+        # replacement tensors (edits of what the call returned, tl.module(...).output)
+        self.exit_hooks: list[Callable[[ModuleCall, list[Tensor]], list[Tensor] | None]] = []
         self.module_calls: list[ModuleCall] = []
         self.input_labels: list[str] = []
         self._records: dict[str, Op | Source] = {}
@@ -369,13 +373,34 @@ class TraceBuilder:
         self.module_calls.append(call)
         self._open_calls.append(call)
 
-    def exit_module(self, outputs: Iterable[Tensor]) -> None:
-        """A module's forward returned: pop it and note what it returned."""
+    def exit_module(self, outputs: Iterable[Tensor]) -> ModuleCall | None:
+        """A module's forward returned: pop it and note what it returned; returns the call."""
         if not self._open_calls:
-            return
+            return None
         call = self._open_calls.pop()
         self.module_stack.pop()
         call.outputs = tuple(self.label_of(t) for t in outputs)
+        return call
+
+    def record(self, label: str) -> Op | Source | None:
+        """The op or source recorded under ``label`` so far."""
+        return self._records.get(label)
+
+    def enter_group(self, name: str, inputs: Iterable[Tensor]) -> None:
+        """An opened composite function starts (``capture/composite.py``): a call like a
+        module's, at the enclosing module's address plus ``"." + name``."""
+        parent = self.module_stack[-1][0] if self.module_stack else ""
+        address = group_address(parent, name)
+        self._module_call_counts[address] += 1  # str keys: apart from modules' ids
+        labels = tuple(self.label_of(t) for t in inputs)
+        call = ModuleCall(address, self._module_call_counts[address], name, labels)
+        self.module_stack.append((address, call.call_index))
+        self.module_calls.append(call)
+        self._open_calls.append(call)
+
+    def exit_group(self, outputs: Iterable[Tensor]) -> ModuleCall | None:
+        """An opened composite function returned ``outputs`` (or raised: none)."""
+        return self.exit_module(outputs)
 
     # -- finish ---------------------------------------------------------------------------
     def finish(

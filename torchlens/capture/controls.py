@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,7 +23,12 @@ from torch import nn
 
 from torchlens._tensors import version_of
 from torchlens.capture import rng
-from torchlens.errors import InterventionError, InvalidArgumentError, PayloadUnavailableError
+from torchlens.errors import (
+    InterventionError,
+    InvalidArgumentError,
+    MixedShapesWarning,
+    PayloadUnavailableError,
+)
 from torchlens.selectors import Candidates, Selector, as_selector, require_match
 
 __all__ = [
@@ -184,6 +190,7 @@ class Controls:
         self.stop = None if stop_after is None else as_selector(stop_after)
         self.saved = 0  # ops the save selector matched
         self.edit_hits = [0] * len(self.edits)
+        self.edit_shapes: list[dict[tuple[int, ...], str]] = [{} for _ in self.edits]
         self.intervened: list[str] = []  # labels of edited ops, in order
         self.halted_at: str | None = None
         self._types: dict[str, str] = {}  # module address -> class name, set by hooks()
@@ -210,10 +217,65 @@ class Controls:
 
         return payload_filter
 
+    @property
+    def at_exit(self) -> bool:
+        """Whether a rule asks what a module call returned (``tl.module(...).output``)."""
+        rules = [self.save, self.stop, *(sel for sel, _ in self.edits)]
+        return any(rule is not None and rule.at_exit for rule in rules)
+
     def hooks(self, builder: Any) -> tuple[Callable[[Any, Tensor], Tensor], ...]:
-        """The capture mode's op hooks: none unless ``intervene=`` or ``stop_after=``."""
+        """The capture mode's op hooks: none unless ``intervene=`` or ``stop_after=``; the
+        builder's module exit hook when a rule selects module outputs."""
         self._types.update((a, type(m).__name__) for a, m in builder.named_modules)
+        if self.at_exit:
+            builder.exit_hooks.append(self.exit_hook(builder))
         return (self.trace_hook(builder),) if self.edits or self.stop is not None else ()
+
+    def exit_hook(self, builder: Any) -> Callable[[Any, list[Tensor]], list[Tensor]]:
+        """The builder's module exit hook: save, edit or halt on what a call returned."""
+        edits = [(i, sel, edit) for i, (sel, edit) in enumerate(self.edits) if sel.at_exit]
+        save = self.save if self.save is not None and self.save.at_exit else None
+        stop = self.stop if self.stop is not None and self.stop.at_exit else None
+
+        def hook(call: Any, tensors: list[Tensor]) -> list[Tensor]:
+            frame = (call.address, call.call_index, call.module_type)
+            tensors = list(tensors)
+            for k, label in enumerate(call.outputs[: len(tensors)]):
+                op = builder.record(label)
+                if not hasattr(op, "returned_by"):
+                    continue  # a source returned as is: not an op
+                op.returned_by += (frame,)
+                if save is not None and save.matches(op) and not op.has_out:
+                    builder.save_extra(label, tensors[k])
+                    self.saved += 1
+                for i, selector, edit in edits:
+                    if selector.matches(op):
+                        self.edit_hits[i] += 1
+                        tensors[k] = self._edit_traced(builder, op, tensors[k], edit, i)
+                if stop is not None and stop.matches(op):
+                    self.halted_at = label
+                    raise _Halt
+            return tensors
+
+        return hook
+
+    def note_shape(self, i: int, label: str, shape: tuple[int, ...]) -> None:
+        """Warn once when the ``i``-th intervene= selector edits ops of a second shape."""
+        shapes = self.edit_shapes[i]
+        if shape in shapes or len(shapes) > 1:
+            shapes.setdefault(shape, label)
+            return
+        shapes[shape] = label
+        if len(shapes) == 2:
+            selector = self.edits[i][0]
+            seen = ", ".join(f"{lab} {tuple(s)}" for s, lab in shapes.items())
+            warnings.warn(
+                f"the intervene= selector {selector!r} edits ops of different shapes ({seen}); "
+                "one function rarely fits both. To edit what a module returned, select "
+                "tl.module(...).output; to edit one op, tl.label(...)",
+                MixedShapesWarning,
+                stacklevel=2,
+            )
 
     def trace_hook(self, builder: Any) -> Callable[[Any, Tensor], Tensor]:
         """The capture mode's op hook: apply edits, then halt if ``stop_after`` matches."""
@@ -226,7 +288,7 @@ class Controls:
             for i, (selector, edit) in enumerate(self.edits):
                 if selector.matches(op):
                     self.edit_hits[i] += 1
-                    tensor = self._edit_traced(builder, op, tensor, edit)
+                    tensor = self._edit_traced(builder, op, tensor, edit, i)
             if self.stop is not None and self.stop.matches(op):
                 self.halted_at = op.label
                 if not op.has_out:  # the op a forward halts on keeps its value
@@ -236,7 +298,10 @@ class Controls:
 
         return hook
 
-    def _edit_traced(self, builder: Any, op: Any, tensor: Tensor, edit: Intervention) -> Tensor:
+    def _edit_traced(
+        self, builder: Any, op: Any, tensor: Tensor, edit: Intervention, i: int
+    ) -> Tensor:
+        self.note_shape(i, op.label, tuple(tensor.shape))
         original = tensor.detach().clone() if edit.keep_original else None
         version = version_of(tensor)
         new = apply_edit(edit, tensor, op, op.is_inplace)

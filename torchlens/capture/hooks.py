@@ -16,9 +16,9 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from torchlens.capture.builder import TraceBuilder
-from torchlens.capture.tree import flatten
+from torchlens.capture.tree import fill, flatten
 
-__all__ = ["install_module_hooks"]
+__all__ = ["install_module_hooks", "run_exit_hooks"]
 
 
 def install_module_hooks(model: Any, builder: TraceBuilder) -> list[RemovableHandle]:
@@ -49,11 +49,28 @@ def _enter(builder: TraceBuilder, address: str, thread: int, module, args, kwarg
         builder.enter_module(module, address, _tensors_in(args, kwargs))
 
 
-def _exit(builder: TraceBuilder, thread: int, module, args, kwargs, output) -> None:
+def _exit(builder: TraceBuilder, thread: int, module, args, kwargs, output) -> Any:
     if threading.get_ident() != thread or builder.paused:
-        return
+        return None
     with torch._C.DisableTorchFunction():
-        builder.exit_module(_tensors_in(output))
+        tensors = _tensors_in(output)
+        call = builder.exit_module(tensors)
+        if call is not None and builder.exit_hooks:
+            return run_exit_hooks(builder, call, output, tensors)
+    return None
+
+
+def run_exit_hooks(builder: TraceBuilder, call: Any, output: Any, tensors: list) -> Any:
+    """Hand a finished call's outputs to ``builder.exit_hooks``; the output with any
+    replaced tensors put back in place, or None when none was replaced."""
+    new = tensors
+    for hook in builder.exit_hooks:
+        new = hook(call, new) or new
+    if all(a is b for a, b in zip(new, tensors)):
+        return None
+    if isinstance(output, torch.Tensor):
+        return new[0]
+    return fill(flatten(output)[1], new)
 
 
 def _tensors_in(*objs: Any) -> list[torch.Tensor]:

@@ -16,7 +16,9 @@ from torch.overrides import TorchFunctionMode
 from torchlens.capture import rng
 from torchlens.capture.autocast import autocast_state
 from torchlens.capture.builder import TraceBuilder
+from torchlens.capture.composite import opened_body
 from torchlens.capture.failures import note_model_error
+from torchlens.capture.hooks import run_exit_hooks
 from torchlens.capture.naming import func_info
 from torchlens.capture.special import SPECIAL_OUTPUTS
 from torchlens.capture.tree import fill, flatten, flatten_call
@@ -44,6 +46,8 @@ class CaptureMode(TorchFunctionMode):
         info = func_info(func)
         if info.never_tensor:
             return func(*args, **kwargs)
+        if info.opens:
+            return self._open(info.name, func, args, kwargs)
         if info.inplace and not args and kwargs:  # torch.nn.init passes tensor=...
             args, kwargs = _target_first(args, kwargs)
         leaves, args_template, kwargs_template = flatten_call(args, kwargs)
@@ -75,6 +79,24 @@ class CaptureMode(TorchFunctionMode):
                 op.meta["autocast"] = autocast
         if self.op_hooks:
             result = self._run_hooks(ops, tensors, result)
+        return result
+
+    def _open(self, name: str, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """Run a composite function's body with this mode on, as a group of ops
+        (``capture/composite.py``); torch popped the mode for the call, so push it back."""
+        builder = self.builder
+        builder.enter_group(name, [t for _, t in flatten_call(args, kwargs)[0]])
+        outputs: list[Tensor] = []
+        torch._C._push_on_torch_function_stack(self)
+        try:
+            result = opened_body(func)(*args, **kwargs)
+            outputs = [t for _, t in flatten(result)[0]]
+        finally:
+            torch._C._pop_torch_function_stack()
+            call = builder.exit_group(outputs)
+        if call is not None and builder.exit_hooks:
+            new = run_exit_hooks(builder, call, result, outputs)
+            return result if new is None else new
         return result
 
     def _run_hooks(self, ops: list[Op], tensors: list[Tensor], result: Any) -> Any:

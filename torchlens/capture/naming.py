@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FuncInfo", "func_info", "STOCHASTIC_FUNCS", "TENSOR_PROPERTIES"]
+__all__ = ["FuncInfo", "func_info", "forget", "OPENED", "STOCHASTIC_FUNCS", "TENSOR_PROPERTIES"]
 
 # Dunder methods whose readable name differs from the stripped dunder.
 _DUNDER_NAMES = {
@@ -84,9 +84,17 @@ class FuncInfo:
     inplace: bool  # writes into its first tensor argument by definition
     never_tensor: bool  # can only return non-tensors: pass straight through
     stochastic: bool  # may draw random numbers
+    opens: bool = False  # a composite recorded as a group of its inner ops (composite.py)
 
 
 _CACHE: dict[Any, FuncInfo] = {}
+# Composite functions recorded as groups; filled by torchlens.capture.composite.
+OPENED: set[Callable[..., Any]] = set()
+
+
+def forget(func: Callable[..., Any]) -> None:
+    """Drop ``func``'s cached :class:`FuncInfo` (after it was opened or closed)."""
+    _CACHE.pop(func, None)
 
 
 def func_info(func: Callable[..., Any]) -> FuncInfo:
@@ -117,4 +125,8 @@ def _describe(func: Callable[..., Any]) -> FuncInfo:
         return FuncInfo(name, stem == "setitem", stem in _NEVER_TENSOR_DUNDERS, False)
     inplace = raw.endswith("_") and not raw.startswith("_")
     never = raw in _NEVER_TENSOR_METHODS
-    return FuncInfo(raw, inplace, never, raw in STOCHASTIC_FUNCS)
+    try:
+        opens = func in OPENED
+    except TypeError:  # unhashable callables
+        opens = False
+    return FuncInfo(raw, inplace, never, raw in STOCHASTIC_FUNCS, opens)

@@ -27,17 +27,19 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.hooks import RemovableHandle
 
 from torchlens._tensors import storage_key, version_of
+from torchlens.capture.composite import group_address, opened_body
 from torchlens.capture.controls import Controls, Intervention, _Halt, apply_edit, original_key
 from torchlens.capture.failures import note_record_error
 from torchlens.capture.mode import _inplace_targets
 from torchlens.capture.naming import func_info
+from torchlens.capture.record_exit import ExitTracker
 from torchlens.capture.special import SPECIAL_OUTPUTS
 from torchlens.capture.tree import fill, flatten
 from torchlens.recording import OpView
 from torchlens.selectors import Selector
 from torchlens.trace import MemoryPayloadStore
 
-__all__ = ["RecordMode"]
+__all__ = ["RecordMode", "forget"]
 
 Tensor = torch.Tensor
 _INFOS: dict[Any, Any] = {}  # func -> FuncInfo, a flat copy of naming's cache
@@ -95,9 +97,10 @@ class RecordMode(TorchFunctionMode):
         self._path = 0  # id of the current module address path, for the memo
         self._paths: dict[tuple[int, str], int] = {}
         self._path_trail: list[int] = []
-        self._calls: dict[int, int] = {}
+        self._calls: dict[int | str, int] = {}  # module ids; addresses of opened groups
         self._addresses: dict[int, str] = {}  # id(submodule) -> address, for the global hooks
         self._thread = threading.get_ident()
+        self.exits = ExitTracker(self) if controls.at_exit else None
 
     # -- the per-op path ------------------------------------------------------------------
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -106,6 +109,8 @@ class RecordMode(TorchFunctionMode):
             info = _describe(func)
         if info.never_tensor:
             return func(*args, **kwargs) if kwargs else func(*args)
+        if info.opens:
+            return self._open(info.name, func, args, kwargs or {})
         if self._aliases and (info.inplace or kwargs):
             self._protect(info.inplace, args, kwargs or {})
         try:
@@ -125,6 +130,8 @@ class RecordMode(TorchFunctionMode):
         self.counts[name] = count
         index = self.n_ops
         self.n_ops = index + n
+        if self.exits is not None:  # rules on module outputs: name every tensor
+            self.exits.note(name, count, index, args, result)
         plan = self._plans.get(name, _UNSEEN)
         if plan is _UNSEEN:
             plan = self._plans[name] = self._plan_for(name)
@@ -194,6 +201,7 @@ class RecordMode(TorchFunctionMode):
             key = original_key(view.label)
             self.store.set(key, tensor.detach().clone(), None)
             view.meta["original_key"] = key
+        c.note_shape(i, view.label, tuple(tensor.shape))
         new = apply_edit(edit, tensor, view, inplace)
         view.meta["intervened"] = True
         if not c.intervened or c.intervened[-1] != view.label:
@@ -266,23 +274,53 @@ class RecordMode(TorchFunctionMode):
         if self.paused or threading.get_ident() != self._thread:
             return
         call = self._calls[id(module)] = self._calls.get(id(module), 0) + 1
+        self._push_frame(address, call, type(module).__name__)
+
+    def _open(self, name: str, func: Any, args: tuple, kwargs: dict) -> Any:
+        """A composite function's body, run with this mode on inside a group frame, as
+        the full capture records it (``capture/composite.py``)."""
+        parent = self._stack[-1][0] if self._stack else ""
+        address = group_address(parent, name)
+        call = self._calls[address] = self._calls.get(address, 0) + 1
+        self._push_frame(address, call, name)
+        torch._C._push_on_torch_function_stack(self)
+        try:
+            result = opened_body(func)(*args, **kwargs)
+        except BaseException:
+            torch._C._pop_torch_function_stack()
+            self._exit(None, None, None)
+            raise
+        torch._C._pop_torch_function_stack()
+        new = self._exit(None, None, result)
+        return result if new is None else new
+
+    def _push_frame(self, address: str, call: int, type_name: str) -> None:
         self._stack.append((address, call))
-        self._types.append(type(module).__name__)
+        self._types.append(type_name)
         self._frames = tuple(self._stack)
         self._path_trail.append(self._path)
         self._path = self._paths.setdefault((self._path, address), len(self._paths) + 1)
 
-    def _exit_any(self, module: nn.Module, args: Any, output: Any) -> None:
+    def _exit_any(self, module: nn.Module, args: Any, output: Any) -> Any:
         if id(module) in self._addresses:
-            self._exit(module, args, output)
+            return self._exit(module, args, output)
+        return None
 
-    def _exit(self, module: nn.Module, args: Any, output: Any) -> None:
+    def _exit(self, module: nn.Module | None, args: Any, output: Any) -> Any:
         if self.paused or threading.get_ident() != self._thread or not self._stack:
-            return
-        self._stack.pop()
-        self._types.pop()
+            return None
+        frame = self._stack.pop()
+        type_name = self._types.pop()
         self._frames = tuple(self._stack)
         self._path = self._path_trail.pop()
+        if self.exits is not None and output is not None:
+            return self.exits.on_exit(frame, type_name, output)
+        return None
+
+
+def forget(func: Any) -> None:
+    """Drop ``func``'s cached description (it was opened or closed)."""
+    _INFOS.pop(func, None)
 
 
 def _describe(func: Any) -> Any:

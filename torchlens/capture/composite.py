@@ -1,0 +1,122 @@
+"""Composite functions: torch functions written in Python on top of other torch calls, that a
+capture opens instead of recording as one op.
+
+A function mode normally sees ``F.multi_head_attention_forward`` as one call and runs it with
+the mode switched off, so the in-projection, the split into heads, the scores, the softmax
+and the out-projection all vanish into one opaque op. An *opened* function is recorded as a
+group instead (a :class:`~torchlens.trace.ModuleCall` whose ``module_type`` is the function's
+name and whose address is the enclosing module's address plus ``"." + name``): its body runs
+with the capture on, each torch call inside it is an op, and the group's outputs are what the
+function returned. Kernel-level calls (``scaled_dot_product_attention``, ``layer_norm``,
+``conv2d``) are single ops and stay so.
+
+Opened by default: :data:`DEFAULT_OPENED` (``F.multi_head_attention_forward``, which every
+``nn.MultiheadAttention`` and ``nn.Transformer*`` layer calls). Open another with
+:func:`open_function`.
+
+How: the body is run through a private copy of the function whose own
+``has_torch_function*`` checks answer False, so it does not hand itself back to the mode;
+torch itself is never modified.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch.nn.functional as F
+
+from torchlens.capture import naming
+from torchlens.errors import InvalidArgumentError
+
+__all__ = ["DEFAULT_OPENED", "open_function", "close_function", "opened_body", "group_address"]
+
+DEFAULT_OPENED: tuple[Callable[..., Any], ...] = (F.multi_head_attention_forward,)
+_CHECKS = ("has_torch_function", "has_torch_function_unary", "has_torch_function_variadic")
+_BODIES: dict[Callable[..., Any], Callable[..., Any]] = {}
+
+
+def _never(*args: Any) -> bool:
+    return False
+
+
+def opened_body(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``func``'s body as a function that does not dispatch to torch function modes itself
+    (the calls it makes still do); built once per function."""
+    body = _BODIES.get(func)
+    if body is None:
+        scope = dict(func.__globals__)
+        scope.update((name, _never) for name in _CHECKS if name in scope)
+        body = types.FunctionType(
+            func.__code__, scope, func.__name__, func.__defaults__, func.__closure__
+        )
+        body.__kwdefaults__ = func.__kwdefaults__
+        _BODIES[func] = body
+    return body
+
+
+def group_address(parent: str, name: str) -> str:
+    """The address of a group opened inside the module at ``parent`` (``""``: the root)."""
+    return f"{parent}.{name}" if parent else name
+
+
+def open_function(func: Callable[..., Any]) -> None:
+    """Record ``func`` as a group of the torch ops it runs rather than as one op.
+
+    ``func`` must be a Python function that hands itself to torch function modes through
+    ``has_torch_function``/``handle_torch_function`` (as the functions of
+    ``torch.nn.functional`` do); otherwise the capture never sees it as one call and
+    there is nothing to open. Takes effect for captures started afterwards.
+
+    Args:
+        func: the function, e.g. ``torch.nn.functional.multi_head_attention_forward``.
+
+    Raises:
+        InvalidArgumentError: ``not_composite`` when ``func`` is not a Python function
+            (a builtin kernel such as ``torch.nn.functional.linear`` has no body to open).
+
+    Example:
+        >>> import torch.nn.functional as F
+        >>> from torchlens.capture.composite import open_function, close_function
+        >>> open_function(F.multi_head_attention_forward)  # already open by default
+        >>> close_function(F.multi_head_attention_forward)  # one opaque op again
+        >>> open_function(F.multi_head_attention_forward)
+    """
+    if not isinstance(func, types.FunctionType):
+        raise InvalidArgumentError(
+            f"{getattr(func, '__name__', func)!r} is not a Python function, so it has no body "
+            "of torch calls to open; only functions such as "
+            "torch.nn.functional.multi_head_attention_forward can be opened",
+            code="not_composite",
+        )
+    naming.OPENED.add(func)
+    _forget(func)
+
+
+def close_function(func: Callable[..., Any]) -> None:
+    """Record ``func`` as one op again (undoes :func:`open_function`).
+
+    Args:
+        func: a function opened by default or by :func:`open_function`.
+
+    Example:
+        >>> import torch.nn.functional as F
+        >>> from torchlens.capture.composite import close_function, open_function
+        >>> close_function(F.multi_head_attention_forward)
+        >>> open_function(F.multi_head_attention_forward)
+    """
+    naming.OPENED.discard(func)
+    _forget(func)
+
+
+def _forget(func: Callable[..., Any]) -> None:
+    """Drop the cached descriptions of ``func`` (the trace's and tl.record's)."""
+    from torchlens.capture import record_mode  # imports this module
+
+    naming.forget(func)
+    record_mode.forget(func)
+
+
+for _func in DEFAULT_OPENED:
+    naming.OPENED.add(_func)
