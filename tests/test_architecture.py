@@ -16,11 +16,12 @@ LAYERS = {
     "_version": 0, "_table": 0, "_tensors": 0, "errors": 0,
     "_views": 0.5,  # read-only views the data model hands out (module calls, summaries)
     "_store": 0.5,  # where saved values live (PayloadStore), re-exported by trace
+    "_source": 0.5,  # op.source: the model line behind an op (tl.trace(source=True))
     "capabilities": 1, "trace": 1, "selectors": 1,
     "recording": 2,
     "capture": 3,
     "replay": 4, "io": 4, "viz": 4,
-    "report": 5, "extract": 5,
+    "report": 5, "extract": 5, "debug": 5,
     "backends": 6,
     "demo": 7, "cli": 7,
     "__main__": 8, "__init__": 9,
@@ -65,9 +66,9 @@ def test_layers_import_only_downward():
 def test_public_names():
     assert sorted(tl.__all__) == [
         "Intervention", "ModuleCall", "Op", "Recording", "Selector", "Source", "Trace",
-        "__version__", "backends", "errors", "extract", "func", "label", "load",
-        "load_extraction", "module", "record", "replay", "report", "save", "trace",
-        "validate", "viz", "where",
+        "__version__", "backends", "diff", "errors", "extract", "find_nonfinite", "func",
+        "label", "load", "load_extraction", "module", "record", "replay", "report", "save",
+        "summary", "trace", "validate", "viz", "where",
     ]  # fmt: skip
     for name in tl.__all__:
         if name != "__version__":
@@ -86,7 +87,8 @@ def test_public_signatures():
     assert signatures == {
         "trace": f"({call}structure_only: 'bool' = False, save: 'Any' = None, {edits}, "
         "stop_after: 'Any' = None, stream_to: 'str | os.PathLike | None' = None, "
-        "save_grads: 'bool' = False, intermediate_derived_grads: 'bool' = False) -> 'Trace'",
+        "save_grads: 'bool' = False, intermediate_derived_grads: 'bool' = False, "
+        "source: 'bool' = False) -> 'Trace'",
         "validate": f"({call}{checks}, {edits}, {seed}) -> 'bool'",
         "replay": f"({call}{checks}, {edits}, {seed}) -> 'ReplayStatus'",
         "record": f"({call}save: 'Any' = None, {edits}, stop_after: 'Any' = None) -> 'Recording'",

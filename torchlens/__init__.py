@@ -37,6 +37,7 @@ from torchlens._version import __version__
 from torchlens.capture import trace
 from torchlens.capture.controls import Intervention
 from torchlens.capture.record import record
+from torchlens.debug import diff, find_nonfinite, summary
 from torchlens.extract import extract, load_extraction
 from torchlens.io import load, save
 from torchlens.recording import Recording
@@ -65,6 +66,9 @@ __all__ = [
     "load",
     "extract",
     "load_extraction",
+    "diff",
+    "find_nonfinite",
+    "summary",
     "Trace",
     "Op",
     "Source",

@@ -1,5 +1,5 @@
 """The ``torchlens`` command line: ``demo``, ``doctor``, ``trace FILE.py:factory``, and
-``show DIR`` / ``info DIR`` for saved traces.
+``show DIR`` / ``info DIR`` / ``diff DIR_A DIR_B`` for saved traces.
 
 ``trace`` imports the user's file, calls the factory for ``(model, args[, kwargs])``, traces,
 validates by replay and prints the summary; ``--save`` and ``--draw`` keep the result. A bad
@@ -103,17 +103,50 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--module", metavar="PATTERN", help="only ops inside these module calls")
     show.add_argument("--max-rows", type=int, default=40, help="rows before head/tail (40)")
     show.add_argument("--all", action="store_true", help="print every row")
+    show.add_argument(
+        "--html", metavar="FILE", help="write the interactive graph page to FILE (.html)"
+    )
+    show.add_argument("--open", action="store_true", help="with --html, open it in a browser")
     show.set_defaults(run=_run_show)
     info = commands.add_parser("info", help="print what a saved trace holds (model, versions)")
     info.add_argument("dir", metavar="DIR", help="a directory written by tl.save or --save")
     info.set_defaults(run=_run_info)
+    diff = commands.add_parser(
+        "diff",
+        help="compare two saved traces op by op (exit 1 when they diverge)",
+        description="Match the ops of two saved traces, compare their values under the replay "
+        "tolerances and print the first divergent op and a per-op table (tl.diff).",
+    )
+    diff.add_argument("a", metavar="DIR_A", help="a directory written by tl.save or --save")
+    diff.add_argument("b", metavar="DIR_B", help="the trace to compare with")
+    diff.add_argument("--atol", type=float, help="absolute tolerance (default: per dtype)")
+    diff.add_argument("--rtol", type=float, help="relative tolerance (default: per dtype)")
+    diff.add_argument("--max-rows", type=int, default=40, help="rows before head/tail (40)")
+    diff.add_argument("--all", action="store_true", help="print every row")
+    diff.add_argument("--diverged", action="store_true", help="only rows that differ")
+    diff.set_defaults(run=_run_diff)
     return parser
+
+
+def _run_diff(opts: argparse.Namespace) -> int:
+    from torchlens.debug import diff
+
+    result = diff(_load_saved(opts.a), _load_saved(opts.b), atol=opts.atol, rtol=opts.rtol)
+    print(result.headline())
+    print(result.table(None if opts.all else opts.max_rows, only_diverged=opts.diverged))
+    return EXIT_OK if result.first_divergence is None and result.same else EXIT_FAILED
 
 
 def _run_show(opts: argparse.Namespace) -> int:
     import torchlens as tl
 
+    if opts.html and Path(opts.html).suffix.lower() not in (".html", ".htm"):
+        raise UsageError(f"--html writes an .html page; got {opts.html!r}")
     trace = _load_saved(opts.dir)
+    if opts.html:
+        page = trace.show(opts.html, open=opts.open)
+        print(f"viewer page: {page.path} ({page.path.stat().st_size // 1024} KB)")
+        return EXIT_OK
     select = tl.func(*opts.func) if opts.func else None
     rows = None if opts.all else opts.max_rows
     print(trace.summary(select, module=opts.module, max_rows=rows))

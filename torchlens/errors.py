@@ -23,6 +23,7 @@ __all__ = [
     "SelectorMatchError",
     "InterventionError",
     "ExtractionError",
+    "MissingDependencyError",
     "MixedShapesWarning",
 ]
 
@@ -195,6 +196,16 @@ class ExtractionError(TorchLensError, RuntimeError):
     """
 
     code = "extraction_failed"
+
+
+class MissingDependencyError(TorchLensError, ImportError):
+    """An optional dependency a feature needs is not installed; the message names the
+    extra to install (``pip install 'torchlens[pandas]'``) and what works without it.
+
+    Codes: ``pandas_missing``.
+    """
+
+    code = "missing_dependency"
 
 
 class MixedShapesWarning(UserWarning):

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from torchlens._source import SourceLine, source_of
 from torchlens._store import MemoryPayloadStore, PayloadStore
 from torchlens._views import (
     SUMMARY_ROWS,
@@ -144,6 +145,16 @@ class Op:
             return ""
         address, call = self.module_stack[-1]
         return f"{address}:{call}"
+
+    @property
+    def source(self) -> SourceLine:
+        """``(file, line, function)`` of the model's line that made this op.
+
+        Raises:
+            PayloadUnavailableError: ``source_not_captured`` unless traced with
+                ``tl.trace(..., source=True)``.
+        """
+        return source_of(self)
 
     def _repr_html_(self) -> str:  # notebooks; viz is imported lazily (it sits above trace)
         from torchlens.viz.html import op_html
@@ -361,7 +372,12 @@ class Trace:
 
     # -- printing -------------------------------------------------------------------------
     def summary(
-        self, select: Any = None, *, module: str | None = None, max_rows: int | None = SUMMARY_ROWS
+        self,
+        select: Any = None,
+        *,
+        module: str | None = None,
+        max_rows: int | None = SUMMARY_ROWS,
+        by: str = "op",
     ) -> str:
         """A table of ops: label, function, module call, shape, dtype.
 
@@ -370,12 +386,16 @@ class Trace:
             module: only ops inside this module (an address or glob, as ``tl.module``).
             max_rows: past this many rows only the first and last rows are shown, with a
                 count of the rest; ``None`` shows every row.
+            by: ``"op"``, or ``"module"`` for one row per module call with shapes,
+                parameters, FLOPs and output bytes (``tl.summary(trace)`` returns it as an
+                object; see ``docs/debugging.md``); ``module=`` then picks the calls shown.
 
         Returns:
             The table as text; ``print(trace)`` prints ``trace.summary()``.
 
         Raises:
-            InvalidArgumentError: ``bad_selector`` for something that is not a selector.
+            InvalidArgumentError: ``bad_selector`` for something that is not a selector;
+                ``bad_summary`` for another ``by`` or a selector with ``by="module"``.
 
         Example:
             >>> import torch, torchlens as tl
@@ -384,6 +404,10 @@ class Trace:
             >>> "relu_1" in text and "linear_1" not in text
             True
         """
+        if by != "op":  # the debug workflow sits above the data model: imported lazily
+            from torchlens.debug.summary import summary_by
+
+            return summary_by(self, by, select, module, max_rows)
         ops, notes = filter_ops(self.ops, select, module)
         return summary_text(self, ops, max_rows, notes)
 

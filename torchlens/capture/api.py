@@ -14,10 +14,12 @@ from torchlens.capabilities import refuse_unsupported
 from torchlens.capture import rng
 from torchlens.capture.builder import TraceBuilder
 from torchlens.capture.controls import Controls, trace_candidates
+from torchlens.capture.failures import attach_partial_trace
 from torchlens.capture.grads import GradCapture
 from torchlens.capture.refusals import check_traceable
 from torchlens.capture.session import CaptureSession
 from torchlens.capture.sinks import open_stream_sink
+from torchlens.capture.source import make_source_hook
 from torchlens.capture.tree import flatten
 from torchlens.errors import InvalidArgumentError
 from torchlens.trace import Trace
@@ -96,6 +98,7 @@ def trace(
     stream_to: str | os.PathLike | None = None,
     save_grads: bool = False,
     intermediate_derived_grads: bool = False,
+    source: bool = False,
 ) -> Trace:
     """Run ``model(*args, **kwargs)`` once and record every tensor operation.
 
@@ -120,12 +123,17 @@ def trace(
             ``op.grad`` and ``trace.grads["0.weight"]`` holds parameter gradients.
         intermediate_derived_grads: refused for torch (see ``torchlens.capabilities``);
             torch records true gradients through ``save_grads=True`` instead.
+        source: note the model's line behind each op, read as ``op.source`` (file, line,
+            function); it walks the Python stack per op, so it is off by default.
 
     Returns:
         The :class:`~torchlens.trace.Trace`: ops in execution order with their edges, module
         calls and saved values. ``trace.output`` is what the model returned.
 
     Raises:
+        Exception: the model's own error, unchanged in type; it carries
+            ``err.partial_trace``, the trace of the ops recorded before the failing call
+            (named by ``partial_trace.meta["failed_call"]``; see ``docs/debugging.md``).
         UnsupportedModelError: for ``torch.compile``d, TorchScript or exported models.
         ReentrantCaptureError: when called from inside a forward that is being traced.
         IntermediateDerivedGradsUnsupportedError: for ``intermediate_derived_grads=True``.
@@ -161,17 +169,17 @@ def trace(
         builder.add_input(_input_path(path, positional=False), tensor)
     rng_state = rng.snapshot()
     output = None
-    with controls.halting(model), CaptureSession(model, builder, controls.hooks(builder)):
-        output = model(*args, **kwargs)
+    hooks = ((make_source_hook(),) if source else ()) + controls.hooks(builder)
+    try:
+        with controls.halting(model), CaptureSession(model, builder, hooks):
+            output = model(*args, **kwargs)
+    except Exception as err:  # the model's own error: it carries what ran before it
+        attach_partial_trace(
+            err, builder, _type_name(model), rng_state, _meta(model, controls, structure_only)
+        )
+        raise
     out_tensors = [t for _, t in flatten(output)[0]]
-    meta = {
-        "structure_only": structure_only,
-        "model_type": _type_name(model),
-        "torch_version": torch.__version__,
-        "torchlens_version": __version__,
-        "training": bool(getattr(model, "training", False)),
-        **controls.meta(),
-    }
+    meta = _meta(model, controls, structure_only)
     result = builder.finish(
         _type_name(model),
         output,
@@ -186,6 +194,17 @@ def trace(
         sink.close(result)
     controls.check(lambda: trace_candidates(result))
     return result
+
+
+def _meta(model: Any, controls: Controls, structure_only: bool) -> dict[str, Any]:
+    return {
+        "structure_only": structure_only,
+        "model_type": _type_name(model),
+        "torch_version": torch.__version__,
+        "torchlens_version": __version__,
+        "training": bool(getattr(model, "training", False)),
+        **controls.meta(),
+    }
 
 
 def _input_path(path: str, positional: bool) -> str:

@@ -17,10 +17,16 @@ from typing import Any
 
 from torchlens.errors import TorchLensError
 
-__all__ = ["note_model_error", "note_record_error", "trim_torchlens_frames"]
+__all__ = [
+    "attach_partial_trace",
+    "note_model_error",
+    "note_record_error",
+    "trim_torchlens_frames",
+]
 
 _PACKAGE = str(Path(__file__).resolve().parents[1]) + os.sep  # .../torchlens/
 _MARK = "__torchlens_op__"  # set on an exception the model's call raised during capture
+_WHERE = "__torchlens_call__"  # the module call ("layers.0:1", "" for the root) it ran in
 
 
 def note_model_error(err: BaseException, builder: Any, func_name: str) -> None:
@@ -42,15 +48,18 @@ def _note(err: BaseException, label: str, stack: list[tuple[str, int]]) -> None:
     if getattr(err, _MARK, None) is not None or isinstance(err, TorchLensError):
         return
     where = "the traced model's own forward"
+    call_name = ""
     if stack:
         address, call = stack[-1]
         where = f"{address}" + (f" (call {call})" if call > 1 else "")
+        call_name = f"{address}:{call}"
     note = (
         f"while running {label} in {where}: this error comes from the model's code, not "
         "from torchlens; run the model without tl.trace to see the same error"
     )
     try:
         setattr(err, _MARK, label)
+        setattr(err, _WHERE, call_name)
     except AttributeError:  # an exception type with __slots__ cannot be marked or noted
         return
     if hasattr(err, "add_note"):
@@ -75,3 +84,30 @@ def trim_torchlens_frames(err: BaseException | None) -> None:
         tb = tb.tb_next
     for before, after in zip(kept, [*kept[1:], None]):
         before.tb_next = after
+
+
+def attach_partial_trace(
+    err: BaseException, builder: Any, root_type: str, rng_state: Any, meta: dict[str, Any]
+) -> None:
+    """Hang the trace of the ops recorded before the model raised on ``err.partial_trace``.
+
+    Its ``meta`` says ``partial=True`` and names the call that raised: ``failed_call`` is
+    the label that call's output would have had (``None`` when the error was raised by
+    Python code, not by a torch call) and ``failed_in`` its module call (``"layers.0:1"``,
+    ``""`` for the root). Building it must never hide the model's error, so any failure
+    here leaves ``err`` as it was.
+    """
+    try:
+        label = getattr(err, _MARK, None)
+        stack = builder.module_stack
+        default = f"{stack[-1][0]}:{stack[-1][1]}" if stack else ""
+        notes = {
+            "partial": True,
+            "failed_call": label,
+            "failed_in": getattr(err, _WHERE, default) if label is not None else default,
+            "error": f"{type(err).__name__}: {err}",
+        }
+        trace = builder.finish(root_type, None, [], rng_state=rng_state, meta={**meta, **notes})
+        err.partial_trace = trace  # type: ignore[attr-defined]
+    except Exception:  # an exception type that takes no attributes, or a broken recording
+        return

@@ -1,0 +1,55 @@
+"""``tl.trace(..., source=True)``: note the model's line that made each op.
+
+An op hook (see :class:`~torchlens.capture.mode.CaptureMode`) walks the Python stack from
+the hook up to the first frame whose file is neither torch's nor torchlens's: that is the
+user's line that called the torch function (a model's ``forward``, or a helper it calls).
+The hook is installed only when asked for, so a capture without ``source=True`` pays
+nothing. What it stores, ``op.meta["source"] = (file, line, function)``, is plain data and
+is saved to disk with the trace.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["make_source_hook", "caller_line"]
+
+_SKIPPED = tuple(
+    dict.fromkeys(
+        str(path) + os.sep
+        for root in (Path(torch.__file__).parent, Path(__file__).parents[1])  # torch, torchlens
+        for path in (root, root.resolve())
+    )
+)
+
+
+def caller_line(depth: int = 1) -> tuple[str, int, str] | None:
+    """``(file, line, function)`` of the first frame above this one, ``depth`` frames up
+    or more, that is outside torch and torchlens; ``None`` when there is none."""
+    frame = sys._getframe(depth)
+    skipped = _SKIPPED
+    while frame is not None:
+        code = frame.f_code
+        if not code.co_filename.startswith(skipped):
+            return code.co_filename, frame.f_lineno, code.co_name
+        frame = frame.f_back
+    return None
+
+
+def make_source_hook() -> Any:
+    """The op hook that stores the calling line in ``op.meta["source"]``; the outputs of
+    one multi-output call share the line found for the first."""
+    last: list[Any] = [None, None]  # call_index, line
+
+    def source_hook(op: Any, tensor: torch.Tensor) -> None:
+        if op.call_index != last[0]:
+            last[0], last[1] = op.call_index, caller_line(2)
+        if last[1] is not None:
+            op.meta["source"] = last[1]
+
+    return source_hook

@@ -1,0 +1,289 @@
+"""``tl.diff``: where two runs of a model part ways.
+
+Ops are matched through the graph: an op pairs with the op of the other run that applies the
+same function to the partners of its parents, preferring the one with its own label, so an
+extra call in one run (which shifts every later label of that function) moves no later
+match. What is left pairs by position in the sequence of function names
+(:class:`difflib.SequenceMatcher`). Each matched pair's values are compared under the
+replay tolerance table (:mod:`torchlens.replay.tolerances`), taking the looser entry of the
+two dtypes, so a float32 run and a bfloat16 run are judged at bfloat16's tolerance.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from torchlens._table import format_table
+from torchlens.errors import MissingDependencyError
+from torchlens.io import load
+from torchlens.replay.tolerances import comparable, tolerance
+from torchlens.trace import Op, Trace
+
+__all__ = ["OpDiff", "TraceDiff", "diff"]
+
+SAME, DIFFERS, SHAPE, NO_VALUE = "same", "differs", "shape", "no value"
+
+
+@dataclass(frozen=True)
+class OpDiff:
+    """One matched pair of ops and how their values compare."""
+
+    label_a: str
+    label_b: str
+    func_name: str
+    module_call: str  # the innermost module call in run A ("layers.0:1"), "" for the root
+    shape_a: tuple[int, ...]
+    shape_b: tuple[int, ...]
+    dtype_a: str
+    dtype_b: str
+    max_abs: float | None  # largest |a - b| (inf where only one side is NaN)
+    max_rel: float | None  # largest |a - b| / max(|a|, |b|) (0 where both are 0)
+    status: str  # "same", "differs", "shape" (shapes differ) or "no value" (not compared)
+    matched_by: str  # "label" (same label in both runs) or "position" (relabelled)
+
+
+class TraceDiff:
+    """The comparison of two runs; ``print`` it, or read its fields.
+
+    Attributes:
+        rows: an :class:`OpDiff` per matched pair, in run A's execution order.
+        only_in_a: labels of run A's ops with no partner in run B (and ``only_in_b``).
+        tolerance: ``(atol, rtol)`` overrides given to :func:`diff` (``None``: the table).
+    """
+
+    def __init__(
+        self, rows: list[OpDiff], only_in_a: list[str], only_in_b: list[str], tol: tuple
+    ) -> None:
+        self.rows = rows
+        self.only_in_a = only_in_a
+        self.only_in_b = only_in_b
+        self.tolerance = tol
+
+    @property
+    def first_divergence(self) -> OpDiff | None:
+        """The first op (run A's order) whose values or shapes differ; ``None`` if none."""
+        return next((r for r in self.rows if r.status in (DIFFERS, SHAPE)), None)
+
+    @property
+    def diverged(self) -> list[OpDiff]:
+        """Every pair whose values or shapes differ."""
+        return [r for r in self.rows if r.status in (DIFFERS, SHAPE)]
+
+    @property
+    def unverified(self) -> list[OpDiff]:
+        """Pairs that could not be compared (a value was not saved)."""
+        return [r for r in self.rows if r.status == NO_VALUE]
+
+    @property
+    def same(self) -> bool:
+        """True when every op matched, every value was compared, and none differ."""
+        return not (self.diverged or self.unverified or self.only_in_a or self.only_in_b)
+
+    def __getitem__(self, label: str) -> OpDiff:
+        """The pair whose run-A label is ``label``."""
+        for row in self.rows:
+            if row.label_a == label:
+                return row
+        raise KeyError(f"{label!r} has no partner in run B (or is not in run A)")
+
+    def to_dicts(self) -> list[dict[str, Any]]:
+        """The rows as plain dicts."""
+        return [asdict(row) for row in self.rows]
+
+    def to_pandas(self) -> Any:
+        """The rows as a ``pandas.DataFrame``.
+
+        Raises:
+            MissingDependencyError: ``pandas_missing`` when pandas is not installed.
+        """
+        try:
+            import pandas
+        except ImportError as err:
+            raise MissingDependencyError(
+                "to_pandas() needs pandas; install it with pip install 'torchlens[pandas]' "
+                "or use diff.to_dicts()",
+                code="pandas_missing",
+            ) from err
+        return pandas.DataFrame(self.to_dicts())
+
+    def headline(self) -> str:
+        """One paragraph: counts, the first divergence, ops present in one run only."""
+        n_pos = sum(r.matched_by == "position" for r in self.rows)
+        lines = [
+            f"diff: {len(self.rows)} ops matched ({n_pos} by position), "
+            f"{len(self.diverged)} differ, {len(self.unverified)} without values to compare"
+        ]
+        first = self.first_divergence
+        if first is None:
+            lines.append("no divergence: every compared value is within tolerance")
+        else:
+            where = f" in {first.module_call}" if first.module_call else ""
+            what = (
+                f"shape {first.shape_a} vs {first.shape_b}"
+                if first.status == SHAPE
+                else f"max abs diff {first.max_abs:.3g}, max rel diff {first.max_rel:.3g}"
+            )
+            lines.append(f"first divergence: {first.label_a} ({first.func_name}){where}: {what}")
+        for name, labels in (("A", self.only_in_a), ("B", self.only_in_b)):
+            if labels:
+                shown = ", ".join(labels[:10]) + (" ..." if len(labels) > 10 else "")
+                lines.append(f"only in run {name} ({len(labels)}): {shown}")
+        return "\n".join(lines)
+
+    def table(self, max_rows: int | None = 40, only_diverged: bool = False) -> str:
+        """The per-op table (head and tail past ``max_rows``; ``None`` shows all)."""
+        rows = self.diverged if only_diverged else self.rows
+        cells = [_cells(r) for r in rows]
+        if max_rows is not None and len(cells) > max_rows:
+            head = max(max_rows // 2, 1)
+            gap = ("...", f"{len(cells) - max_rows} more", "", "", "", "", "", "")
+            cells = [*cells[:head], gap, *cells[len(cells) - (max_rows - head) :]]
+        header = ("op A", "op B", "function", "shape", "dtype", "max abs", "max rel", "status")
+        return format_table(header, cells)
+
+    def __str__(self) -> str:
+        return self.headline() + "\n" + self.table()
+
+    def __repr__(self) -> str:
+        return f"<TraceDiff: {len(self.rows)} matched, {len(self.diverged)} differ>"
+
+
+def diff(
+    a: Trace | str | os.PathLike,
+    b: Trace | str | os.PathLike,
+    *,
+    atol: float | None = None,
+    rtol: float | None = None,
+) -> TraceDiff:
+    """Compare two runs op by op and find where they diverge.
+
+    Args:
+        a: a trace, or a directory written by ``tl.save``.
+        b: the other run (a trace or a directory).
+        atol: absolute tolerance for floating values (default: the replay table's, per dtype).
+        rtol: relative tolerance for floating values (idem). Integers compare exactly.
+
+    Returns:
+        A :class:`TraceDiff`: ``first_divergence``, ``rows`` (max abs/rel difference,
+        shapes, dtypes per pair), ``only_in_a``/``only_in_b``; ``print`` it for a report.
+
+    Raises:
+        TraceFileError: when a path holds no readable trace.
+
+    Example:
+        >>> import torch, torchlens as tl
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+        >>> x = torch.randn(2, 4)
+        >>> tl.diff(tl.trace(model, x), tl.trace(model, x)).first_divergence is None
+        True
+        >>> tl.diff(tl.trace(model, x), tl.trace(model, x + 1)).first_divergence.label_a
+        'linear_1'
+    """
+    trace_a, trace_b = _as_trace(a), _as_trace(b)
+    pairs, only_a, only_b = match_ops(trace_a.ops, trace_b.ops)
+    rows = [_compare(x, y, how, atol, rtol) for x, y, how in pairs]
+    return TraceDiff(rows, only_a, only_b, (atol, rtol))
+
+
+def _as_trace(obj: Any) -> Trace:
+    return obj if isinstance(obj, Trace) else load(obj)
+
+
+def match_ops(
+    a: Sequence[Op], b: Sequence[Op]
+) -> tuple[list[tuple[Op, Op, str]], list[str], list[str]]:
+    """Pairs ``(op_a, op_b, "label" | "position")`` in ``a``'s order, and the labels left
+    unmatched in ``a`` and in ``b``.
+
+    An op of ``a`` pairs with the op of ``b`` that runs the same function on the partners
+    of its parents (sources pair by label), the one with its own label first; what is left
+    pairs by position in the sequence of function names.
+    """
+    by_key: dict[tuple, list[Op]] = {}
+    for op in b:
+        by_key.setdefault((op.func_name, op.output_index, op.parents), []).append(op)
+    partner: dict[str, str] = {}  # a label -> b label
+    pairs: dict[int, tuple[Op, Op, str]] = {}
+    used: set[str] = set()
+    for i, op in enumerate(a):
+        parents = tuple(partner.get(p, p) for p in op.parents)
+        free = [
+            c
+            for c in by_key.get((op.func_name, op.output_index, parents), ())
+            if c.label not in used
+        ]
+        if free:
+            other = next((c for c in free if c.label == op.label), free[0])
+            pairs[i] = (op, other, "label" if other.label == op.label else "position")
+            partner[op.label] = other.label
+            used.add(other.label)
+    rest_a = [(i, op) for i, op in enumerate(a) if i not in pairs]
+    rest_b = [op for op in b if op.label not in used]
+    matcher = difflib.SequenceMatcher(
+        None, [op.func_name for _, op in rest_a], [op.func_name for op in rest_b], autojunk=False
+    )
+    for block in matcher.get_matching_blocks():
+        for k in range(block.size):
+            i, op = rest_a[block.a + k]
+            other = rest_b[block.b + k]
+            pairs[i] = (op, other, "label" if other.label == op.label else "position")
+            used.add(other.label)
+    ordered = [pairs[i] for i in sorted(pairs)]
+    only_a = [op.label for i, op in enumerate(a) if i not in pairs]
+    only_b = [op.label for op in b if op.label not in used]
+    return ordered, only_a, only_b
+
+
+def _compare(x: Op, y: Op, how: str, atol: float | None, rtol: float | None) -> OpDiff:
+    status, max_abs, max_rel = NO_VALUE, None, None
+    if tuple(x.shape) != tuple(y.shape):
+        status = SHAPE
+    elif x.has_out and y.has_out:
+        status, max_abs, max_rel = compare_values(x.out, y.out, atol, rtol)
+    return OpDiff(
+        x.label, y.label, x.func_name, x.address, tuple(x.shape), tuple(y.shape),
+        _dtype(x.dtype), _dtype(y.dtype), max_abs, max_rel, status, how,
+    )  # fmt: skip
+
+
+def compare_values(
+    a: torch.Tensor, b: torch.Tensor, atol: float | None = None, rtol: float | None = None
+) -> tuple[str, float, float]:
+    """``(status, max abs diff, max rel diff)`` of two same-shaped values, at the looser
+    tolerance of their two dtypes; NaN matches NaN in the same place."""
+    x, y = comparable(a).cpu(), comparable(b).cpu()
+    (rtol_a, atol_a), (rtol_b, atol_b) = (
+        tolerance(a.dtype, atol, rtol),
+        tolerance(b.dtype, atol, rtol),
+    )
+    rtol_, atol_ = max(rtol_a, rtol_b), max(atol_a, atol_b)
+    if x.numel() == 0:
+        return SAME, 0.0, 0.0
+    x, y = x.double(), y.double()
+    both_nan = x.isnan() & y.isnan()
+    equal = (x == y) | both_nan  # also equal infinities
+    gap = (x - y).abs().masked_fill(equal, 0.0).nan_to_num(nan=float("inf"))
+    scale = torch.maximum(x.abs(), y.abs()).nan_to_num(nan=float("inf"))
+    rel = gap / scale.clamp_min(torch.finfo(torch.float64).tiny)
+    close = equal | (gap <= atol_ + rtol_ * y.abs())
+    status = SAME if bool(close.all()) else DIFFERS
+    return status, float(gap.max()), float(rel.masked_fill(equal, 0.0).max())
+
+
+def _dtype(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _cells(r: OpDiff) -> tuple[str, ...]:
+    shape = str(r.shape_a) if r.shape_a == r.shape_b else f"{r.shape_a} vs {r.shape_b}"
+    dtype = r.dtype_a if r.dtype_a == r.dtype_b else f"{r.dtype_a} vs {r.dtype_b}"
+    label_b = "=" if r.label_b == r.label_a else r.label_b
+    num = "-" if r.max_abs is None else f"{r.max_abs:.3g}"
+    rel = "-" if r.max_rel is None else f"{r.max_rel:.3g}"
+    return (r.label_a, label_b, r.func_name, shape, dtype, num, rel, r.status)

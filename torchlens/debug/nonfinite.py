@@ -1,0 +1,193 @@
+"""``tl.find_nonfinite``: the first op whose output holds a NaN or an infinity.
+
+On a model, one capture runs with ``stop_after=`` set to "this op's output is not finite"
+and ``source=True``, so the forward halts right after the culprit (nothing after it runs)
+and the report names the model line that called it. On a trace already captured, its saved
+values are scanned in execution order. Either way the report gives the op, its parents'
+values with summary statistics (a parent that is already non-finite says the problem came
+from further up, an input or a parameter), the module call and the source line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from torchlens._source import SourceLine
+from torchlens.capture import trace as _trace
+from torchlens.errors import InvalidArgumentError, SelectorMatchError
+from torchlens.replay.tolerances import comparable
+from torchlens.selectors import where
+from torchlens.trace import Op, Trace
+
+__all__ = ["NonFiniteReport", "ValueStats", "find_nonfinite", "is_nonfinite"]
+
+
+def is_nonfinite(value: torch.Tensor) -> bool:
+    """Whether a floating or complex value holds a NaN or an infinity (others never do)."""
+    if not (value.is_floating_point() or value.is_complex()):
+        return False
+    return not bool(torch.isfinite(comparable(value)).all())
+
+
+@dataclass(frozen=True)
+class ValueStats:
+    """Summary statistics of one value; ``min``/``max``/``mean`` are over its finite
+    elements (``None`` when it has none, or is not a number type)."""
+
+    label: str
+    shape: tuple[int, ...]
+    dtype: str
+    nan: int  # number of NaN elements
+    posinf: int  # number of +inf elements
+    neginf: int  # number of -inf elements
+    min: float | None
+    max: float | None
+    mean: float | None
+
+    @property
+    def finite(self) -> bool:
+        """Whether every element is finite."""
+        return not (self.nan or self.posinf or self.neginf)
+
+    def __str__(self) -> str:
+        bad = f"nan={self.nan} +inf={self.posinf} -inf={self.neginf}"
+        span = "no finite values" if self.min is None else (
+            f"min={self.min:.4g} max={self.max:.4g} mean={self.mean:.4g}"
+        )  # fmt: skip
+        return f"{self.label}: {self.dtype}{list(self.shape)} {bad}; {span}"
+
+
+def value_stats(label: str, value: torch.Tensor) -> ValueStats:
+    """:class:`ValueStats` of ``value``."""
+    v = comparable(value).detach().cpu()
+    dtype = str(value.dtype).removeprefix("torch.")
+    if v.dtype == torch.bool:
+        v = v.to(torch.uint8)
+    v = v.double()
+    nan, posinf, neginf = int(v.isnan().sum()), int(v.isposinf().sum()), int(v.isneginf().sum())
+    finite = v[v.isfinite()]
+    stats = (None, None, None)
+    if finite.numel():
+        stats = (float(finite.min()), float(finite.max()), float(finite.mean()))
+    return ValueStats(label, tuple(value.shape), dtype, nan, posinf, neginf, *stats)
+
+
+class NonFiniteReport:
+    """What :func:`find_nonfinite` found; true when an op was found.
+
+    Attributes:
+        op: the first op with a non-finite output (``None`` when none was found).
+        stats: :class:`ValueStats` of its output.
+        parents: ``{label: ValueStats}`` of each parent whose value is available.
+        parent_values: ``{label: tensor}``, the parents' values themselves.
+        module_call: the innermost module call, ``"layers.0:1"`` (``""``: the root).
+        source: the model line that made it (a :class:`~torchlens._source.SourceLine`),
+            or ``None`` when not recorded.
+        trace: the trace the search ran on (for a model: the ops up to the culprit).
+        checked: how many op values were checked.
+    """
+
+    def __init__(self, trace: Trace | None, op: Op | None, checked: int) -> None:
+        self.trace, self.op, self.checked = trace, op, checked
+        self.stats = value_stats(op.label, op.out) if op is not None else None
+        self.parent_values: dict[str, torch.Tensor] = {}
+        if op is not None and trace is not None:
+            for label in op.parents:
+                record = trace[label]
+                if record.has_out:
+                    self.parent_values[label] = record.out
+        self.parents = {k: value_stats(k, v) for k, v in self.parent_values.items()}
+        self.module_call = op.address if op is not None else ""
+        self.source = _source(op)
+
+    @property
+    def found(self) -> bool:
+        """Whether a non-finite op was found."""
+        return self.op is not None
+
+    def __bool__(self) -> bool:
+        return self.found
+
+    def __str__(self) -> str:
+        if self.op is None:
+            return f"no NaN or Inf: all {self.checked} op outputs checked are finite"
+        op = self.op
+        lines = [f"first non-finite output: {op.label} ({op.func_name})"]
+        lines.append(f"  module call: {self.module_call or '<root> (the traced model itself)'}")
+        where_ = str(self.source) if self.source else "not recorded (trace with source=True)"
+        lines.append(f"  source: {where_}")
+        lines.append(f"  output {self.stats}")
+        for stats in self.parents.values():
+            mark = "  <- already non-finite" if not stats.finite else ""
+            lines.append(f"  parent {stats}{mark}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"<NonFiniteReport: {self.op.label if self.op else 'nothing found'}>"
+
+
+def find_nonfinite(
+    target: Any, args: Any = (), kwargs: Mapping[str, Any] | None = None
+) -> NonFiniteReport:
+    """Find the first op whose output holds a NaN or an infinity.
+
+    Args:
+        target: a model (run once, halting right after the culprit) or a trace already
+            captured (its saved values are scanned).
+        args: the model's positional arguments (ignored for a trace).
+        kwargs: the model's keyword arguments (ignored for a trace).
+
+    Returns:
+        A :class:`NonFiniteReport`, false when nothing was found; ``print`` it.
+
+    Raises:
+        InvalidArgumentError: ``no_values`` for a ``structure_only`` trace.
+        Whatever :func:`torchlens.trace` raises for the model.
+
+    Example:
+        >>> import torch, torchlens as tl
+        >>> report = tl.find_nonfinite(lambda x: torch.log(x).exp(), torch.tensor([1.0, -1.0]))
+        >>> report.op.label, report.parents["input_1"].min
+        ('log_1', -1.0)
+    """
+    if isinstance(target, Trace):
+        return _scan(target)
+    checked = [0]
+
+    def culprit(op: Any) -> bool:
+        checked[0] += op.has_out
+        return op.has_out and is_nonfinite(op.out)
+
+    try:
+        trace = _trace(target, args, kwargs, stop_after=where(culprit), source=True)
+    except SelectorMatchError as err:  # the stop rule never fired: all finite
+        if err.code != "no_match":
+            raise
+        return NonFiniteReport(None, None, checked[0])
+    return NonFiniteReport(trace, trace[trace.meta["halted_at"]], checked[0])
+
+
+def _scan(trace: Trace) -> NonFiniteReport:
+    if trace.structure_only:
+        raise InvalidArgumentError(
+            "this trace was captured with structure_only=True and holds no values to check; "
+            "pass the model instead (tl.find_nonfinite(model, x)) or trace it with values",
+            code="no_values",
+        )
+    checked = 0
+    for op in trace.ops:
+        if op.has_out:
+            checked += 1
+            if is_nonfinite(op.out):
+                return NonFiniteReport(trace, op, checked)
+    return NonFiniteReport(trace, None, checked)
+
+
+def _source(op: Op | None) -> SourceLine | None:
+    if op is None or "source" not in op.meta:
+        return None
+    return op.source

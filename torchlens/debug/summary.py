@@ -1,0 +1,244 @@
+"""A module summary, as torchinfo prints it: one row per module call, with totals.
+
+Each row gives the call's input and output shapes, the parameters of the module (trainable
+and frozen, buffers apart), the FLOPs of the ops run inside it (from
+:mod:`torchlens.debug.flops`; ops without a formula are counted as unknown, never as zero)
+and the bytes of what it returned. Everything is read from the trace's metadata, so a
+``structure_only=True`` trace summarises as well as a full one.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from torchlens._table import format_table
+from torchlens.capture import trace as _trace
+from torchlens.debug.flops import op_flops
+from torchlens.errors import InvalidArgumentError, MissingDependencyError
+from torchlens.trace import Trace
+
+__all__ = ["ModuleRow", "ModuleSummary", "summary", "module_summary"]
+
+_HEADER = (
+    "module call", "type", "inputs", "outputs", "params", "frozen", "buffers", "FLOPs",
+    "unknown ops", "output bytes",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ModuleRow:
+    """One module call of the summary."""
+
+    name: str  # "layers.0:1"; "<root>:1" for the traced model
+    module_type: str  # class name, e.g. "Linear"
+    depth: int  # 0 for the root, 1 for its children, ...
+    input_shapes: tuple[tuple[int, ...], ...]
+    output_shapes: tuple[tuple[int, ...], ...]
+    params: int  # trainable parameter elements the module owns (its submodules included)
+    frozen: int  # parameter elements with requires_grad=False
+    buffers: int  # buffer elements
+    flops: int  # FLOPs of the ops inside with a known formula
+    unknown_ops: int  # ops inside whose cost no formula gives
+    output_bytes: int  # bytes of the tensors the call returned
+
+
+class ModuleSummary:
+    """A table of module calls; ``print`` it, show it in a notebook, or ``to_pandas()``.
+
+    Attributes:
+        rows: the :class:`ModuleRow` s, in call order (the root first).
+        totals: ``params``, ``frozen``, ``buffers`` (each parameter counted once),
+            ``flops``, ``macs``, ``unknown_ops`` over all ops, and ``activation_bytes``,
+            the bytes of every op's output.
+    """
+
+    def __init__(self, rows: list[ModuleRow], totals: Mapping[str, int]) -> None:
+        self.rows = rows
+        self.totals = dict(totals)
+
+    def __getitem__(self, name: str) -> ModuleRow:
+        """The row of one call, by ``"address:call"`` (``"<root>:1"`` for the root)."""
+        for row in self.rows:
+            if row.name == name:
+                return row
+        raise KeyError(f"no module call {name!r}; calls: {[r.name for r in self.rows][:8]}")
+
+    def to_dicts(self) -> list[dict[str, Any]]:
+        """The rows as plain dicts."""
+        return [asdict(row) for row in self.rows]
+
+    def to_pandas(self) -> Any:
+        """The rows as a ``pandas.DataFrame``.
+
+        Raises:
+            MissingDependencyError: ``pandas_missing`` when pandas is not installed.
+        """
+        try:
+            import pandas
+        except ImportError as err:
+            raise MissingDependencyError(
+                "to_pandas() needs pandas; install it with pip install 'torchlens[pandas]' "
+                "or use summary.to_dicts()",
+                code="pandas_missing",
+            ) from err
+        return pandas.DataFrame(self.to_dicts())
+
+    def _cells(self) -> list[tuple[str, ...]]:
+        return [
+            (
+                "  " * row.depth + row.name,
+                row.module_type,
+                _shapes(row.input_shapes),
+                _shapes(row.output_shapes),
+                f"{row.params:,}",
+                f"{row.frozen:,}",
+                f"{row.buffers:,}",
+                f"{row.flops:,}",
+                str(row.unknown_ops),
+                f"{row.output_bytes:,}",
+            )  # fmt: skip
+            for row in self.rows
+        ]
+
+    def footer(self) -> str:
+        """The totals line."""
+        t = self.totals
+        unknown = f" + {t['unknown_ops']} ops of unknown cost" if t["unknown_ops"] else ""
+        return (
+            f"params: {t['params']:,} trainable, {t['frozen']:,} frozen, "
+            f"{t['buffers']:,} buffer elements; FLOPs: {t['flops']:,} "
+            f"(MACs {t['macs']:,}){unknown}; activations: {t['activation_bytes']:,} bytes"
+        )
+
+    def __str__(self) -> str:
+        return format_table(_HEADER, self._cells()) + "\n" + self.footer()
+
+    def __repr__(self) -> str:
+        return f"<ModuleSummary: {len(self.rows)} module calls, {self.totals['flops']:,} FLOPs>"
+
+    def _repr_html_(self) -> str:
+        head = "".join(f"<th>{html.escape(h)}</th>" for h in _HEADER)
+        body = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
+            for cells in self._cells()
+        )
+        foot = html.escape(self.footer())
+        return f"<table><tr>{head}</tr>{body}</table><p>{foot}</p>"
+
+
+def summary(target: Any, args: Any = (), kwargs: Mapping[str, Any] | None = None) -> ModuleSummary:
+    """Summarise a model's forward (or a trace) per module call, as torchinfo does.
+
+    Args:
+        target: a :class:`~torchlens.trace.Trace`, or a model to trace once with
+            ``structure_only=True`` (no values are kept).
+        args: the model's positional arguments (ignored for a trace).
+        kwargs: the model's keyword arguments (ignored for a trace).
+
+    Returns:
+        A :class:`ModuleSummary`; ``print`` it, or read ``.rows`` and ``.totals``.
+        Parameters are those the forward read, owned by each module's address.
+
+    Raises:
+        Whatever :func:`torchlens.trace` raises for the model.
+
+    Example:
+        >>> import torch, torchlens as tl
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+        >>> s = tl.summary(model, torch.randn(2, 4))
+        >>> s["0:1"].flops, s["0:1"].params, s.totals["unknown_ops"]
+        (48, 15, 1)
+    """
+    if not isinstance(target, Trace):
+        target = _trace(target, args, kwargs, structure_only=True)
+    return module_summary(target)
+
+
+def module_summary(trace: Trace) -> ModuleSummary:
+    """The :class:`ModuleSummary` of a finished trace (see :func:`summary`)."""
+
+    def shape_of(label: str) -> tuple[int, ...]:
+        return tuple(trace[label].shape)
+
+    costs = {op.label: op_flops(op, shape_of) for op in trace.ops}
+    rows = [_row(trace, call, costs) for call in trace.modules]
+    weights = [s for s in trace.sources if s.kind in ("parameter", "buffer")]
+    known = [c for c in costs.values() if c is not None]
+    totals = {
+        "params": sum(
+            _numel(s.shape) for s in weights if s.kind == "parameter" and s.requires_grad
+        ),
+        "frozen": sum(
+            _numel(s.shape) for s in weights if s.kind == "parameter" and not s.requires_grad
+        ),
+        "buffers": sum(_numel(s.shape) for s in weights if s.kind == "buffer"),
+        "flops": sum(known),
+        "macs": sum(known) // 2,
+        "unknown_ops": len(costs) - len(known),
+        "activation_bytes": sum(_nbytes(op) for op in trace.ops),
+    }
+    return ModuleSummary(rows, totals)
+
+
+def _row(trace: Trace, call: Any, costs: Mapping[str, int | None]) -> ModuleRow:
+    prefix = f"{call.address}." if call.address else ""
+    owned = [
+        s for s in trace.sources if s.kind in ("parameter", "buffer") and s.label.startswith(prefix)
+    ]
+    inside = [costs[label] for label in call.ops]
+    return ModuleRow(
+        name=call.name,
+        module_type=call.module_type,
+        depth=call.address.count(".") + 1 if call.address else 0,
+        input_shapes=tuple(tuple(trace[label].shape) for label in call.inputs),
+        output_shapes=tuple(tuple(trace[label].shape) for label in call.outputs),
+        params=sum(_numel(s.shape) for s in owned if s.kind == "parameter" and s.requires_grad),
+        frozen=sum(_numel(s.shape) for s in owned if s.kind == "parameter" and not s.requires_grad),
+        buffers=sum(_numel(s.shape) for s in owned if s.kind == "buffer"),
+        flops=sum(c for c in inside if c is not None),
+        unknown_ops=sum(c is None for c in inside),
+        output_bytes=sum(_nbytes(trace[label]) for label in call.outputs),
+    )
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for size in shape:
+        n *= size
+    return n
+
+
+def _nbytes(record: Any) -> int:
+    return _numel(record.shape) * record.dtype.itemsize
+
+
+def _shapes(shapes: tuple[tuple[int, ...], ...]) -> str:
+    return ", ".join("(" + ", ".join(map(str, s)) + ")" for s in shapes) or "-"
+
+
+def summary_by(trace: Trace, by: str, select: Any, module: str | None, max_rows: int | None) -> str:
+    """``trace.summary(by="module", module=..., max_rows=...)`` as text.
+
+    Raises:
+        InvalidArgumentError: ``bad_summary`` for an unknown ``by`` or a selector given
+            with ``by="module"`` (selectors pick ops; ``module=`` picks module calls).
+    """
+    if by != "module" or select is not None:
+        problem = f"by={by!r} is not a summary" if by != "module" else "a selector"
+        raise InvalidArgumentError(
+            f"trace.summary got {problem}; use by='op' (a row per op, filtered by a "
+            "selector) or by='module' (a row per module call, filtered by module=)",
+            code="bad_summary",
+        )
+    result = module_summary(trace)
+    if module is not None:
+        keep = {call.name for call in trace.modules.matching(module)}
+        result = ModuleSummary([r for r in result.rows if r.name in keep], result.totals)
+    if max_rows is not None and len(result.rows) > max_rows:
+        hidden = len(result.rows) - max_rows
+        result = ModuleSummary(result.rows[:max_rows], result.totals)
+        return f"{result}\n({hidden} module calls not shown: max_rows=None prints all)"
+    return str(result)
