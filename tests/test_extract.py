@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import errno
+import importlib
+import inspect
 import json
 import os
 import sys
@@ -356,3 +358,20 @@ def test_damaged_runs_fail_typed_on_reading(tmp_path):
     with pytest.raises(ExtractionError) as err:
         tl.load_extraction(run)
     assert err.value.code == "corrupt"
+
+
+def test_public_signatures():
+    assert str(inspect.signature(tl.extract)) == (
+        "(model: 'Any', data: 'Any', *, save: 'Any', to: 'str | os.PathLike', "
+        "inputs: 'Any' = None, targets: 'Any' = None, reduce: 'Any' = None, "
+        "stop_after: 'Any' = None, device: 'str | torch.device | None' = None, "
+        "overwrite: 'bool' = False, progress: 'bool | None' = None, shard_mb: 'float' = 16.0)"
+        " -> 'Extraction'"
+    )
+    assert (
+        str(inspect.signature(tl.load_extraction)) == "(path: 'str | os.PathLike') -> 'Extraction'"
+    )
+    package = importlib.import_module("torchlens.extract")  # tl.extract is the function
+    assert set(package.__all__) == {
+        "extract", "load_extraction", "Extraction", "SiteArray", "REDUCTIONS"
+    }  # fmt: skip
