@@ -375,3 +375,31 @@ def test_public_signatures():
     assert set(package.__all__) == {
         "extract", "load_extraction", "Extraction", "SiteArray", "REDUCTIONS"
     }  # fmt: skip
+
+
+class _Counting(torch.utils.data.Dataset):
+    """20 examples; counts the items loaded, and fails on one index while ``broken``."""
+
+    def __init__(self) -> None:
+        self.x, self.loaded, self.broken = torch.cat(_batches()), [], True
+
+    def __len__(self) -> int:
+        return 20
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if self.broken and i == 13:
+            raise OSError("unreadable example 13")
+        self.loaded.append(i)
+        return self.x[i]
+
+
+def test_resumed_loader_loads_only_the_batches_left(tmp_path):
+    data = _Counting()
+    with pytest.raises(OSError, match="unreadable example 13"):  # the loader's own error
+        _run(tmp_path, DataLoader(data, batch_size=4), shard_mb=0)
+    assert _store.done_batches(tmp_path / "run") == {0, 1, 2}
+    data.loaded.clear()
+    data.broken = False
+    ex = _run(tmp_path, DataLoader(data, batch_size=4), shard_mb=0)
+    assert data.loaded == list(range(12, 20))
+    assert torch.equal(ex["relu_1"][:], _mlp()[:2](data.x).detach())
