@@ -9,7 +9,7 @@ validate ``passed`` is still timed, and marked ``*`` in the per-model table; one
 validation raises is listed as an error and left out of the medians.
 
 Run (in an environment with the ``zoo`` extra): ``python benchmarks/bench_realworld.py
-[--repeats N] [--family F] [--per-model]``.
+[--repeats N] [--family F] [--per-model] [--threads N]``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds per model")
     parser.add_argument("--family", choices=FAMILIES, action="append")
     parser.add_argument("--per-model", action="store_true", help="print every model's row")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch intra-op threads (1 keeps ratios steady on a shared machine, where "
+        "threads waiting for a busy core make one forward take 10-50x longer)",
+    )
     opts = parser.parse_args(argv)
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
     warnings.filterwarnings("ignore")
     rows = []
     if opts.per_model:
