@@ -21,7 +21,7 @@ LAYERS = {
     "recording": 2,
     "capture": 3,
     "replay": 4, "io": 4, "viz": 4,
-    "report": 5, "extract": 5, "debug": 5,
+    "report": 5, "extract": 5, "edits": 5, "debug": 5,
     "backends": 6,
     "demo": 7, "cli": 7,
     "__main__": 8, "__init__": 9,

@@ -1,0 +1,29 @@
+"""Edit helpers: small factories returning the ``fn(tensor, op)`` that ``intervene=`` takes.
+
+Each helper documents the math it does on the op's output ``t``. Heads are picked along one
+axis (``heads=[0, 3]``, ``head_dim=1`` for the ``(batch, heads, tokens, head_dim)`` layout
+of attention's q, k, v and ``scaled_dot_product_attention``'s output); the other heads keep
+their values. Wrong shapes or axes raise :class:`~torchlens.errors.InterventionError` naming
+the op and the shapes.
+
+Example:
+    >>> import torch, torchlens as tl
+    >>> from torchlens import edits
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+    >>> trace = tl.trace(model, torch.randn(2, 4), intervene={tl.func("relu"): edits.zero()})
+    >>> float(trace.output.abs().sum())
+    0.0
+"""
+
+from torchlens.edits._helpers import (
+    add,
+    clamp,
+    mean,
+    project,
+    replace,
+    resample,
+    scale,
+    zero,
+)
+
+__all__ = ["add", "clamp", "mean", "project", "replace", "resample", "scale", "zero"]

@@ -1,0 +1,262 @@
+"""The edit helpers; see the package docstring. Each returns ``fn(t, op) -> tensor``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from torchlens.errors import InterventionError
+
+__all__ = ["add", "clamp", "mean", "project", "replace", "resample", "scale", "zero"]
+
+Tensor = torch.Tensor
+EditFn = Callable[[Tensor, Any], Tensor]
+Heads = Sequence[int] | None
+
+
+def _fail(op: Any, message: str) -> InterventionError:
+    return InterventionError(
+        f"cannot edit {op.label!r} of shape {tuple(op.shape)}: {message}", code="bad_edit"
+    )
+
+
+def _axis(t: Tensor, op: Any, dim: int, what: str) -> int:
+    if not -t.dim() <= dim < t.dim():
+        raise _fail(
+            op,
+            f"{what}={dim} is not an axis of a {t.dim()}-d tensor; pick one of "
+            f"{-t.dim()}..{t.dim() - 1}",
+        )
+    return dim % t.dim()
+
+
+def _on_heads(t: Tensor, op: Any, heads: Heads, head_dim: int, new: Tensor) -> Tensor:
+    """``new`` on the picked heads of axis ``head_dim``, ``t`` elsewhere."""
+    if heads is None:
+        return new
+    axis = _axis(t, op, head_dim, "head_dim")
+    picked = list(heads)
+    if not picked or any(not 0 <= h < t.shape[axis] for h in picked):
+        raise _fail(
+            op,
+            f"heads={picked} are not indices along axis {axis} of size "
+            f"{t.shape[axis]}; pass head_dim= for the axis that holds the heads",
+        )
+    index = torch.tensor(picked, device=t.device)
+    return t.index_copy(axis, index, new.expand_as(t).index_select(axis, index))
+
+
+def _broadcast(t: Tensor, op: Any, value: Tensor, what: str) -> Tensor:
+    value = torch.as_tensor(value, device=t.device).to(t.dtype)
+    try:
+        return value.expand_as(t)
+    except RuntimeError:
+        raise _fail(
+            op, f"the {what} of shape {tuple(value.shape)} does not broadcast to {tuple(t.shape)}"
+        ) from None
+
+
+def zero(*, heads: Heads = None, head_dim: int = 1) -> EditFn:
+    """Zero ablation: ``t' = 0`` (on the picked heads only, when ``heads`` is given).
+
+    Args:
+        heads: head indices along ``head_dim``; None edits the whole tensor.
+        head_dim: the axis that holds the heads (1 for ``(batch, heads, tokens, dim)``).
+
+    Returns:
+        ``fn(t, op)`` for ``intervene=``.
+
+    Raises:
+        InterventionError: ``bad_edit`` (when applied) for a head or axis out of range.
+
+    Example:
+        >>> import torch
+        >>> zero(heads=[1])(torch.ones(1, 2, 1), None).flatten().tolist()
+        [1.0, 0.0]
+    """
+    return lambda t, op: _on_heads(t, op, heads, head_dim, torch.zeros_like(t))
+
+
+def mean(
+    dim: int | Sequence[int] = 0,
+    *,
+    value: Tensor | None = None,
+    heads: Heads = None,
+    head_dim: int = 1,
+) -> EditFn:
+    """Mean ablation: ``t' = mean(t, dim)`` broadcast back over ``dim`` (the batch mean by
+    default), or ``t' = value`` when a precomputed mean is supplied.
+
+    Args:
+        dim: the axis or axes to average over (ignored when ``value`` is given).
+        value: a mean computed elsewhere (e.g. over a dataset), broadcastable to ``t``.
+        heads: as for :func:`zero`.
+        head_dim: as for :func:`zero`.
+
+    Returns:
+        ``fn(t, op)`` for ``intervene=``.
+
+    Raises:
+        InterventionError: ``bad_edit`` for an axis out of range or a ``value`` that does
+            not broadcast to the op's shape.
+
+    Example:
+        >>> import torch
+        >>> mean()(torch.tensor([[1.0], [3.0]]), None).flatten().tolist()
+        [2.0, 2.0]
+    """
+
+    def fn(t: Tensor, op: Any) -> Tensor:
+        if value is not None:
+            new = _broadcast(t, op, value, "mean")
+        else:
+            dims = [_axis(t, op, d, "dim") for d in ([dim] if isinstance(dim, int) else dim)]
+            new = t.mean(dim=dims, keepdim=True).expand_as(t)
+        return _on_heads(t, op, heads, head_dim, new)
+
+    return fn
+
+
+def scale(factor: float, *, heads: Heads = None, head_dim: int = 1) -> EditFn:
+    """Scaling: ``t' = factor * t``.
+
+    Example:
+        >>> import torch
+        >>> scale(2.0)(torch.ones(2), None).tolist()
+        [2.0, 2.0]
+    """
+    return lambda t, op: _on_heads(t, op, heads, head_dim, t * factor)
+
+
+def clamp(
+    min: float | None = None, max: float | None = None, *, heads: Heads = None, head_dim: int = 1
+) -> EditFn:
+    """Clamping: ``t' = min(max(t, min), max)``.
+
+    Example:
+        >>> import torch
+        >>> clamp(max=0.5)(torch.tensor([0.0, 1.0]), None).tolist()
+        [0.0, 0.5]
+    """
+    return lambda t, op: _on_heads(t, op, heads, head_dim, t.clamp(min=min, max=max))
+
+
+def add(
+    vector: Tensor,
+    *,
+    dim: int = -1,
+    alpha: float = 1.0,
+    heads: Heads = None,
+    head_dim: int = 1,
+) -> EditFn:
+    """Steering: ``t' = t + alpha * v``, the 1-d vector ``v`` laid along axis ``dim`` (the
+    feature axis) and broadcast over the others.
+
+    Raises:
+        InterventionError: ``bad_edit`` when ``v`` is not 1-d or its length is not the
+            size of axis ``dim``.
+
+    Example:
+        >>> import torch
+        >>> add(torch.tensor([1.0, 0.0]), alpha=2.0)(torch.zeros(3, 2), None)[0].tolist()
+        [2.0, 0.0]
+    """
+
+    def fn(t: Tensor, op: Any) -> Tensor:
+        axis = _axis(t, op, dim, "dim")
+        v = torch.as_tensor(vector, device=t.device).to(t.dtype)
+        if v.dim() != 1 or v.shape[0] != t.shape[axis]:
+            raise _fail(
+                op,
+                f"the steering vector has shape {tuple(v.shape)}; it must be 1-d "
+                f"of length {t.shape[axis]} (the size of axis {axis})",
+            )
+        shape = [1] * t.dim()
+        shape[axis] = -1
+        return _on_heads(t, op, heads, head_dim, t + alpha * v.view(shape))
+
+    return fn
+
+
+def project(directions: Tensor, *, dim: int = -1, keep: bool = False) -> EditFn:
+    """Projection along axis ``dim`` onto the span of ``directions`` (``keep=True``:
+    ``t' = P t``) or out of it (default: ``t' = t - P t``), with ``P = Q Q^T`` and ``Q`` an
+    orthonormal basis of the rows of ``directions`` (one direction ``(d,)`` or ``k`` of them
+    as ``(k, d)``).
+
+    Raises:
+        InterventionError: ``bad_edit`` when the directions' length is not the size of
+            axis ``dim``.
+
+    Example:
+        >>> import torch
+        >>> project(torch.tensor([1.0, 0.0]))(torch.tensor([[3.0, 4.0]]), None).tolist()
+        [[0.0, 4.0]]
+    """
+
+    def fn(t: Tensor, op: Any) -> Tensor:
+        axis = _axis(t, op, dim, "dim")
+        d = torch.as_tensor(directions, device=t.device).to(t.dtype)
+        d = d.unsqueeze(0) if d.dim() == 1 else d
+        if d.dim() != 2 or d.shape[1] != t.shape[axis]:
+            raise _fail(
+                op,
+                f"directions of shape {tuple(d.shape)} must have length "
+                f"{t.shape[axis]} (the size of axis {axis})",
+            )
+        q = torch.linalg.qr(d.T).Q  # (d, k), orthonormal columns
+        moved = t.movedim(axis, -1)
+        kept = (moved @ q) @ q.T
+        return (kept if keep else moved - kept).movedim(-1, axis)
+
+    return fn
+
+
+def replace(value: Tensor) -> EditFn:
+    """Replacement: ``t' = value`` (broadcast to the op's shape).
+
+    Example:
+        >>> import torch
+        >>> replace(torch.tensor(5.0))(torch.zeros(2), None).tolist()
+        [5.0, 5.0]
+    """
+    return lambda t, op: _broadcast(t, op, value, "replacement")
+
+
+def resample(source: Any, *, heads: Heads = None, head_dim: int = 1) -> EditFn:
+    """Resample ablation: ``t' = source[op.label].out``, the same op's value in another
+    trace of the same model (another input, e.g. a corrupted prompt).
+
+    Args:
+        source: a :class:`~torchlens.trace.Trace` of the same model that saved the op.
+        heads: as for :func:`zero`.
+        head_dim: as for :func:`zero`.
+
+    Raises:
+        InterventionError: ``not_comparable`` when ``source`` has no op of that label or
+            it has another shape.
+
+    Example:
+        >>> import torch, torchlens as tl
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+        >>> other = tl.trace(model, torch.randn(2, 4))
+        >>> patch = {tl.label("relu_1"): resample(other)}
+        >>> edited = tl.trace(model, torch.randn(2, 4), intervene=patch)
+        >>> torch.equal(edited.output, other.output)
+        True
+    """
+
+    def fn(t: Tensor, op: Any) -> Tensor:
+        other = source.get(op.label)
+        if other is None or tuple(other.shape) != tuple(t.shape):
+            have = "no such op" if other is None else f"shape {tuple(other.shape)}"
+            raise InterventionError(
+                f"cannot resample {op.label!r} of shape {tuple(t.shape)} from the source "
+                f"trace ({have}); trace the same model on an input of the same shape",
+                code="not_comparable",
+            )
+        return _on_heads(t, op, heads, head_dim, other.out.to(t.device, t.dtype))
+
+    return fn
