@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import torchlens as tl
+from torchlens.capture.composite import close_function, open_function
 from torchlens.capture.tree import fill, flatten_call
 from torchlens.replay import check_trace
 from torchlens.replay.perturb import BATTERY, Baseline, Perturber
@@ -199,14 +200,29 @@ class CausalAttention(nn.Module):
         return self.mha(x, x, x, attn_mask=mask, is_causal=True, need_weights=False)[0]
 
 
-def test_attn_mask_beside_is_causal_is_unread_by_rule():
+@pytest.fixture
+def attention_whole():
+    """``F.multi_head_attention_forward`` recorded as one op, as before it was opened by
+    default: the rule for its ``attn_mask`` applies to that op."""
+    close_function(F.multi_head_attention_forward)
+    yield
+    open_function(F.multi_head_attention_forward)
+
+
+def test_opened_causal_attention_passes_and_its_mask_feeds_nothing():
+    trace, status = traced(CausalAttention().eval(), torch.randn(2, 5, 16))
+    assert status.state == "passed", status
+    assert trace["triu_1"].children == [] and status.unread == []
+
+
+def test_attn_mask_beside_is_causal_is_unread_by_rule(attention_whole):
     _, status = traced(CausalAttention().eval(), torch.randn(2, 5, 16))
     assert status.state == "passed", status
     assert unread_edges(status) == {"multi_head_attention_forward_1"}
     assert "is_causal=True" in status.unread[0].reason
 
 
-def test_attn_mask_is_proved_when_weights_are_needed():
+def test_attn_mask_is_proved_when_weights_are_needed(attention_whole):
     class WithWeights(CausalAttention):
         def forward(self, x):
             mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1])
@@ -217,7 +233,7 @@ def test_attn_mask_is_proved_when_weights_are_needed():
     assert status.unread == []
 
 
-def test_attention_ignoring_its_query_still_fails():
+def test_attention_ignoring_its_query_still_fails(attention_whole):
     trace, _ = traced(CausalAttention().eval(), torch.randn(2, 5, 16))
     op = trace["multi_head_attention_forward_1"]
     ignore_parent(trace, op.label, "mha.in_proj_weight")
