@@ -348,6 +348,15 @@ class Trace:
 
         return save(self, path)
 
+    def rerun(self, edits: Mapping[Any, Any]) -> Trace:
+        """A what-if trace: ``edits`` (``{selector: fn(t, op)}``, as for ``intervene=``)
+        applied to this trace's saved values, recomputing only the ops downstream of them;
+        this trace is untouched. See :func:`torchlens.edits.rerun`.
+        """
+        from torchlens.edits import rerun  # lazy: edits sits above the data model
+
+        return rerun(self, edits)
+
     def module_calls(self, pattern: str) -> list[ModuleCall]:
         """Every call of the modules matching ``pattern``, in call order.
 

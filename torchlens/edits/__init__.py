@@ -6,6 +6,9 @@ of attention's q, k, v and ``scaled_dot_product_attention``'s output); the other
 their values. Wrong shapes or axes raise :class:`~torchlens.errors.InterventionError` naming
 the op and the shapes.
 
+:func:`rerun` (also ``trace.rerun(edits)``) applies edits to a finished trace, recomputing
+only their downstream cone; :func:`patch` builds the edits of activation patching.
+
 Example:
     >>> import torch, torchlens as tl
     >>> from torchlens import edits
@@ -25,5 +28,18 @@ from torchlens.edits._helpers import (
     scale,
     zero,
 )
+from torchlens.edits.rerun import check_comparable, patch, rerun
 
-__all__ = ["add", "clamp", "mean", "project", "replace", "resample", "scale", "zero"]
+__all__ = [
+    "add",
+    "check_comparable",
+    "clamp",
+    "mean",
+    "patch",
+    "project",
+    "replace",
+    "rerun",
+    "resample",
+    "scale",
+    "zero",
+]

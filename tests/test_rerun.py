@@ -1,0 +1,134 @@
+"""Post-hoc what-if (``trace.rerun``) and cross-run patching (``torchlens.edits.patch``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import torchlens as tl
+from tests.models import ZOO, ZOO_BY_NAME
+from torchlens import edits
+from torchlens.capture.tree import flatten
+from torchlens.errors import InterventionError, PayloadUnavailableError, SelectorMatchError
+from torchlens.replay.exemptions import VALUE_EXEMPT
+
+# Values that steer Python control flow (``if x.sum() > 0``, ``.item()`` loops) are replayed
+# as recorded: an edit that would change the branch gives another answer than a live run.
+CONTROL_FLOW = {"conditional_on_value", "data_dependent_loop", "item_scalars"}
+# Writes through chains of views: a live edit of any view in the chain breaks the alias.
+VIEW_WRITES = {"inplace_on_view"}
+
+
+def _edit_target(trace):
+    """A floating op consumed by other ops, past the middle of the graph if there is one."""
+    middle = len(trace.ops) // 2
+    floats = [
+        op for op in trace.ops[middle:] + trace.ops[:middle][::-1]
+        if op.dtype.is_floating_point and not op.is_inplace and op.children
+        and op.func_name != "refresh"  # a write seen late: no live run can edit it
+        # a live edit of a view written in place breaks the alias (the write no longer
+        # reaches the base), so the live graph is not the recorded one: see rerun's docs
+        and not any(trace[child].is_inplace for child in op.children)
+    ]  # fmt: skip
+    return floats[0] if floats else None
+
+
+def _run(case, **options):
+    model, (args, kwargs) = case.make_model(), case.make_inputs()
+    torch.manual_seed(0)
+    return tl.trace(model, args, kwargs, **options)
+
+
+@pytest.mark.parametrize(
+    "case", [c for c in ZOO if c.name not in CONTROL_FLOW | VIEW_WRITES], ids=str
+)
+def test_rerun_equals_a_live_intervened_run(case):
+    trace = _run(case)
+    target = _edit_target(trace)
+    if target is None:
+        pytest.skip("no floating op consumed by another op")
+    edit = {tl.label(target.label): edits.scale(0.5)}
+    what_if = trace.rerun(edit)
+    live = _run(case, intervene=edit)
+    assert what_if.meta["intervened"] == live.meta["intervened"] == [target.label]
+    got, want = flatten(what_if.output)[0], flatten(live.output)[0]
+    assert len(got) == len(want)
+    for (_, a), (_, b) in zip(got, want):
+        torch.testing.assert_close(a.detach(), b.detach(), equal_nan=True)
+    for op in live.ops:  # every value, not only the outputs (uninitialized memory aside)
+        if op.has_out and what_if[op.label].has_out and op.func_name not in VALUE_EXEMPT:
+            torch.testing.assert_close(what_if[op.label].out, op.out, equal_nan=True)
+
+
+def test_rerun_leaves_the_original_untouched_and_recomputes_only_the_cone():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    trace = tl.trace(model, torch.randn(3, 4))
+    before = trace["relu_2"].out.clone()
+    what_if = trace.rerun({tl.label("linear_2"): edits.zero()})
+    torch.testing.assert_close(trace["relu_2"].out, before)
+    assert what_if["relu_2"].out.eq(0).all()
+    assert what_if["relu_1"].out is trace["relu_1"].out  # upstream: the saved value itself
+    torch.testing.assert_close(what_if.output, model[4].bias.expand(3, 2))
+    assert what_if.meta["intervened"] == ["linear_2"] and "intervened" not in trace.meta
+
+
+def test_rerun_with_module_outputs_and_heads():
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True).eval()
+    x = torch.randn(2, 5, 16)
+    trace = tl.trace(layer, x)
+    for edit in (
+        {tl.module("self_attn").output: edits.zero()},
+        {tl.func("scaled_dot_product_attention"): edits.zero(heads=[1])},
+    ):
+        live = tl.trace(layer, x, intervene=edit)
+        torch.testing.assert_close(trace.rerun(edit).output, live.output.detach())
+
+
+def test_rerun_errors():
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    x = torch.randn(2, 4)
+    with pytest.raises(SelectorMatchError):
+        tl.trace(model, x).rerun({tl.func("conv2d"): edits.zero()})
+
+    def skip(x):
+        return torch.relu(x) + torch.sin(x)
+
+    sparse = tl.trace(skip, x, save=tl.func("relu"))
+    with pytest.raises(PayloadUnavailableError) as info:
+        sparse.rerun({tl.label("relu_1"): edits.zero()})
+    assert "'sin_1'" in str(info.value) and info.value.code == "not_saved"
+    torch.testing.assert_close(tl.trace(skip, x).rerun({tl.label("relu_1"): edits.zero()}).output,
+                               torch.sin(x))  # fmt: skip
+
+
+def test_patch_from_a_clean_run_over_every_layer():
+    torch.manual_seed(0)
+    model = ZOO_BY_NAME["residual_blocks"].make_model().eval()
+    clean_x, corrupt_x = torch.randn(2, 3, 8, 8), torch.randn(2, 3, 8, 8)
+    clean, corrupt = tl.trace(model, clean_x), tl.trace(model, corrupt_x)
+    relus = [op.label for op in corrupt if op.func_name == "relu"]
+    effects = []
+    for label in relus:
+        patched = corrupt.rerun(edits.patch(corrupt, clean, tl.label(label)))
+        effects.append(float((patched.output - corrupt.output).norm()))
+    assert len(effects) == len(relus) >= 2 and all(e > 0 for e in effects)
+    last = corrupt.rerun(edits.patch(corrupt, clean, tl.label(relus[-1])))
+    if corrupt[relus[-1]].children and all(
+        corrupt[c].func_name != "add" for c in corrupt[relus[-1]].children
+    ):
+        torch.testing.assert_close(last.output, clean.output)
+
+
+def test_patch_refuses_traces_that_are_not_comparable():
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
+    a, b = tl.trace(model, torch.randn(2, 4)), tl.trace(model, torch.randn(5, 4))
+    with pytest.raises(InterventionError) as info:
+        edits.patch(a, b, tl.label("relu_1"))
+    assert info.value.code == "not_comparable" and "(2, 3)" in str(info.value)
+    other = tl.trace(nn.Sequential(nn.Linear(4, 3), nn.Tanh()), torch.randn(2, 4))
+    with pytest.raises(InterventionError) as info:
+        edits.patch(a, other, tl.label("relu_1"))
+    assert info.value.code == "not_comparable" and "'relu_1'" in str(info.value)

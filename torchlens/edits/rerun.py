@@ -1,0 +1,227 @@
+"""Post-hoc what-if: edit ops of a finished trace and recompute only what depends on them.
+
+:func:`rerun` walks the trace one recorded call at a time with the replay interpreter. A call
+none of whose inputs changed keeps its saved values and costs a set lookup; a call downstream
+of an edit is re-executed on the new values (random calls draw the numbers they drew in the
+forward). The edits are the ``{selector: fn(t, op)}`` of ``intervene=``, applied where a
+live run applies them, so ``trace.rerun(edits)`` gives what ``tl.trace(model, x,
+intervene=edits)`` gives, without running the model. :func:`patch` builds the edits that put
+another trace's values (a clean run) into this one, after checking the two are comparable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from torchlens.capture.controls import _parse_intervene, apply_edit
+from torchlens.capture.tree import fill, flatten
+from torchlens.errors import InterventionError, PayloadUnavailableError
+from torchlens.replay.exemptions import MUTATES_ARGUMENTS
+from torchlens.replay.interpreter import Interpreter, Unreplayable, calls
+from torchlens.selectors import as_selector
+from torchlens.trace import Trace
+
+__all__ = ["rerun", "patch", "check_comparable"]
+
+Tensor = torch.Tensor
+
+
+class _Overlay:
+    """A payload store: the new values first, then the original trace's."""
+
+    def __init__(self, base: Any, values: dict[str, Tensor]) -> None:
+        self.base, self.values = base, values
+
+    def get(self, label: str) -> Tensor:
+        value = self.values.get(label)
+        return self.base.get(label) if value is None else value
+
+    def has(self, label: str) -> bool:
+        return label in self.values or self.base.has(label)
+
+
+class _WhatIf(Interpreter):
+    def __init__(self, trace: Trace, edits: list) -> None:
+        super().__init__(trace)
+        self.edits = edits
+        self.new: dict[str, Tensor] = {}  # label -> value that differs from the saved one
+        self.edited: list[str] = []
+
+    def value(self, label: str) -> Tensor:
+        new = self.new.get(label)
+        if new is not None:
+            return new
+        try:
+            return self.trace[label].out
+        except PayloadUnavailableError as err:
+            raise PayloadUnavailableError(
+                f"rerun needs the saved value of {label!r}, an input of a recomputed op: {err}; "
+                "trace without save= or structure_only= to edit after the fact",
+                code=err.code,
+            ) from None
+
+    def visit(self, ops: list[Any]) -> None:
+        head = ops[0]
+        dirty = any(ref.label in self.new for ref in head.parent_args)
+        hits = [[(s, e) for s, e in self.edits if s.matches(op)] if op.func is not None else []
+                for op in ops]  # fmt: skip
+        if not dirty and not any(hits):
+            return
+        if dirty:
+            outputs = self._recompute(head)
+        else:
+            outputs = [None] * (max(op.output_index for op in ops) + 1)
+        for op, op_hits in zip(ops, hits):
+            value = outputs[op.output_index] if op.output_index < len(outputs) else None
+            changed = value is not None
+            if value is None and op_hits:
+                value = op.out
+            for _, edit in op_hits:
+                value = apply_edit(edit, value, op, inplace=False)
+            if op_hits:
+                self.edited.append(op.label)
+            if changed or op_hits:
+                self.new[op.label] = value
+
+    def _recompute(self, op: Any) -> list[Tensor]:
+        values = [self.value(ref.label) for ref in op.parent_args]
+        if op.is_inplace or op.func_name in MUTATES_ARGUMENTS or op.func is None:
+            values = [v.clone() for v in values]  # saved values stay as saved
+        try:
+            with torch.no_grad():
+                return self.execute(op, values)
+        except Unreplayable as err:
+            raise InterventionError(
+                f"{op.label!r} is downstream of the edit but cannot be recomputed ({err}); "
+                "run the model with tl.trace(..., intervene=...) instead",
+                code="not_replayable",
+            ) from None
+
+
+def rerun(trace: Trace, edits: Mapping[Any, Any]) -> Trace:
+    """A new trace in which the edited ops take new values and only their downstream cone
+    is recomputed, from saved values with the recorded calls. ``trace`` is untouched.
+
+    Two things a live run could do differently are replayed as recorded: Python control
+    flow on values (``if x.sum() > 0``, ``.item()`` loops), and writes through views (a live
+    edit of a view that is later written in place gives a fresh tensor, so the write no
+    longer reaches its base; here the recorded write is redone).
+
+    Args:
+        trace: a trace with saved values (the default ``tl.trace``), not loaded from disk
+            when a recomputed call has no replayable function.
+        edits: ``{selector: fn(t, op)}`` as for ``intervene=`` (``torchlens.edits`` helpers
+            or ``tl.Intervention``); ``tl.module(...).output`` selectors work too.
+
+    Returns:
+        The what-if :class:`~torchlens.trace.Trace`: same ops and labels, new values where
+        they changed, ``output`` rebuilt from them, ``meta["intervened"]`` the edited labels.
+
+    Raises:
+        SelectorMatchError: ``no_match`` when an edit's selector matches no op.
+        PayloadUnavailableError: when a value the recomputation needs was not saved.
+        InterventionError: ``not_replayable`` for a call in the cone that cannot be re-run;
+            the edit function's own errors (``bad_edit``, ``changed_shape``...).
+
+    Example:
+        >>> import torch, torchlens as tl
+        >>> from torchlens import edits
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+        >>> trace = tl.trace(model, torch.randn(2, 4))
+        >>> what_if = trace.rerun({tl.func("relu"): edits.zero()})
+        >>> float(what_if.output.abs().sum()), trace["relu_1"].out.shape
+        (0.0, torch.Size([2, 3]))
+    """
+    from torchlens.capture.controls import trace_candidates
+    from torchlens.selectors import require_match
+
+    parsed = _parse_intervene(edits)
+    walker = _WhatIf(trace, parsed)
+    for ops in calls(trace):
+        walker.visit(ops)
+    for selector, _ in parsed:
+        if not any(selector.matches(op) for op in trace.ops if op.func is not None):
+            require_match(selector, "rerun edit", trace_candidates(trace))
+    return _new_trace(trace, walker)
+
+
+def _new_trace(trace: Trace, walker: _WhatIf) -> Trace:
+    store = _Overlay(trace.store, walker.new)
+    ops = []
+    for op in trace.ops:
+        copy = dataclasses.replace(op, children=list(op.children), meta=dict(op.meta), _store=store)
+        value = walker.new.get(op.label)
+        if value is not None:
+            copy.shape, copy.dtype = tuple(value.shape), value.dtype
+        if op.label in walker.edited:
+            copy.meta["intervened"] = True
+        ops.append(copy)
+    sources = [dataclasses.replace(s, children=list(s.children)) for s in trace.sources]
+    leaves, template = flatten(trace.output)
+    outputs = [walker.new.get(label, t) for label, (_, t) in zip(trace.output_labels, leaves)]
+    output = fill(template, outputs) if leaves else trace.output
+    meta = {**trace.meta, "intervened": list(walker.edited), "rerun_of": id(trace)}
+    meta.pop("interventions", None)
+    result = Trace(ops, sources, list(trace.modules), list(trace.input_labels),
+                   list(trace.output_labels), output, store, trace.rng_state, meta)  # fmt: skip
+    return result
+
+
+def check_comparable(trace: Trace, other: Trace) -> None:
+    """Raise unless ``other`` recorded the same graph as ``trace`` with the same shapes.
+
+    Raises:
+        InterventionError: ``not_comparable``, naming the first op that differs.
+
+    Example:
+        >>> import torch, torchlens as tl
+        >>> model = torch.nn.Linear(4, 3)
+        >>> check_comparable(tl.trace(model, torch.randn(2, 4)), tl.trace(model, torch.randn(2, 4)))
+    """
+    if len(trace.ops) != len(other.ops):
+        raise InterventionError(
+            f"the traces are not comparable: {len(trace.ops)} ops against {len(other.ops)}; "
+            "patch between runs of the same model on inputs of the same shape",
+            code="not_comparable",
+        )
+    for a, b in zip(trace.ops, other.ops):
+        if (a.label, a.shape, a.parents) != (b.label, b.shape, b.parents):
+            raise InterventionError(
+                f"the traces are not comparable at op {a.index}: {a.label!r} {a.shape} "
+                f"against {b.label!r} {b.shape}; patch between runs of the same model on "
+                "inputs of the same shape",
+                code="not_comparable",
+            )
+
+
+def patch(trace: Trace, source: Trace, select: Any) -> dict[Any, Any]:
+    """The edits that put ``source``'s values of the ops ``select`` matches into ``trace``
+    (activation patching: ``source`` is the clean run, ``trace`` the corrupted one).
+
+    Args:
+        trace: the run to patch into.
+        source: a trace of the same model on an input of the same shape, with saved values.
+        select: which ops to patch (``tl.label("add_3")``, ``tl.module("h.2").output``...).
+
+    Returns:
+        ``{select: fn}`` for :meth:`Trace.rerun` or ``intervene=``.
+
+    Raises:
+        InterventionError: ``not_comparable`` when the two traces differ in graph or shapes.
+
+    Example:
+        >>> import torch, torchlens as tl
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+        >>> clean, corrupt = tl.trace(model, torch.randn(2, 4)), tl.trace(model, torch.randn(2, 4))
+        >>> patched = corrupt.rerun(patch(corrupt, clean, tl.label("relu_1")))
+        >>> torch.equal(patched.output, clean.output)
+        True
+    """
+    from torchlens.edits._helpers import resample
+
+    check_comparable(trace, source)
+    return {as_selector(select): resample(source)}
