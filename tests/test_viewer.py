@@ -216,5 +216,5 @@ def test_cli_show_html(tmp_path, capsys):
 
 def test_assets_ship_with_the_package():
     assets = files("torchlens.viz") / "viewer_assets"
-    names = {"viewer.html", "viewer.css", "viewer.js", "panel.js"}
+    names = {"viewer.html", "viewer.css", "viewer.js", "panel.js", "route.js"}
     assert all((assets / name).is_file() for name in names)

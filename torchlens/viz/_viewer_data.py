@@ -203,21 +203,28 @@ def _stats(value: Any, values: int) -> dict[str, Any]:
     if not isinstance(value, torch.Tensor) or value.is_complex() or value.numel() == 0:
         return {}
     flat = value.detach().reshape(-1).to("cpu", torch.float64)
-    finite = flat[torch.isfinite(flat)]
+    nan, inf = int(torch.isnan(flat).sum()), int(torch.isinf(flat).sum())
+    finite = flat[torch.isfinite(flat)] if nan or inf else flat
     stats: dict[str, Any] = {
-        "zeros": _num((flat == 0).sum().item() / flat.numel()),
-        "nan": int(torch.isnan(flat).sum().item()),
-        "inf": int(torch.isinf(flat).sum().item()),
+        "zeros": _num(int((flat == 0).sum()) / flat.numel()),
+        "nan": nan,
+        "inf": inf,
     }
     if finite.numel():
         lo, hi = finite.min().item(), finite.max().item()
         std = finite.std().item() if finite.numel() > 1 else 0.0
         stats.update(min=_num(lo), max=_num(hi), mean=_num(finite.mean().item()), std=_num(std))
-        hist = torch.histc(finite, bins=HIST_BINS, min=lo, max=hi if hi > lo else lo + 1)
-        stats["hist"] = [int(c) for c in hist.tolist()]
+        stats["hist"] = _histogram(finite, lo, hi)
     if values:
         stats["vals"] = [_num(v) for v in flat[:values].tolist()]
     return {"st": stats}
+
+
+def _histogram(finite: torch.Tensor, lo: float, hi: float) -> list[int]:
+    """Counts in ``HIST_BINS`` equal bins over ``[lo, hi]`` (the top bin includes ``hi``)."""
+    scale = HIST_BINS / (hi - lo) if hi > lo else 0.0
+    bins = ((finite - lo) * scale).long().clamp_(0, HIST_BINS - 1)
+    return torch.bincount(bins, minlength=HIST_BINS).tolist()
 
 
 def _num(x: float) -> float | str:

@@ -37,7 +37,7 @@
   // ---- state -------------------------------------------------------------------------------
   let view = { x: 0, y: 0, k: 1 };
   let pos = new Map(); // item key ("n3", "g2") -> {x, y, w, h}
-  let drawables = [], visEdges = [], selected = -1, hits = [], hitAt = -1, hitSet = new Set();
+  let drawables = [], visEdges = [], paths = [], selected = -1, hits = [], hitAt = -1, hitSet = new Set();
   let queued = false, firstPaint = null;
 
   function byId(id) { return document.getElementById(id); }
@@ -105,6 +105,7 @@
     pos.set("g0", { x: 0, y: 0, w: size.w, h: size.h });
     absolute(0, 0, 0, items);
     collect(items);
+    paths = window.tlRoute(visEdges, pos, drawables.filter((key) => !isFrame(key)));
   }
   function isShown(c) { for (; c; c = parentOf[c]) if (!expanded[c]) return false; return true; }
   function first(key) { const id = +key.slice(1); return key[0] === "n" ? id : firstOf[id]; }
@@ -201,14 +202,10 @@
       if (isFrame(key)) frames.push(frameSvg(key, p)); else boxes.push(boxSvg(key, p));
     }
     const sel = selected >= 0 ? repOf(selected) : "";
-    for (const [a, b] of visEdges) {
-      const p = pos.get(a), q = pos.get(b);
-      const box = { x: Math.min(p.x, q.x), y: Math.min(p.y, q.y), w: Math.abs(p.x - q.x) + p.w + q.w, h: Math.abs(q.y - p.y) + q.h + p.h };
-      if (!onScreen(box)) continue;
-      const sx = p.x + p.w / 2, sy = p.y + p.h, tx = q.x + q.w / 2, ty = q.y;
-      const bend = Math.max(20, (ty - sy) / 2);
-      const hot = a === sel || b === sel ? ' class="hot"' : "";
-      edges.push(`<path${hot} d="M${sx},${sy} C${sx},${sy + bend} ${tx},${ty - bend} ${tx},${ty - 4}" marker-end="url(#arrow)"/>`);
+    for (const e of paths) {
+      if (!onScreen(e.box)) continue;
+      const hot = e.a === sel || e.b === sel ? ' class="hot"' : "";
+      edges.push(`<path${hot} d="${e.d}" marker-end="url(#arrow)"/>`);
     }
     layers.frames.innerHTML = frames.join("");
     layers.edges.innerHTML = edges.join("");
@@ -396,7 +393,7 @@
   byId("title").textContent = DATA.title;
   byId("info").textContent = `${DATA.ops} ops · ${G} groups · layout: ${DATA.layout === "graphviz" ? "Graphviz order" : "in page"}`;
   document.title = DATA.title + " - torchlens";
-  svg.insertAdjacentHTML("afterbegin", '<defs><marker id="arrow" viewBox="0 0 8 8" refX="7" refY="4" markerWidth="7" markerHeight="7" orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#5c6678"/></marker></defs>');
+  svg.insertAdjacentHTML("afterbegin", '<defs><marker id="arrow" viewBox="0 0 8 8" refX="7" refY="4" markerWidth="7" markerHeight="7" markerUnits="userSpaceOnUse" orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#5c6678"/></marker></defs>');
   window.tlViewerLegend(DATA, NODES, byId("legend"));
   initialFolds();
   layout();
