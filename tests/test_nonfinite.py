@@ -100,7 +100,7 @@ def test_nothing_found_says_so():
     report = tl.find_nonfinite(model, x)
     n_ops = len(tl.trace(model, x))
     assert not report and report.op is None and report.checked == n_ops
-    assert str(report) == f"no NaN or Inf: all {n_ops} op outputs checked are finite"
+    assert str(report) == f"no NaN or Inf: none in the {n_ops} op outputs checked"
     on_trace = tl.find_nonfinite(tl.trace(model, x))
     assert not on_trace and on_trace.checked == n_ops
 
@@ -127,3 +127,27 @@ def test_structure_only_trace_is_refused():
     with pytest.raises(InvalidArgumentError) as err:
         tl.find_nonfinite(trace)
     assert err.value.code == "no_values"
+
+
+def test_inf_false_skips_masks_filled_with_minus_inf():
+    def masked_attention(scores):
+        mask = torch.ones(3, 3).triu(1).bool()
+        scores = scores.masked_fill(mask, float("-inf"))  # -inf on purpose
+        weights = torch.softmax(scores, dim=-1)
+        return torch.sqrt(weights - 0.5)  # NaN where a weight is below 0.5
+
+    scores = torch.zeros(3, 3)
+    assert tl.find_nonfinite(masked_attention, scores).op.func_name == "masked_fill"
+    report = tl.find_nonfinite(masked_attention, scores, inf=False)
+    assert report.op.func_name == "sqrt" and report.parents["sub_1"].min == -0.5
+    assert str(report).startswith("first output with a NaN: sqrt_1")
+    assert tl.find_nonfinite(tl.trace(masked_attention, scores), inf=False).op.label == "sqrt_1"
+    assert "no NaN:" in str(tl.find_nonfinite(torch.exp, torch.tensor([1000.0]), inf=False))
+
+
+def test_a_finite_value_whose_sum_overflows_is_finite():
+    from torchlens.debug.nonfinite import is_nonfinite
+
+    big = torch.full((10,), 60000.0, dtype=torch.float16)
+    assert not is_nonfinite(big) and is_nonfinite(torch.tensor([1.0, float("nan")]))
+    assert not is_nonfinite(torch.tensor([1, 2])) and not is_nonfinite(torch.empty(0))

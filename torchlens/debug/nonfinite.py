@@ -26,11 +26,22 @@ from torchlens.trace import Op, Trace
 __all__ = ["NonFiniteReport", "ValueStats", "find_nonfinite", "is_nonfinite"]
 
 
-def is_nonfinite(value: torch.Tensor) -> bool:
-    """Whether a floating or complex value holds a NaN or an infinity (others never do)."""
+def is_nonfinite(value: torch.Tensor, inf: bool = True) -> bool:
+    """Whether a floating or complex value holds a NaN (or, with ``inf``, an infinity);
+    other dtypes never do.
+
+    A finite sum proves every element finite in one cheap pass (a NaN or an infinity makes
+    any sum non-finite); only a non-finite sum, which a finite value may reach by
+    overflowing, is checked element by element.
+    """
     if not (value.is_floating_point() or value.is_complex()):
         return False
-    return not bool(torch.isfinite(comparable(value)).all())
+    value = comparable(value)
+    if bool(torch.isfinite(value.sum())):
+        return False
+    if inf:
+        return not bool(torch.isfinite(value).all())
+    return bool(torch.isnan(value).any())
 
 
 @dataclass(frozen=True)
@@ -91,8 +102,9 @@ class NonFiniteReport:
         checked: how many op values were checked.
     """
 
-    def __init__(self, trace: Trace | None, op: Op | None, checked: int) -> None:
+    def __init__(self, trace: Trace | None, op: Op | None, checked: int, inf: bool = True) -> None:
         self.trace, self.op, self.checked = trace, op, checked
+        self.looked_for = "NaN or Inf" if inf else "NaN"
         self.stats = value_stats(op.label, op.out) if op is not None else None
         self.parent_values: dict[str, torch.Tensor] = {}
         if op is not None and trace is not None:
@@ -114,9 +126,9 @@ class NonFiniteReport:
 
     def __str__(self) -> str:
         if self.op is None:
-            return f"no NaN or Inf: all {self.checked} op outputs checked are finite"
+            return f"no {self.looked_for}: none in the {self.checked} op outputs checked"
         op = self.op
-        lines = [f"first non-finite output: {op.label} ({op.func_name})"]
+        lines = [f"first output with a {self.looked_for}: {op.label} ({op.func_name})"]
         lines.append(f"  module call: {self.module_call or '<root> (the traced model itself)'}")
         where_ = str(self.source) if self.source else "not recorded (trace with source=True)"
         lines.append(f"  source: {where_}")
@@ -131,7 +143,7 @@ class NonFiniteReport:
 
 
 def find_nonfinite(
-    target: Any, args: Any = (), kwargs: Mapping[str, Any] | None = None
+    target: Any, args: Any = (), kwargs: Mapping[str, Any] | None = None, *, inf: bool = True
 ) -> NonFiniteReport:
     """Find the first op whose output holds a NaN or an infinity.
 
@@ -140,6 +152,8 @@ def find_nonfinite(
             captured (its saved values are scanned).
         args: the model's positional arguments (ignored for a trace).
         kwargs: the model's keyword arguments (ignored for a trace).
+        inf: also stop at infinities; pass ``False`` to look for NaN only, in models that
+            use ``-inf`` on purpose (attention masks filled with ``-inf``).
 
     Returns:
         A :class:`NonFiniteReport`, false when nothing was found; ``print`` it.
@@ -155,23 +169,23 @@ def find_nonfinite(
         ('log_1', -1.0)
     """
     if isinstance(target, Trace):
-        return _scan(target)
+        return _scan(target, inf)
     checked = [0]
 
     def culprit(op: Any) -> bool:
         checked[0] += op.has_out
-        return op.has_out and is_nonfinite(op.out)
+        return op.has_out and is_nonfinite(op.out, inf)
 
     try:
         trace = _trace(target, args, kwargs, stop_after=where(culprit), source=True)
     except SelectorMatchError as err:  # the stop rule never fired: all finite
         if err.code != "no_match":
             raise
-        return NonFiniteReport(None, None, checked[0])
-    return NonFiniteReport(trace, trace[trace.meta["halted_at"]], checked[0])
+        return NonFiniteReport(None, None, checked[0], inf)
+    return NonFiniteReport(trace, trace[trace.meta["halted_at"]], checked[0], inf)
 
 
-def _scan(trace: Trace) -> NonFiniteReport:
+def _scan(trace: Trace, inf: bool) -> NonFiniteReport:
     if trace.structure_only:
         raise InvalidArgumentError(
             "this trace was captured with structure_only=True and holds no values to check; "
@@ -182,9 +196,9 @@ def _scan(trace: Trace) -> NonFiniteReport:
     for op in trace.ops:
         if op.has_out:
             checked += 1
-            if is_nonfinite(op.out):
-                return NonFiniteReport(trace, op, checked)
-    return NonFiniteReport(trace, None, checked)
+            if is_nonfinite(op.out, inf):
+                return NonFiniteReport(trace, op, checked, inf)
+    return NonFiniteReport(trace, None, checked, inf)
 
 
 def _source(op: Op | None) -> SourceLine | None:

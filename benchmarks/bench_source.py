@@ -1,0 +1,81 @@
+"""What the debugging workflows cost: ``source=True`` per op, and ``tl.find_nonfinite``.
+
+For each benchmark model, measured in the same run, runs interleaved, medians over rounds:
+
+* ``source``: ``tl.trace(..., source=True)`` against ``tl.trace``; the difference divided by
+  the number of ops is the cost of noting the source line of one op (a Python stack walk);
+* ``find_nonfinite``: ``tl.find_nonfinite(model, x, inf=False)`` on a healthy model (it checks
+  every op and finds nothing, its worst case; ``inf=False`` because the GPT's causal mask
+  holds ``-inf`` on purpose) against ``tl.trace`` and against ``tl.record``;
+* ``record``: ``tl.record(model, x)`` (nothing kept) against the plain forward, for scale.
+
+Run: ``python benchmarks/bench_source.py [--repeats N] [--models a,b]``. Torch runs on one
+thread and each run is timed by this thread's CPU time, which keeps the numbers steady on a
+shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from models import BENCH_MODELS  # noqa: E402
+from timing import interleaved_times  # noqa: E402
+
+import torchlens as tl  # noqa: E402
+
+DEFAULT_MODELS = ("mlp100", "convnet8", "transformer_encoder", "gpt_decoder")
+
+
+def measure(name: str, repeats: int) -> dict[str, float]:
+    model, args = BENCH_MODELS[name]()
+    n_ops = len(tl.trace(model, args, structure_only=True))
+    fns = {
+        "forward": lambda: model(*args),
+        "record": lambda: tl.record(model, args),
+        "trace": lambda: tl.trace(model, args),
+        "source": lambda: tl.trace(model, args, source=True),
+        "find_nonfinite": lambda: tl.find_nonfinite(model, args, inf=False),
+    }
+    with torch.no_grad():
+        times = interleaved_times(fns, repeats=repeats, warmup=2, clock=time.thread_time)
+    med = {k: statistics.median(v) for k, v in times.items()}
+
+    def ratio(a: str, b: str) -> float:
+        return statistics.median(x / y for x, y in zip(times[a], times[b]))
+
+    return {
+        "ops": n_ops,
+        "trace_ms": med["trace"] * 1e3,
+        "source_us_per_op": (med["source"] - med["trace"]) / n_ops * 1e6,
+        "source/trace": ratio("source", "trace"),
+        "find/trace": ratio("find_nonfinite", "trace"),
+        "find/record": ratio("find_nonfinite", "record"),
+        "record/forward": ratio("record", "forward"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--models", default=",".join(DEFAULT_MODELS))
+    opts = parser.parse_args()
+    torch.set_num_threads(1)
+    columns = ("ops", "trace_ms", "source_us_per_op", "source/trace", "find/trace",
+               "find/record", "record/forward")  # fmt: skip
+    print(f"{'model':22s}" + "".join(f"{c:>18s}" for c in columns))
+    for name in opts.models.split(","):
+        row = measure(name, opts.repeats)
+        cells = "".join(f"{row[c]:>18d}" if c == "ops" else f"{row[c]:>18.2f}" for c in columns)
+        print(f"{name:22s}{cells}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
