@@ -11,7 +11,7 @@ another trace's values (a clean run) into this one, after checking the two are c
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -150,25 +150,34 @@ def rerun(trace: Trace, edits: Mapping[Any, Any]) -> Trace:
 
 
 def _new_trace(trace: Trace, walker: _WhatIf) -> Trace:
+    """The what-if trace. Ops whose value did not change are the original records, shared
+    (finished records are never written); changed ops are copies reading the new values."""
     store = _Overlay(trace.store, walker.new)
+    edited = set(walker.edited)
     ops = []
     for op in trace.ops:
-        copy = dataclasses.replace(op, children=list(op.children), meta=dict(op.meta), _store=store)
         value = walker.new.get(op.label)
-        if value is not None:
-            copy.shape, copy.dtype = tuple(value.shape), value.dtype
-        if op.label in walker.edited:
-            copy.meta["intervened"] = True
-        ops.append(copy)
-    sources = [dataclasses.replace(s, children=list(s.children)) for s in trace.sources]
+        if value is None:
+            ops.append(op)
+            continue
+        meta = {**op.meta, "intervened": True} if op.label in edited else dict(op.meta)
+        ops.append(_copy(op, meta=meta, _store=store, shape=tuple(value.shape), dtype=value.dtype))
     leaves, template = flatten(trace.output)
     outputs = [walker.new.get(label, t) for label, (_, t) in zip(trace.output_labels, leaves)]
     output = fill(template, outputs) if leaves else trace.output
-    meta = {**trace.meta, "intervened": list(walker.edited), "rerun_of": id(trace)}
+    meta = {**trace.meta, "intervened": list(walker.edited)}
     meta.pop("interventions", None)
-    result = Trace(ops, sources, list(trace.modules), list(trace.input_labels),
-                   list(trace.output_labels), output, store, trace.rng_state, meta)  # fmt: skip
-    return result
+    return Trace(ops, list(trace.sources), list(trace.modules), list(trace.input_labels),
+                 list(trace.output_labels), output, store, trace.rng_state, meta)  # fmt: skip
+
+
+def _copy(record: Any, **changes: Any) -> Any:
+    """A shallow copy of an op or source with ``changes`` set (cheaper than
+    ``dataclasses.replace``, which reruns ``__init__``)."""
+    new = copy.copy(record)
+    for name, value in changes.items():
+        setattr(new, name, value)
+    return new
 
 
 def check_comparable(trace: Trace, other: Trace) -> None:
