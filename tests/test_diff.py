@@ -184,3 +184,19 @@ def test_to_pandas_needs_pandas(monkeypatch):
         result.to_pandas()
     assert err.value.code == "pandas_missing"
     assert result.to_dicts()[0]["label_a"] == "sin_1"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cpu_vs_cuda_compares_every_op():
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5))
+    x = torch.randn(2, 3, 8, 8)
+    cpu = tl.trace(model, x)
+    cuda = tl.trace(model.cuda(), x.cuda())
+    result = tl.diff(cpu, cuda, atol=1e-4, rtol=1e-4)
+    assert not result.unverified and not result.only_in_a and not result.only_in_b
+    assert {r.label_a for r in result.rows} == set(cpu.labels)
+    assert result.same, result.headline()
+    assert cuda["linear_1"].device.type == "cuda"

@@ -98,15 +98,33 @@ def test_rows_shapes_params_and_bytes():
     assert (first.params, first.frozen, first.flops) == (0, 40, 2 * 3 * 4 * 8)
     assert first.output_bytes == 3 * 8 * 4
     norm = result["1:1"]
-    assert (norm.params, norm.buffers, norm.unknown_ops) == (16, 16, 1)
+    assert (norm.params, norm.buffers, norm.unknown_ops) == (16, 8 + 8 + 1, 1)  # + batch count
     assert result["2:1"].unknown_ops == 1 and result["2:1"].flops == 0  # relu: unknown, not 0
     totals = result.totals
-    assert (totals["params"], totals["frozen"], totals["buffers"]) == (16 + 18, 40, 16)
+    assert (totals["params"], totals["frozen"], totals["buffers"]) == (16 + 18, 40, 17)
     assert totals["flops"] == 2 * 3 * 4 * 8 + 2 * 3 * 8 * 2 and totals["unknown_ops"] == 2
     assert totals["activation_bytes"] == 4 * (24 + 24 + 24 + 6)
     text = str(result)
     assert "BatchNorm1d" in text and "+ 2 ops of unknown cost" in text
     assert "<table>" in result._repr_html_() and "BatchNorm1d" in result._repr_html_()
+
+
+def test_a_model_counts_every_parameter_a_trace_those_read():
+    class Unused(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used, self.spare = nn.Linear(2, 2), nn.Linear(2, 3)
+            self.bn = nn.BatchNorm1d(2).eval()
+
+        def forward(self, x):
+            return self.bn(self.used(x))
+
+    model, x = Unused(), torch.randn(4, 2)
+    from_model, from_trace = tl.summary(model, x), tl.summary(tl.trace(model, x))
+    assert from_model.totals["params"] == 6 + 9 + 4 and from_model["<root>:1"].params == 19
+    assert from_trace.totals["params"] == 6 + 4 and from_trace["<root>:1"].params == 10
+    assert from_model["bn:1"].buffers == 5 and from_trace["bn:1"].buffers == 4
+    assert "spare:1" not in [r.name for r in from_model.rows]  # it was never called
 
 
 def test_shared_module_counts_its_params_once():

@@ -65,3 +65,12 @@ def test_python_error_names_the_module_call_but_no_torch_call():
 def test_a_finished_trace_is_not_partial():
     trace = tl.trace(PythonError(), torch.randn(3, 4))
     assert "partial" not in trace.meta and "failed_call" not in trace.meta
+
+
+def test_a_streamed_capture_gives_a_readable_partial_trace(tmp_path):
+    model, x = Broken(), torch.randn(2, 4)
+    with pytest.raises(RuntimeError) as caught:
+        tl.trace(model, x, stream_to=tmp_path / "run")
+    partial = caught.value.partial_trace
+    assert torch.equal(partial["relu_1"].out, model.a(x).relu())
+    assert (tmp_path / "run" / "INCOMPLETE").exists()  # the directory says it is unfinished

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from torch import nn
+
 from torchlens._table import format_table
 from torchlens.capture import trace as _trace
 from torchlens.debug.flops import op_flops
@@ -140,7 +142,8 @@ def summary(target: Any, args: Any = (), kwargs: Mapping[str, Any] | None = None
 
     Returns:
         A :class:`ModuleSummary`; ``print`` it, or read ``.rows`` and ``.totals``.
-        Parameters are those the forward read, owned by each module's address.
+        Parameters and buffers count under the module that owns them: for a model, all of
+        them (as torchinfo counts); for a trace, those the forward read.
 
     Raises:
         Whatever :func:`torchlens.trace` raises for the model.
@@ -152,42 +155,63 @@ def summary(target: Any, args: Any = (), kwargs: Mapping[str, Any] | None = None
         >>> s["0:1"].flops, s["0:1"].params, s.totals["unknown_ops"]
         (48, 15, 1)
     """
-    if not isinstance(target, Trace):
-        target = _trace(target, args, kwargs, structure_only=True)
-    return module_summary(target)
+    if isinstance(target, Trace):
+        return module_summary(target)
+    trace = _trace(target, args, kwargs, structure_only=True)
+    weights = None
+    if isinstance(target, nn.Module):
+        weights = [
+            (address, "parameter", p.numel(), p.requires_grad)
+            for address, p in target.named_parameters()
+        ] + [(address, "buffer", b.numel(), False) for address, b in target.named_buffers()]
+    return module_summary(trace, weights)
 
 
-def module_summary(trace: Trace) -> ModuleSummary:
-    """The :class:`ModuleSummary` of a finished trace (see :func:`summary`)."""
+Weight = tuple[str, str, int, bool]  # address, "parameter" | "buffer", elements, trainable
+
+
+def module_summary(trace: Trace, weights: list[Weight] | None = None) -> ModuleSummary:
+    """The :class:`ModuleSummary` of a finished trace (see :func:`summary`); ``weights``
+    replaces the parameters and buffers the trace read (a model's full list)."""
 
     def shape_of(label: str) -> tuple[int, ...]:
         return tuple(trace[label].shape)
 
+    if weights is None:
+        weights = [
+            (s.label, s.kind, _numel(s.shape), s.requires_grad)
+            for s in trace.sources
+            if s.kind in ("parameter", "buffer")
+        ]
     costs = {op.label: op_flops(op, shape_of) for op in trace.ops}
-    rows = [_row(trace, call, costs) for call in trace.modules]
-    weights = [s for s in trace.sources if s.kind in ("parameter", "buffer")]
+    rows = [_row(trace, call, costs, weights) for call in trace.modules]
     known = [c for c in costs.values() if c is not None]
-    totals = {
-        "params": sum(
-            _numel(s.shape) for s in weights if s.kind == "parameter" and s.requires_grad
-        ),
-        "frozen": sum(
-            _numel(s.shape) for s in weights if s.kind == "parameter" and not s.requires_grad
-        ),
-        "buffers": sum(_numel(s.shape) for s in weights if s.kind == "buffer"),
-        "flops": sum(known),
-        "macs": sum(known) // 2,
-        "unknown_ops": len(costs) - len(known),
-        "activation_bytes": sum(_nbytes(op) for op in trace.ops),
+    return ModuleSummary(
+        rows,
+        {
+            **_count(weights),
+            "flops": sum(known),
+            "macs": sum(known) // 2,
+            "unknown_ops": len(costs) - len(known),
+            "activation_bytes": sum(_nbytes(op) for op in trace.ops),
+        },
+    )
+
+
+def _count(weights: list[Weight]) -> dict[str, int]:
+    """``params`` (trainable), ``frozen`` and ``buffers`` elements of ``weights``."""
+    return {
+        "params": sum(n for _, kind, n, grad in weights if kind == "parameter" and grad),
+        "frozen": sum(n for _, kind, n, grad in weights if kind == "parameter" and not grad),
+        "buffers": sum(n for _, kind, n, _ in weights if kind == "buffer"),
     }
-    return ModuleSummary(rows, totals)
 
 
-def _row(trace: Trace, call: Any, costs: Mapping[str, int | None]) -> ModuleRow:
+def _row(
+    trace: Trace, call: Any, costs: Mapping[str, int | None], weights: list[Weight]
+) -> ModuleRow:
     prefix = f"{call.address}." if call.address else ""
-    owned = [
-        s for s in trace.sources if s.kind in ("parameter", "buffer") and s.label.startswith(prefix)
-    ]
+    owned = _count([w for w in weights if w[0].startswith(prefix)])
     inside = [costs[label] for label in call.ops]
     return ModuleRow(
         name=call.name,
@@ -195,9 +219,9 @@ def _row(trace: Trace, call: Any, costs: Mapping[str, int | None]) -> ModuleRow:
         depth=call.address.count(".") + 1 if call.address else 0,
         input_shapes=tuple(tuple(trace[label].shape) for label in call.inputs),
         output_shapes=tuple(tuple(trace[label].shape) for label in call.outputs),
-        params=sum(_numel(s.shape) for s in owned if s.kind == "parameter" and s.requires_grad),
-        frozen=sum(_numel(s.shape) for s in owned if s.kind == "parameter" and not s.requires_grad),
-        buffers=sum(_numel(s.shape) for s in owned if s.kind == "buffer"),
+        params=owned["params"],
+        frozen=owned["frozen"],
+        buffers=owned["buffers"],
         flops=sum(c for c in inside if c is not None),
         unknown_ops=sum(c is None for c in inside),
         output_bytes=sum(_nbytes(trace[label]) for label in call.outputs),
