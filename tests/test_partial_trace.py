@@ -62,6 +62,23 @@ def test_python_error_names_the_module_call_but_no_torch_call():
     assert partial["sigmoid_1"].source.function == "forward"  # source= applies too
 
 
+class Twice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = PythonError()
+
+    def forward(self, x):
+        return self.inner(self.inner(x)[:2])  # the second call gets a batch of two
+
+
+def test_python_error_in_a_submodule_names_its_call():
+    with pytest.raises(ValueError) as caught:
+        tl.trace(Twice(), torch.randn(3, 4))
+    partial = caught.value.partial_trace
+    assert partial.meta["failed_call"] is None and partial.meta["failed_in"] == "inner:2"
+    assert partial.labels[-1] == "sigmoid_2"
+
+
 def test_a_finished_trace_is_not_partial():
     trace = tl.trace(PythonError(), torch.randn(3, 4))
     assert "partial" not in trace.meta and "failed_call" not in trace.meta

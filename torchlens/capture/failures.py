@@ -99,15 +99,31 @@ def attach_partial_trace(
     """
     try:
         label = getattr(err, _MARK, None)
-        stack = builder.module_stack
-        default = f"{stack[-1][0]}:{stack[-1][1]}" if stack else ""
         notes = {
             "partial": True,
             "failed_call": label,
-            "failed_in": getattr(err, _WHERE, default) if label is not None else default,
+            "failed_in": getattr(err, _WHERE, "")
+            if label is not None
+            else _raised_in(err, builder),
             "error": f"{type(err).__name__}: {err}",
         }
         trace = builder.finish(root_type, None, [], rng_state=rng_state, meta={**meta, **notes})
         err.partial_trace = trace  # type: ignore[attr-defined]
     except Exception:  # an exception type that takes no attributes, or a broken recording
         return
+
+
+def _raised_in(err: BaseException, builder: Any) -> str:
+    """The module call whose Python code raised ``err``, from its traceback (the module
+    hooks have closed every call by now); ``""`` for the traced model itself."""
+    addresses = {id(module): address for address, module in builder.named_modules if address}
+    address = ""
+    tb = err.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        address = addresses.get(id(owner), address)
+        tb = tb.tb_next
+    if not address:
+        return ""
+    call = max((c.call_index for c in builder.module_calls if c.address == address), default=1)
+    return f"{address}:{call}"
