@@ -215,6 +215,32 @@ def test_validation_overlay_colours_ops_and_folded_groups(open_page, trace):
     assert "[replay] diff 1.0" in page.locator("#panel").inner_text()
 
 
+class Branches(nn.Module):
+    """Parallel branches of different widths, a constant and a residual: boxes side by side."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        parts = [x * torch.tensor(2.0), x.relu(), torch.sigmoid(x).transpose(0, 1).transpose(0, 1)]
+        return torch.stack(parts).sum(0) + x
+
+
+@pytest.mark.parametrize("unfold", ["all", "none"])
+def test_boxes_never_overlap(open_page, trace, unfold):
+    for model_trace in (trace, tl.trace(Branches(), torch.randn(2, 3))):
+        page = open_page(model_trace).page
+        if unfold == "all":
+            page.evaluate("() => { tlViewer.expanded.fill(1); tlViewer.toggle(1, true); }")
+        boxes = page.evaluate("() => tlViewer.boxes()")
+        unfolded = "() => [...tlViewer.expanded.keys()].filter(i => i && tlViewer.expanded[i])"
+        frames = {f"g{i}" for i in page.evaluate(unfolded)}
+        leaves = [b for key, b in boxes.items() if key not in frames and key != "g0"]
+        assert len(leaves) >= 8
+        for i, a in enumerate(leaves):
+            for b in leaves[i + 1 :]:
+                apart_x = a["x"] + a["w"] <= b["x"] + 0.5 or b["x"] + b["w"] <= a["x"] + 0.5
+                apart_y = a["y"] + a["h"] <= b["y"] + 0.5 or b["y"] + b["h"] <= a["y"] + 0.5
+                assert apart_x or apart_y, (a, b)
+
+
 def test_screenshot(open_page, trace):
     page = open_page(trace, status=tl.replay(Model().eval(), torch.randn(2, 5, 8))).page
     shot = page.screenshot()

@@ -47,7 +47,7 @@
     if (n.ip) html += row("in-place", "yes");
     html += row("call", `<code>${esc(n.a)}</code>`);
     html += row("parents", links(n.par, byId)) + row("children", links(n.ch, byId));
-    if (n.w && n.w.length) html += row("parameters", esc(n.w.join(", ")));
+    if (n.w && n.w.length) html += row("parameters, buffers", esc(n.w.join(", ")));
     return html + "</table>" + stats(n.st);
   };
   window.tlViewerLegend = function (data, nodes, el) {

@@ -22,12 +22,15 @@
     kids[g.p + 1].push(j + 1);
   });
   const verdictOf = new Int8Array(G + 1), hitsIn = new Int32Array(G + 1);
+  const hintSum = new Float64Array(G + 1), hintCount = new Int32Array(G + 1);
   const byId_ = new Map();
   NODES.forEach((n, i) => {
     byId_.set(n.id, i);
     nodeKids[n.g + 1].push(i);
     for (let c = n.g + 1; c; c = parentOf[c]) {
       firstOf[c] = Math.min(firstOf[c], i);
+      hintSum[c] += n.x || 0;
+      hintCount[c]++;
       verdictOf[c] = Math.max(verdictOf[c], RANK[n.v] || 0);
     }
   });
@@ -109,12 +112,10 @@
   }
   function isShown(c) { for (; c; c = parentOf[c]) if (!expanded[c]) return false; return true; }
   function first(key) { const id = +key.slice(1); return key[0] === "n" ? id : firstOf[id]; }
-  function hint(key) {
+  function hint(key) { // Graphviz's x, for a group the mean over the ops inside it
     const id = +key.slice(1);
     if (key[0] === "n") return NODES[id].x || 0;
-    let s = 0, n = 0;
-    for (const i of nodeKids[id]) { s += NODES[i].x || 0; n++; }
-    return n ? s / n : 0;
+    return hintCount[id] ? hintSum[id] / hintCount[id] : 0;
   }
 
   // Places the items of container c (relative positions), returns its size.
@@ -158,7 +159,7 @@
   // The centre nearest `want` where a box of p.w fits between the boxes beside it.
   function freeSpot(want, p, others) {
     const busy = others.filter((q) => q.y < p.y + p.h + GAP_Y).map((q) => [q.x - GAP_X, q.x + q.w + GAP_X]);
-    const fits = (cx) => busy.every(([l, r]) => cx + p.w / 2 <= l || cx - p.w / 2 >= r);
+    const fits = (cx) => busy.every(([l, r]) => cx + p.w / 2 <= l + 0.01 || cx - p.w / 2 >= r - 0.01);
     if (fits(want)) return want;
     let best = null;
     for (const [l, r] of busy) {
@@ -389,7 +390,8 @@
   window.addEventListener("resize", schedule);
 
   // ---- start -------------------------------------------------------------------------------
-  window.tlViewer = { expanded, toggle, select, search, fit, groups: GROUPS, nodes: NODES, view: () => view, firstPaint: null };
+  window.tlViewer = { expanded, toggle, select, search, fit, groups: GROUPS, nodes: NODES, view: () => view,
+    boxes: () => Object.fromEntries(pos), firstPaint: null };
   byId("title").textContent = DATA.title;
   byId("info").textContent = `${DATA.ops} ops · ${G} groups · layout: ${DATA.layout === "graphviz" ? "Graphviz order" : "in page"}`;
   document.title = DATA.title + " - torchlens";
