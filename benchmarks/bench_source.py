@@ -2,8 +2,8 @@
 
 For each benchmark model, measured in the same run, runs interleaved, medians over rounds:
 
-* ``source``: ``tl.trace(..., source=True)`` against ``tl.trace``; the difference divided by
-  the number of ops is the cost of noting the source line of one op (a Python stack walk);
+* ``source``: ``tl.trace(..., source=True)`` against ``tl.trace``, and the source hook's own
+  time per op (a Python stack walk up to the model's frame), timed inside real traces;
 * ``find_nonfinite``: ``tl.find_nonfinite(model, x, inf=False)`` on a healthy model (it checks
   every op and finds nothing, its worst case; ``inf=False`` because the GPT's causal mask
   holds ``-inf`` on purpose) against ``tl.trace`` and against ``tl.record``;
@@ -30,8 +30,35 @@ from models import BENCH_MODELS  # noqa: E402
 from timing import interleaved_times  # noqa: E402
 
 import torchlens as tl  # noqa: E402
+import torchlens.capture.api as capture_api  # noqa: E402
 
 DEFAULT_MODELS = ("mlp100", "convnet8", "transformer_encoder", "gpt_decoder")
+
+
+def hook_seconds_per_op(model, args, rounds: int = 5) -> float:
+    """The source hook's own time per op, timed inside real traces (the end-to-end
+    difference of two medians is within the noise of a shared machine)."""
+    spent, calls = [0.0], [0]
+    real = capture_api.make_source_hook
+
+    def timed():
+        hook = real()
+
+        def wrapper(op, tensor):
+            start = time.perf_counter()
+            hook(op, tensor)
+            spent[0] += time.perf_counter() - start
+            calls[0] += 1
+
+        return wrapper
+
+    capture_api.make_source_hook = timed
+    try:
+        for _ in range(rounds):
+            tl.trace(model, args, source=True)
+    finally:
+        capture_api.make_source_hook = real
+    return spent[0] / calls[0]
 
 
 def measure(name: str, repeats: int) -> dict[str, float]:
@@ -54,7 +81,7 @@ def measure(name: str, repeats: int) -> dict[str, float]:
     return {
         "ops": n_ops,
         "trace_ms": med["trace"] * 1e3,
-        "source_us_per_op": (med["source"] - med["trace"]) / n_ops * 1e6,
+        "source_us_per_op": hook_seconds_per_op(model, args) * 1e6,
         "source/trace": ratio("source", "trace"),
         "find/trace": ratio("find_nonfinite", "trace"),
         "find/record": ratio("find_nonfinite", "record"),
