@@ -126,7 +126,7 @@
       if (key[0] === "g" && expanded[id]) {
         const s = place(id, items, inner);
         const titleW = (GROUPS[id - 1].t.length + GROUPS[id - 1].m.length + 6) * CHAR;
-        pos.set(key, { x: 0, y: 0, w: Math.max(s.w + 2 * PAD, titleW), h: s.h + 2 * PAD + TITLE });
+        pos.set(key, { x: 0, y: 0, w: Math.max(s.w + 2 * PAD, titleW), h: s.h + 2 * PAD + TITLE, cw: s.w });
       } else pos.set(key, { x: 0, y: 0, ...boxSize(key) });
     }
     list.sort((a, b) => first(a) - first(b));
@@ -174,7 +174,7 @@
       const p = pos.get(key);
       p.x += ox; p.y += oy;
       const id = +key.slice(1);
-      if (key[0] === "g" && expanded[id]) absolute(id, p.x + PAD, p.y + PAD + TITLE, items);
+      if (key[0] === "g" && expanded[id]) absolute(id, p.x + (p.w - p.cw) / 2, p.y + PAD + TITLE, items);
     }
   }
   function collect(items) {
