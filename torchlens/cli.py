@@ -97,7 +97,9 @@ def _parser() -> argparse.ArgumentParser:
     trace.add_argument("--no-validate", action="store_true", help="skip replay validation")
     trace.add_argument("--traceback", action="store_true", help="show full tracebacks")
     trace.set_defaults(run=_run_trace)
-    show = commands.add_parser("show", help="print the summary of a saved trace")
+    show = commands.add_parser(
+        "show", help="print the summary of a saved trace, or write its viewer page (--html)"
+    )
     show.add_argument("dir", metavar="DIR", help="a directory written by tl.save or --save")
     show.add_argument("--func", action="append", help="only ops of this function (repeatable)")
     show.add_argument("--module", metavar="PATTERN", help="only ops inside these module calls")
