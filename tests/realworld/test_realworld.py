@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import torchlens as tl
 
@@ -28,9 +29,19 @@ except ImportError:  # repository root not on sys.path (e.g. bare `pytest`)
 REQUIRED_TAGS = {"kwargs", "mask", "cache", "train", "checkpointing", "moe", "ssm", "detection"}
 
 
+@pytest.fixture
+def one_thread():
+    """Run on one intra-op thread: the models are tiny, and on a busy shared runner threads
+    waiting for a core made single forwards 10-50x slower. Restored afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
-def test_real_model_validates(case):
+def test_real_model_validates(case, one_thread):
     if "transformers" in case.needs:
         pytest.importorskip("transformers")
     missing = missing_packages(case)
