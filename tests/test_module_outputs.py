@@ -138,3 +138,11 @@ def test_bad_module_selectors_are_refused():
         with pytest.raises(InvalidArgumentError) as info:
             bad()
         assert info.value.code == "bad_selector"
+
+
+def test_output_selectors_work_on_a_loaded_trace(tmp_path):
+    trace = tl.trace(_model(), X)
+    loaded = tl.load(trace.save(tmp_path / "t"))
+    sel = tl.module(type="Block").output
+    assert [op.label for op in loaded if sel.matches(op)] == ["layer_norm_1", "layer_norm_2"]
+    assert "layer_norm_2" in loaded.summary(tl.module("1").output)
