@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import webbrowser
 from html import escape
 from importlib.resources import files
 from pathlib import Path
@@ -28,6 +27,13 @@ class ViewerPage:
     """A written viewer page: its ``path``, and an inline view in notebooks.
 
     ``os.fspath(page)`` is the path, so a page can be passed wherever a path is expected.
+
+    Example:
+        >>> import os, torch, torchlens as tl, tempfile, pathlib
+        >>> trace = tl.trace(torch.nn.ReLU(), torch.randn(2, 3))
+        >>> page = trace.show(pathlib.Path(tempfile.mkdtemp()) / "relu.html")
+        >>> os.fspath(page).endswith("relu.html"), page._repr_html_().startswith("<iframe")
+        (True, True)
     """
 
     def __init__(self, path: Path, height: int = 640) -> None:
@@ -91,12 +97,21 @@ def show(
     text = viewer_html(trace, status=status, values=values)
     target.write_text(text, encoding="utf-8")
     if open:
+        import webbrowser  # only when asked: it looks for a browser on import
+
         webbrowser.open(target.resolve().as_uri())
     return ViewerPage(target)
 
 
 def viewer_html(trace: Trace, *, status: Any = None, values: int = 0) -> str:
     """The viewer page as a string; see :func:`show` for the arguments.
+
+    Returns:
+        The whole page: data, script and style inline.
+
+    Raises:
+        InvalidArgumentError: ``bad_option`` for a negative ``values`` or a ``status`` that
+            is not a ReplayStatus.
 
     Example:
         >>> import torch, torchlens as tl
