@@ -91,3 +91,20 @@ def test_a_streamed_capture_gives_a_readable_partial_trace(tmp_path):
     partial = caught.value.partial_trace
     assert torch.equal(partial["relu_1"].out, model.a(x).relu())
     assert (tmp_path / "run" / "INCOMPLETE").exists()  # the directory says it is unfinished
+
+
+@pytest.mark.parametrize("model", [Broken, Twice], ids=["torch_call", "python_in_submodule"])
+def test_dropping_the_error_frees_the_partial_trace(model):
+    import gc
+    import weakref
+
+    gc.disable()  # freed by reference counting alone: no cycle through the error
+    try:
+        with pytest.raises((RuntimeError, ValueError)) as caught:
+            tl.trace(model(), torch.randn(3, 4))
+        partial = weakref.ref(caught.value.partial_trace)
+        value = weakref.ref(caught.value.partial_trace["linear_1"].out)
+        del caught
+        assert partial() is None and value() is None
+    finally:
+        gc.enable()

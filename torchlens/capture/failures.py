@@ -15,6 +15,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from torchlens.capture.source import is_library_file
 from torchlens.errors import TorchLensError
 
 __all__ = [
@@ -120,8 +121,12 @@ def _raised_in(err: BaseException, builder: Any) -> str:
     address = ""
     tb = err.__traceback__
     while tb is not None:
-        owner = tb.tb_frame.f_locals.get("self")
-        address = addresses.get(id(owner), address)
+        code = tb.tb_frame.f_code
+        # only the model's own methods: reading the locals of a frame still running (ours)
+        # would store them on it, and they hold the error, a cycle that keeps values alive
+        if code.co_argcount and code.co_varnames[0] == "self":
+            if not is_library_file(code.co_filename):
+                address = addresses.get(id(tb.tb_frame.f_locals.get("self")), address)
         tb = tb.tb_next
     if not address:
         return ""

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["make_source_hook", "caller_line"]
+__all__ = ["make_source_hook", "caller_line", "is_library_file"]
 
 _SKIPPED = tuple(
     dict.fromkeys(
@@ -26,6 +26,11 @@ _SKIPPED = tuple(
         for path in (root, root.resolve())
     )
 )
+
+
+def is_library_file(filename: str) -> bool:
+    """Whether ``filename`` is one of torch's or torchlens's own files."""
+    return filename.startswith(_SKIPPED)
 
 
 def caller_line(depth: int = 1) -> tuple[str, int, str] | None:
