@@ -123,6 +123,8 @@ def test_validate_passes_with_every_helper(name):
     op = next(op for op in tl.trace(model, args, kwargs) if FITS[name].matches(op))
     sel = tl.label(op.label)  # one op: the helpers are built for its shape
     helpers = _helpers(op)
+    other = tuple(a * 0.5 + 0.1 if a.dtype.is_floating_point else a for a in args)
+    helpers["resample"] = edits.resample(tl.trace(case.make_model(), other, kwargs))
     for helper_name, fn in helpers.items():
         model, (args, kwargs) = case.make_model(), case.make_inputs()
         assert tl.validate(model, args, kwargs, intervene={sel: fn}, random_seed=0), helper_name
