@@ -428,3 +428,14 @@ def test_corrupt_gradient_file_is_a_typed_error(tmp_path):
     with pytest.raises(tl.errors.TraceFileError) as err:
         tl.load(root)
     assert err.value.code == "corrupt_payload"
+
+
+@pytest.mark.parametrize(
+    "off", [torch.no_grad, torch.inference_mode, lambda: torch.set_grad_enabled(False)]
+)
+def test_save_grads_with_gradients_off_is_refused_at_trace_time(off):
+    with off(), pytest.raises(tl.errors.InvalidArgumentError) as err:
+        tl.trace(nn.Linear(3, 2), torch.randn(2, 3), save_grads=True)
+    assert err.value.code == "save_grads_no_grad" and "no_grad" in str(err.value)
+    with off():  # without save_grads a no_grad capture is fine
+        assert tl.trace(nn.Linear(3, 2), torch.randn(2, 3)).labels == ["linear_1"]

@@ -137,6 +137,8 @@ def trace(
         UnsupportedModelError: for ``torch.compile``d, TorchScript or exported models.
         ReentrantCaptureError: when called from inside a forward that is being traced.
         IntermediateDerivedGradsUnsupportedError: for ``intermediate_derived_grads=True``.
+        InvalidArgumentError: ``save_grads_no_grad`` for ``save_grads=True`` under
+            ``torch.no_grad()`` (or with gradients otherwise switched off).
         SelectorMatchError: ``no_match`` when a ``save=``, ``intervene=`` or ``stop_after=``
             selector matched no op.
         InterventionError: when an ``intervene=`` function returns a wrong value.
@@ -149,6 +151,13 @@ def trace(
         ('linear_1',)
     """
     refuse_unsupported({"intermediate_derived_grads": intermediate_derived_grads})
+    if save_grads and not torch.is_grad_enabled():
+        raise InvalidArgumentError(
+            "save_grads=True records gradients, but this call runs under torch.no_grad() "
+            "(or inference_mode, or set_grad_enabled(False)), so the forward builds no "
+            "autograd graph; call tl.trace outside that block, or drop save_grads",
+            code="save_grads_no_grad",
+        )
     check_traceable(model)
     args, kwargs = normalize_call(args, kwargs, model)
     sink = open_stream_sink(stream_to) if stream_to is not None else None
