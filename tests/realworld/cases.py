@@ -25,6 +25,7 @@ cache passed in), ``train`` (train mode: dropout / drop-path draw random numbers
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -144,10 +145,13 @@ def _gpt2_past_key_values():
     torch.manual_seed(SEED + 1)
     prefix = _ids(seq=5)
     with torch.no_grad():
-        cache = model(input_ids=prefix, use_cache=True).past_key_values
+        out = model(input_ids=prefix, use_cache=True)
+    cache = out["cache"] if "cache" in out else out["past_key_values"]
     new = _ids(seq=3)
     mask = torch.ones(BATCH, 8, dtype=torch.long)
-    return model, (), {"input_ids": new, "past_key_values": cache, "attention_mask": mask}
+    # transformers 5.x renames ``past_key_values`` to ``cache`` (the old name goes in 5.40)
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return model, (), {"input_ids": new, name: cache, "attention_mask": mask}
 
 
 def _llama_use_cache():
