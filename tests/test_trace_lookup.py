@@ -157,3 +157,13 @@ def test_module_type_at_the_root_is_the_callables_name():
     recording = tl.record(double, torch.randn(3), save=by_type)
     assert [op.module_type for op in recording] == ["double", "double"]
     assert [op.has_out for op in tl.trace(double, torch.randn(3), save=by_type)] == [True, True]
+
+
+def test_printed_trace_names_ops_that_ran_in_training_mode():
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Dropout(0.2)
+    )
+    trained = str(tl.trace(model.train(), torch.randn(3, 4)))
+    assert "traced in training mode: 1 batch_norm, 1 dropout op(s)" in trained
+    assert "model.eval()" in trained
+    assert "training mode" not in str(tl.trace(model.eval(), torch.randn(3, 4)))

@@ -160,7 +160,11 @@ def summary_text(
     notes = list(filtered)
     if notes:
         heading += f"; showing {len(ops)} ops ({', '.join(notes)})"
-    lines = [heading, table]
+    lines = [heading]
+    trap = train_mode_note(trace)
+    if trap:
+        lines.append(trap)
+    lines.append(table)
     if hidden:
         lines.append(
             f"({hidden} ops not shown: trace.summary(max_rows=None) prints all, "
@@ -168,6 +172,36 @@ def summary_text(
         )
     lines.append(f"outputs: {', '.join(trace.output_labels) or '-'}")
     return "\n".join(lines)
+
+
+# Functions whose output depends on training mode, and where their ``training`` flag sits.
+_TRAIN_FLAGS = {
+    "dropout": (2, "training"), "dropout1d": (2, "training"), "dropout2d": (2, "training"),
+    "dropout3d": (2, "training"), "alpha_dropout": (2, "training"),
+    "feature_alpha_dropout": (2, "training"), "batch_norm": (5, "training"),
+}  # fmt: skip
+
+
+def train_mode_note(trace: Any) -> str:
+    """A line naming the dropout and batch-norm ops that ran in training mode, if any:
+    tracing a model left in train mode is a silent trap (random masks, batch statistics)."""
+    counts: dict[str, int] = {}
+    for op in trace.ops:
+        flag = _TRAIN_FLAGS.get(op.func_name)
+        if flag is None or op.output_index:
+            continue
+        index, name = flag
+        args, kwargs = op.args_template, op.kwargs_template
+        training = kwargs[name] if name in kwargs else (args[index] if len(args) > index else False)
+        if training is True:
+            counts[op.func_name] = counts.get(op.func_name, 0) + 1
+    if not counts:
+        return ""
+    found = ", ".join(f"{n} {name}" for name, n in sorted(counts.items()))
+    return (
+        f"note: traced in training mode: {found} op(s) used random masks or batch "
+        "statistics; call model.eval() before tracing for inference behaviour"
+    )
 
 
 def _row(op: Any) -> tuple[str, ...]:
