@@ -18,6 +18,7 @@ import torch
 
 from torchlens._source import SourceLine
 from torchlens.capture import trace as _trace
+from torchlens.capture.source import caller_line
 from torchlens.errors import InvalidArgumentError, SelectorMatchError
 from torchlens.replay.tolerances import comparable
 from torchlens.selectors import where
@@ -174,10 +175,15 @@ def find_nonfinite(
 
     def culprit(op: Any) -> bool:
         checked[0] += op.has_out
-        return op.has_out and is_nonfinite(op.out, inf)
+        found = op.has_out and is_nonfinite(op.out, inf)
+        if found and "source" not in op.meta:  # the model's frames are live: note its line
+            line = caller_line()
+            if line is not None:
+                op.meta["source"] = line
+        return found
 
-    try:
-        trace = _trace(target, args, kwargs, stop_after=where(culprit), source=True)
+    try:  # source lines are noted for the culprit only, not walked for every op
+        trace = _trace(target, args, kwargs, stop_after=where(culprit))
     except SelectorMatchError as err:  # the stop rule never fired: all finite
         if err.code != "no_match":
             raise
