@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from torchlens._table import format_table
-from torchlens.errors import MissingDependencyError
+from torchlens.debug._frame import dataframe
 from torchlens.io import load
 from torchlens.replay.tolerances import comparable, tolerance
 from torchlens.trace import Op, Trace
@@ -102,15 +102,7 @@ class TraceDiff:
         Raises:
             MissingDependencyError: ``pandas_missing`` when pandas is not installed.
         """
-        try:
-            import pandas
-        except ImportError as err:
-            raise MissingDependencyError(
-                "to_pandas() needs pandas; install it with pip install 'torchlens[pandas]' "
-                "or use diff.to_dicts()",
-                code="pandas_missing",
-            ) from err
-        return pandas.DataFrame(self.to_dicts())
+        return dataframe(self.to_dicts(), "diff.to_dicts()")
 
     def headline(self) -> str:
         """One paragraph: counts, the first divergence, ops present in one run only."""

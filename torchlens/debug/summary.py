@@ -18,8 +18,9 @@ from torch import nn
 
 from torchlens._table import format_table
 from torchlens.capture import trace as _trace
+from torchlens.debug._frame import dataframe
 from torchlens.debug.flops import op_flops
-from torchlens.errors import InvalidArgumentError, MissingDependencyError
+from torchlens.errors import InvalidArgumentError
 from torchlens.trace import Trace
 
 __all__ = ["ModuleRow", "ModuleSummary", "summary", "module_summary"]
@@ -78,15 +79,7 @@ class ModuleSummary:
         Raises:
             MissingDependencyError: ``pandas_missing`` when pandas is not installed.
         """
-        try:
-            import pandas
-        except ImportError as err:
-            raise MissingDependencyError(
-                "to_pandas() needs pandas; install it with pip install 'torchlens[pandas]' "
-                "or use summary.to_dicts()",
-                code="pandas_missing",
-            ) from err
-        return pandas.DataFrame(self.to_dicts())
+        return dataframe(self.to_dicts(), "summary.to_dicts()")
 
     def _cells(self) -> list[tuple[str, ...]]:
         return [
