@@ -344,3 +344,12 @@ def test_running_statistics_are_exempt_in_either_argument_order():
     assert status.state == "passed", status
     ignore_parent(trace, "batch_norm_1", "bn.weight")  # weight is read: not exempt
     assert failed_edges(check_trace(trace)) == {"batch_norm_1"}
+
+
+def test_functional_writes_that_cover_their_target_are_unread():
+    def covered(x, y):
+        return torch.slice_scatter(x, y, 0, 0, 4) + torch.zeros(4, 3).put_(torch.arange(12), y)
+
+    _, status = traced(covered, torch.randn(4, 3), torch.randn(4, 3))
+    assert status.state == "passed", status
+    assert unread_edges(status) == {"slice_scatter_1", "put__1"}

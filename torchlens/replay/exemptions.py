@@ -171,7 +171,9 @@ MAY_NOT_CHANGE: dict[str, tuple[str, frozenset[str] | None]] = {
     ),
     **dict.fromkeys(
         ["setitem", "scatter", "scatter_", "index_copy", "index_copy_", "index_put",
-         "index_put_", "masked_scatter", "masked_scatter_"],
+         "index_put_", "masked_scatter", "masked_scatter_", "put", "put_", "index_reduce",
+         "index_reduce_", "slice_scatter", "select_scatter", "diagonal_scatter",
+         "as_strided_scatter"],
         (_COVERING_WRITE, _TARGET),
     ),
     "refresh": (
