@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -72,13 +73,16 @@ def _pos(*positions: str) -> frozenset[str]:
     return frozenset(positions)
 
 
+def _argument(args: tuple, kwargs: dict, index: int, name: str, default: Any) -> Any:
+    """A call's argument, by keyword or else by position."""
+    if name in kwargs:
+        return kwargs[name]
+    return args[index] if len(args) > index else default
+
+
 def _arg(op: Any, index: int, name: str, default: Any) -> Any:
     """A recorded non-tensor argument, by position or keyword."""
-    if name in op.kwargs_template:
-        return op.kwargs_template[name]
-    if len(op.args_template) > index:
-        return op.args_template[index]
-    return default
+    return _argument(op.args_template, op.kwargs_template, index, name, default)
 
 
 def _running_statistics(op: Any, aten_style: Any) -> frozenset[str]:
@@ -310,12 +314,7 @@ def unread_reason(op: Any, positions: list[str], args: tuple, kwargs: dict) -> s
 
     ``args`` and ``kwargs`` are the call's arguments with their values filled in.
     """
-
-    def get(index: int, name: str, default: Any) -> Any:
-        if name in kwargs:
-            return kwargs[name]
-        return args[index] if len(args) > index else default
-
+    get = partial(_argument, args, kwargs)
     for rule in UNREAD.get(op.func_name, ()):
         if all(p in rule.positions for p in positions) and rule.when(get):
             return rule.reason
