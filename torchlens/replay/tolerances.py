@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["TOLERANCES", "tolerance", "mismatch", "differs", "Reference", "comparable"]
+__all__ = ["TOLERANCES", "tolerance", "mismatch", "differs", "comparable"]
 
 # dtype -> (rtol, atol); dtypes missing here compare exactly.
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
@@ -89,60 +89,7 @@ def differs(
         >>> differs(torch.ones(3), torch.ones(3) + 1e-9), differs(torch.ones(3), torch.zeros(3))
         (False, True)
     """
-    return Reference(b, atol, rtol).differs(a)
-
-
-class Reference:
-    """A value that several others are compared with (the unperturbed output of a call, in
-    the perturbation arm): its tolerance and its bound are worked out once, not per value.
-    """
-
-    __slots__ = ("shape", "dtype", "value", "plain", "rtol", "atol", "_bound", "_wide")
-
-    def __init__(self, value: torch.Tensor, atol: float | None = None, rtol: float | None = None):
-        self.shape, self.dtype = value.shape, value.dtype
-        self.rtol, self.atol = tolerance(value.dtype, atol, rtol)
-        self.value = comparable(value)
-        # a dense real value compares as it is; so does any other of its dtype and layout
-        self.plain = value.layout == torch.strided and not (
-            value.is_quantized or value.is_complex()
-        )
-        self._bound: float | None = None
-        self._wide: torch.Tensor | None = None
-
-    def differs(self, other: torch.Tensor) -> bool:
-        """Whether ``other`` differs from this value beyond the tolerance (or in shape or
-        dtype). The largest difference beating the loosest bound proves a difference in
-        one pass; zero proves equality; anything else (NaN, a close call) is decided
-        element by element."""
-        if other.shape != self.shape or other.dtype != self.dtype:
-            return True
-        b = self.value
-        if b.numel() == 0:
-            return False
-        a = other if self.plain and other.layout == torch.strided else comparable(other)
-        if self.rtol == 0 and self.atol == 0:
-            return not torch.equal(a, b)
-        if b.dtype in (torch.float16, torch.bfloat16):  # compared in float32
-            a, b = a.float(), self.widened()
-        largest = float(torch.sub(a, b).abs_().max())
-        if largest > self.bound():
-            return True
-        if largest == 0:
-            return False
-        return not bool(_close(a, b, self.rtol, self.atol).all())
-
-    def bound(self) -> float:
-        """``atol + rtol * max |value|``: no element within tolerance differs by more."""
-        if self._bound is None:
-            self._bound = self.atol + self.rtol * float(self.value.abs().max())
-        return self._bound
-
-    def widened(self) -> torch.Tensor:
-        """The value in float32, made once, for comparing half-precision values."""
-        if self._wide is None:
-            self._wide = self.value.float()
-        return self._wide
+    return mismatch(a, b, atol, rtol) is not None
 
 
 def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
