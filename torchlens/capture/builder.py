@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchlens._tensors import storage_key, version_of
+from torchlens._tensors import geometry_end, storage_key, version_of
 from torchlens.capture.composite import group_address
 from torchlens.capture.sinks import PayloadSink
 from torchlens.trace import ArgRef, MemoryPayloadStore, ModuleCall, Op, Source, Trace
@@ -55,11 +55,9 @@ def _covers(region: tuple | None, base: tuple | None) -> bool:
         if size != 1 and step != expected:
             return False
         expected *= size
-    base_shape, base_stride, base_offset = base
-    if any(size == 0 for size in base_shape):
+    if any(size == 0 for size in base[0]):
         return True
-    last = base_offset + sum((size - 1) * step for size, step in zip(base_shape, base_stride))
-    return offset <= base_offset and last < offset + expected
+    return offset <= base[2] and geometry_end(base) <= offset + expected
 
 
 class TraceBuilder:

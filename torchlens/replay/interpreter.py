@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from torchlens._tensors import geometry_end
 from torchlens.capture import rng
 from torchlens.capture.autocast import autocast_applied
 from torchlens.capture.controls import reapply
@@ -138,20 +139,13 @@ def write_through(stale: Tensor, writes: list[tuple[Tensor, tuple]], base: tuple
     """
     geometries = [base, *(region for _, region in writes)]
     start = min(geometry[2] for geometry in geometries)
-    extent = max(_end(geometry) for geometry in geometries) - start
+    extent = max(geometry_end(geometry) for geometry in geometries) - start
     scratch = stale.new_zeros(max(extent, 0))
     view = scratch.as_strided(base[0], base[1], base[2] - start)
     view.copy_(stale)
     for written, region in writes:
         scratch.as_strided(region[0], region[1], region[2] - start).copy_(written)
     return view.clone()
-
-
-def _end(geometry: tuple) -> int:
-    shape, stride, offset = geometry
-    if any(size == 0 for size in shape):
-        return offset
-    return offset + sum((size - 1) * step for size, step in zip(shape, stride)) + 1
 
 
 class Checker(Interpreter):
