@@ -87,9 +87,9 @@ class Perturber:
             return torch.zeros_like(value)
         if name in ("nan", "inf"):
             return torch.full_like(value, float(name))
-        huge = _huge(value.dtype)
         if name == "large":  # broadcast noise, made full size
-            return torch.zeros_like(value).add_(self._noise_like(value)[0], alpha=huge)
+            noise = self._noise_like(value)[0]
+            return torch.zeros_like(value).add_(noise, alpha=_huge(value.dtype))
         if name == "random":
             return self.random_like(value)
         raise ValueError(f"unknown probe {name!r}; the probes are {BATTERY}")
