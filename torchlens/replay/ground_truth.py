@@ -51,7 +51,6 @@ def copy_inputs(args: tuple, kwargs: dict, problems: list[str] | None = None) ->
     for _, tensor in leaves:
         if id(tensor) not in memo:
             memo[id(tensor)] = tensor.detach().clone().requires_grad_(tensor.requires_grad)
-    copies = [memo[id(tensor)] for _, tensor in leaves]
     try:
         return copy.deepcopy((args, kwargs), memo)
     except Exception as err:  # any __deepcopy__/__reduce__ may raise anything
@@ -61,7 +60,7 @@ def copy_inputs(args: tuple, kwargs: dict, problems: list[str] | None = None) ->
                 "forward modifies it, the rerun and the capture did not start from the "
                 "same inputs"
             )
-        return fill(template, copies)
+        return fill(template, [memo[id(tensor)] for _, tensor in leaves])
 
 
 def detached(obj: Any) -> Any:
