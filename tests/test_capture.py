@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules import module as module_hooks
 from torch.overrides import _get_current_function_mode_stack
 
 import torchlens as tl
@@ -452,6 +453,8 @@ def test_mode_and_hooks_removed_after_exception():
     assert _get_current_function_mode_stack() == []
     for module in model.modules():
         assert not module._forward_hooks and not module._forward_pre_hooks
+    assert not module_hooks._global_forward_hooks
+    assert not module_hooks._global_forward_pre_hooks
     assert [op.func_name for op in tl.trace(tutorial_model(), torch.randn(1, 4))] == [
         "linear",
         "relu",
@@ -484,6 +487,78 @@ def test_hooks_removed_after_success():
     tl.trace(model, torch.randn(1, 4))
     for module in model.modules():
         assert not module._forward_hooks and not module._forward_pre_hooks
+    assert not module_hooks._global_forward_hooks
+    assert not module_hooks._global_forward_pre_hooks
+
+
+class _Scaled(nn.Module):
+    """Takes a keyword tensor and writes into it in place before reading it."""
+
+    def forward(self, x, *, scale):
+        scale.mul_(2)
+        return x * scale
+
+
+class _KeywordCaller(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = _Scaled()
+
+    def forward(self, x, s):
+        s = s + 1
+        return self.inner(x, scale=s)
+
+
+def test_keyword_inputs_of_a_module_call_are_named_as_they_were_when_it_began():
+    """Keyword tensors are read when the call returns (a global pre-hook is not given
+    them), yet they are named by the label they held at the call's start, even when the
+    call wrote into them."""
+    trace = tl.trace(_KeywordCaller(), (torch.randn(3), torch.randn(3)))
+    call = trace.modules["inner:1"]
+    assert call.inputs == ("input_1", "add_1")  # positional first, then keyword
+    assert trace["mul__1"].parents == ("add_1",)
+    assert trace["mul_1"].parents == ("input_1", "mul__1")
+    assert call.outputs == ("mul_1",)
+
+
+def test_keyword_parameter_and_constant_inputs_of_a_module_call():
+    weight = torch.randn(3)
+
+    class Uses(nn.Module):
+        def forward(self, x, *, w, unused):
+            return x * w
+
+    class Outer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bias = nn.Parameter(torch.randn(3))
+            self.inner = Uses()
+
+        def forward(self, x):
+            return self.inner(x, w=self.bias, unused=weight)
+
+    trace = tl.trace(Outer(), torch.randn(3))
+    inputs = trace.modules["inner:1"].inputs
+    assert inputs[:2] == ("input_1", "bias")
+    assert trace[inputs[2]].kind == "constant"
+    assert torch.equal(trace[inputs[2]].out, weight)
+
+
+def test_a_module_with_hooks_of_its_own_keeps_its_hooks_ops_where_they_ran():
+    """Its pre-hook runs before the call begins (it hands the call its input) and its
+    forward hook inside it (the call returns what the hook made of the output), as when
+    every module had hooks of its own."""
+    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    model[0].register_forward_pre_hook(lambda module, args: (args[0] + 1,))
+    model[0].register_forward_hook(lambda module, args, out: out * 3)
+    x = torch.randn(1, 2)
+    trace = tl.trace(model, x)
+    assert [(op.func_name, op.module) for op in trace] == [
+        ("add", ""), ("linear", "0"), ("mul", "0"), ("relu", "1"),
+    ]  # fmt: skip
+    assert trace.modules["0:1"].inputs == ("add_1",)
+    assert trace.modules["0:1"].outputs == ("mul_1",)
+    assert torch.equal(trace.output, model(x))
 
 
 def test_reentrant_trace_is_refused():

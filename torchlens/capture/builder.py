@@ -108,16 +108,18 @@ class TraceBuilder:
         self.input_labels: list[str] = []
         self._records: dict[str, Op | Source] = {}
         # id(tensor) -> (weak reference, label of its current value, version at that time,
-        # call count at that time: writes into its storage after it are what a refresh redoes)
-        self._live: dict[int, tuple[weakref.ref, str, int | None, int]] = {}
+        # call count at that time: writes into its storage after it are what a refresh redoes,
+        # the entry it replaced or None)
+        self._live: dict[int, tuple] = {}
         self._owned: dict[int, tuple[str, str, Tensor]] = {}  # id -> (kind, address, tensor)
         self._name_counts: dict[str, int] = defaultdict(int)
         self._aliases: dict[tuple[torch.device, int], list[str]] = defaultdict(list)
         # storage -> [(call count, label)] of the in-place writes into it, in order
         self._writers: dict[tuple[torch.device, int], list[tuple[int, str]]] = defaultdict(list)
         self._call_count = 0
-        self._module_call_counts: dict[int, int] = defaultdict(int)
-        self._open_calls: list[ModuleCall] = []
+        self._module_call_counts: dict[int | str, int] = {}
+        self._open_calls: list[tuple[ModuleCall, int]] = []  # with the call count at entry
+        self._frames: tuple[tuple[str, int], ...] = ()  # module_stack as a tuple
 
     # -- sources --------------------------------------------------------------------------
     def register_model(self, model: Any) -> None:
@@ -173,13 +175,18 @@ class TraceBuilder:
 
     # -- identity -------------------------------------------------------------------------
     def _remember(self, tensor: Tensor, label: str) -> None:
+        key = id(tensor)
+        before = self._live.get(key)
+        if before is not None and before[0]() is not tensor:  # an id reused by a new tensor
+            before = None
         version = version_of(tensor)
         if self.observers:
-            entry = self._live.get(id(tensor))
-            same = entry is not None and entry[0]() is tensor and entry[2] == version
+            same = before is not None and before[2] == version
             for observe in self.observers:
-                observe(self._records[label], tensor, entry[1] if same else None)
-        self._live[id(tensor)] = (weakref.ref(tensor), label, version, self._call_count)
+                observe(self._records[label], tensor, before[1] if same else None)
+        # the entry it replaces stays linked: a module call's keyword inputs are named at
+        # its end by the labels they held at its start (see exit_module)
+        self._live[key] = (weakref.ref(tensor), label, version, self._call_count, before)
 
     def _current_label(self, tensor: Tensor) -> str | None:
         entry = self._live.get(id(tensor))
@@ -256,6 +263,12 @@ class TraceBuilder:
     ) -> list[Op]:
         """Record the outputs of one function call as ops; returns them."""
         self._call_count += 1
+        if len(outputs) == 1 and not inplace:  # the common case, without the loop
+            op = self._new_op(
+                name, func, args_template, kwargs_template, parent_args, outputs[0], 0, False
+            )
+            op.rng_state = rng_state
+            return [op]
         multi = len(outputs) > 1
         base = self._new_label(name)
         ops = []
@@ -287,39 +300,31 @@ class TraceBuilder:
         label: str | None = None,
     ) -> Op:
         label = label or self._new_label(name)
-        parents = tuple(dict.fromkeys(ref.label for ref in parent_args))
-        stack = tuple(self.module_stack)
+        if len(parent_args) == 1:
+            parents: tuple[str, ...] = (parent_args[0][0],)
+        else:
+            parents = tuple(dict.fromkeys([ref[0] for ref in parent_args]))
+        frames = self._frames
+        # positional, in field order: the per-op path, where keywords cost measurably
         op = Op(
-            label=label,
-            index=len(self.ops),
-            func_name=name,
-            call_index=self._call_count,
-            output_index=output_index,
-            parents=parents,
-            parent_args=tuple(parent_args),
-            module=stack[-1][0] if stack else "",
-            module_stack=stack,
-            shape=tuple(tensor.shape),
-            dtype=tensor.dtype,
-            device=tensor.device,
-            requires_grad=tensor.requires_grad,
-            is_inplace=inplace,
-            func=func,
-            args_template=args_template,
-            kwargs_template=kwargs_template,
-            _store=self.store,
-        )
+            label, len(self.ops), name, self._call_count, output_index, parents,
+            tuple(parent_args), frames[-1][0] if frames else "", frames, tuple(tensor.shape),
+            tensor.dtype, tensor.device, tensor.requires_grad, inplace, [], "", func,
+            args_template, kwargs_template, None, {}, (), self.store,
+        )  # fmt: skip
+        records = self._records
         for parent in parents:
-            self._records[parent].children.append(label)
+            records[parent].children.append(label)
         self.ops.append(op)
-        self._records[label] = op
-        if self.save_payloads and (self.payload_filter is None or self.payload_filter(op)):
-            self._save(label, tensor, copy=False)
-        elif self.save_payloads:
-            self.store.mark_missing(
-                label, "not_saved", f"{label!r} was not selected by save=; trace again "
-                "with a selector that matches it to keep its value",
-            )  # fmt: skip
+        records[label] = op
+        if self.save_payloads:
+            if self.payload_filter is None or self.payload_filter(op):
+                self._save(label, tensor, copy=False)
+            else:
+                self.store.mark_missing(
+                    label, "not_saved", f"{label!r} was not selected by save=; trace again "
+                    "with a selector that matches it to keep its value",
+                )  # fmt: skip
         self._remember(tensor, label)
         return op
 
@@ -342,14 +347,11 @@ class TraceBuilder:
         if self.sink is not None:  # written now, so later in-place writes cannot reach it
             self.sink.put(label, value)
             return
-        if copy:
+        key = None if copy else storage_key(value)
+        if key is None:
             value = value.clone()
         else:
-            key = storage_key(value)
-            if key is None:
-                value = value.clone()
-            else:
-                self._aliases[key].append(label)
+            self._aliases[key].append(label)
         self.store.set(label, value, version_of(value))
 
     def _new_label(self, name: str) -> str:
@@ -363,22 +365,49 @@ class TraceBuilder:
     # -- module calls ---------------------------------------------------------------------
     def enter_module(self, module: nn.Module, address: str, inputs: Iterable[Tensor]) -> None:
         """A module's forward starts: push it on the module stack."""
-        self._module_call_counts[id(module)] += 1
-        call_index = self._module_call_counts[id(module)]
-        labels = tuple(self.label_of(t) for t in inputs)
-        self.module_stack.append((address, call_index))
-        call = ModuleCall(address, call_index, type(module).__name__, labels)
-        self.module_calls.append(call)
-        self._open_calls.append(call)
+        counts = self._module_call_counts
+        call_index = counts[id(module)] = counts.get(id(module), 0) + 1
+        labels = tuple([self.label_of(t) for t in inputs])
+        self._push(ModuleCall(address, call_index, type(module).__name__, labels))
 
-    def exit_module(self, outputs: Iterable[Tensor]) -> ModuleCall | None:
-        """A module's forward returned: pop it and note what it returned; returns the call."""
+    def _push(self, call: ModuleCall) -> None:
+        self.module_stack.append((call.address, call.call_index))
+        self._frames = tuple(self.module_stack)
+        self.module_calls.append(call)
+        self._open_calls.append((call, self._call_count))
+
+    def exit_module(
+        self, outputs: Iterable[Tensor], late_inputs: Iterable[Tensor] = ()
+    ) -> ModuleCall | None:
+        """A module's forward returned: pop it and note what it returned; returns the call.
+
+        ``late_inputs`` are inputs seen only now (keyword arguments, which a global
+        pre-hook is not given): each is named by the label it held when the call began.
+        """
         if not self._open_calls:
             return None
-        call = self._open_calls.pop()
+        call, start = self._open_calls.pop()
         self.module_stack.pop()
-        call.outputs = tuple(self.label_of(t) for t in outputs)
+        self._frames = tuple(self.module_stack)
+        late = tuple([self._label_at(t, start) for t in late_inputs])
+        if late:
+            call.inputs = call.inputs + late
+        call.outputs = tuple([self.label_of(t) for t in outputs])
         return call
+
+    def _label_at(self, tensor: Tensor, start: int) -> str:
+        """The label ``tensor`` held when call count ``start`` was reached: the entry
+        before every relabelling since (an in-place write, a refresh). A tensor first seen
+        since is a source, named the same either way."""
+        entry = self._live.get(id(tensor))
+        if entry is None or entry[0]() is not tensor:
+            return self.label_of(tensor)
+        latest = entry
+        while entry[3] > start and entry[4] is not None:
+            entry = entry[4]
+        if entry is latest:  # not relabelled: current, or changed where nothing saw it
+            return self.label_of(tensor)
+        return entry[1]
 
     def record(self, label: str) -> Op | Source | None:
         """The op or source recorded under ``label`` so far."""
@@ -389,12 +418,10 @@ class TraceBuilder:
         module's, at the enclosing module's address plus ``"." + name``."""
         parent = self.module_stack[-1][0] if self.module_stack else ""
         address = group_address(parent, name)
-        self._module_call_counts[address] += 1  # str keys: apart from modules' ids
-        labels = tuple(self.label_of(t) for t in inputs)
-        call = ModuleCall(address, self._module_call_counts[address], name, labels)
-        self.module_stack.append((address, call.call_index))
-        self.module_calls.append(call)
-        self._open_calls.append(call)
+        counts = self._module_call_counts  # str keys: apart from modules' ids
+        call_index = counts[address] = counts.get(address, 0) + 1
+        labels = tuple([self.label_of(t) for t in inputs])
+        self._push(ModuleCall(address, call_index, name, labels))
 
     def exit_group(self, outputs: Iterable[Tensor]) -> ModuleCall | None:
         """An opened composite function returned ``outputs`` (or raised: none)."""

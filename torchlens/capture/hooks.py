@@ -1,18 +1,28 @@
-"""Per-model forward hooks that keep the module stack while a capture runs.
+"""Module hooks that keep the module stack while a capture runs.
 
-Hooks are registered on every submodule for the duration of one capture and handed back as
-removable handles. They ignore calls from other threads, so two threads running the same model
-never see each other's module calls.
+Two global hooks (``register_module_forward_pre_hook`` / ``register_module_forward_hook``)
+serve every module, whatever the model's size: registering a pair of hooks per submodule
+and removing them again cost more than the whole capture of a small layer. The hooks pick
+the model's own modules by identity and ignore calls from other threads, so two threads
+running the same model never see each other's module calls, and modules outside the model
+(one built inside ``forward``) are not module calls of the trace.
+
+A global pre-hook is not given keyword arguments. A module call's keyword tensors are read
+when it returns (the forward hook gets them), as the values they had when it started: the
+builder remembers every label a tensor held (:meth:`TraceBuilder.exit_module`).
 """
 
 from __future__ import annotations
 
 import threading
-from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules.module import (
+    register_module_forward_hook,
+    register_module_forward_pre_hook,
+)
 from torch.utils.hooks import RemovableHandle
 
 from torchlens.capture.builder import TraceBuilder
@@ -22,19 +32,25 @@ __all__ = ["install_module_hooks", "run_exit_hooks"]
 
 
 def install_module_hooks(model: Any, builder: TraceBuilder) -> list[RemovableHandle]:
-    """Register pre/post forward hooks on each submodule of ``model``; returns the handles."""
+    """Register the module hooks for ``model``'s submodules; returns their handles.
+
+    A submodule with hooks of its own gets a pair of hooks of its own too, registered after
+    the model's: ops that its pre-hooks and forward hooks run then fall inside its call, and
+    the call returns what those hooks made of the output. Every other submodule is served
+    by the two global hooks.
+    """
     if not isinstance(model, nn.Module):
         return []
-    thread = threading.get_ident()
+    hooks = _ModuleHooks(builder)
     handles: list[RemovableHandle] = []
     try:
-        for address, module in builder.named_modules:
-            if not address:  # the root's own call is the trace itself
-                continue
-            pre = partial(_enter, builder, address, thread)
-            post = partial(_exit, builder, thread)
-            handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
-            handles.append(module.register_forward_hook(post, with_kwargs=True, always_call=True))
+        for module in hooks.hooked.values():
+            handles.append(module.register_forward_pre_hook(hooks.enter_own, with_kwargs=True))
+            handles.append(
+                module.register_forward_hook(hooks.exit_own, with_kwargs=True, always_call=True)
+            )
+        handles.append(register_module_forward_pre_hook(hooks.enter))
+        handles.append(register_module_forward_hook(hooks.exit, with_kwargs=True, always_call=True))
     except BaseException:
         for handle in handles:
             handle.remove()
@@ -42,22 +58,57 @@ def install_module_hooks(model: Any, builder: TraceBuilder) -> list[RemovableHan
     return handles
 
 
-def _enter(builder: TraceBuilder, address: str, thread: int, module, args, kwargs) -> None:
-    if threading.get_ident() != thread or builder.paused:
-        return
-    with torch._C.DisableTorchFunction():  # bookkeeping must not be recorded as ops
-        builder.enter_module(module, address, _tensors_in(args, kwargs))
+class _ModuleHooks:
+    """The pre- and post-forward hooks of one capture, bound to its builder."""
 
+    def __init__(self, builder: TraceBuilder) -> None:
+        self.builder = builder
+        self.addresses: dict[int, str] = {}  # modules served by the global hooks
+        self.hooked: dict[int, nn.Module] = {}  # modules with hooks of their own
+        self.own_addresses: dict[int, str] = {}
+        for address, module in builder.named_modules:
+            if not address:  # the root's own call is the trace itself
+                continue
+            if module._forward_pre_hooks or module._forward_hooks:
+                self.hooked[id(module)] = module
+                self.own_addresses[id(module)] = address
+            else:
+                self.addresses[id(module)] = address
+        self.thread = threading.get_ident()
 
-def _exit(builder: TraceBuilder, thread: int, module, args, kwargs, output) -> Any:
-    if threading.get_ident() != thread or builder.paused:
+    def _active(self) -> bool:
+        return not self.builder.paused and threading.get_ident() == self.thread
+
+    def enter(self, module: nn.Module, args: tuple) -> None:
+        address = self.addresses.get(id(module))
+        if address is not None and self._active():
+            with torch._C.DisableTorchFunction():  # bookkeeping must not be recorded as ops
+                self.builder.enter_module(module, address, _tensors_in(args))
+
+    def enter_own(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if self._active():
+            with torch._C.DisableTorchFunction():
+                inputs = _tensors_in(args) + _tensors_in(kwargs)
+                self.builder.enter_module(module, self.own_addresses[id(module)], inputs)
+
+    def exit(self, module: nn.Module, args: tuple, *rest: Any) -> Any:
+        # (kwargs, output), or (output,) when torch calls it after the forward raised
+        if id(module) not in self.addresses or not self._active():
+            return None
+        kwargs, output = rest if len(rest) == 2 else ({}, rest[0])
+        return self._exit(output, _tensors_in(kwargs))
+
+    def exit_own(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+        return self._exit(output, ()) if self._active() else None
+
+    def _exit(self, output: Any, late_inputs: Any) -> Any:
+        builder = self.builder
+        with torch._C.DisableTorchFunction():
+            tensors = _tensors_in(output)
+            call = builder.exit_module(tensors, late_inputs)
+            if call is not None and builder.exit_hooks:
+                return run_exit_hooks(builder, call, output, tensors)
         return None
-    with torch._C.DisableTorchFunction():
-        tensors = _tensors_in(output)
-        call = builder.exit_module(tensors)
-        if call is not None and builder.exit_hooks:
-            return run_exit_hooks(builder, call, output, tensors)
-    return None
 
 
 def run_exit_hooks(builder: TraceBuilder, call: Any, output: Any, tensors: list) -> Any:
@@ -73,14 +124,12 @@ def run_exit_hooks(builder: TraceBuilder, call: Any, output: Any, tensors: list)
     return fill(flatten(output)[1], new)
 
 
-def _tensors_in(*objs: Any) -> list[torch.Tensor]:
-    """The tensors inside hook arguments; plain tensors and flat tuples skip the tree walk."""
-    found: list[torch.Tensor] = []
-    for obj in objs:
-        if isinstance(obj, torch.Tensor):
-            found.append(obj)
-        elif type(obj) is tuple and all(isinstance(item, torch.Tensor) for item in obj):
-            found.extend(obj)
-        elif obj:
-            found.extend(t for _, t in flatten(obj)[0])
-    return found
+def _tensors_in(obj: Any) -> list[torch.Tensor]:
+    """The tensors inside a hook argument; plain tensors and flat tuples skip the tree walk."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if type(obj) is tuple and all(isinstance(item, torch.Tensor) for item in obj):
+        return list(obj)
+    if obj:
+        return [t for _, t in flatten(obj)[0]]
+    return []

@@ -27,6 +27,7 @@ from torchlens.trace import ArgRef, Op
 __all__ = ["CaptureMode", "OpHook"]
 
 Tensor = torch.Tensor
+_arg_ref = tuple.__new__  # ArgRef(label, position) without the Python-level __new__
 
 # Called after each recorded op with the op and its live output; may return a replacement
 # tensor (interventions) or raise to halt the forward (stop_after).
@@ -42,35 +43,38 @@ class CaptureMode(TorchFunctionMode):
         self.op_hooks = op_hooks
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
         info = func_info(func)
         if info.never_tensor:
-            return func(*args, **kwargs)
+            return func(*args, **kwargs) if kwargs else func(*args)
+        kwargs = kwargs or {}
         if info.opens:
             return self._open(info.name, func, args, kwargs)
         if info.inplace and not args and kwargs:  # torch.nn.init passes tensor=...
             args, kwargs = _target_first(args, kwargs)
         leaves, args_template, kwargs_template = flatten_call(args, kwargs)
-        builder = self.builder
-        parent_args = [ArgRef(builder.label_of(t), pos) for pos, t in leaves]
-        targets = _inplace_targets(info.inplace, args, kwargs)
+        label_of = self.builder.label_of
+        parent_args = [_arg_ref(ArgRef, (label_of(t), pos)) for pos, t in leaves]
+        targets = _inplace_targets(info.inplace, args, kwargs) if info.inplace or kwargs else ()
         for target in targets:
-            builder.protect(target)
+            self.builder.protect(target)
         rng_state = rng.call_snapshot(args, kwargs) if info.stochastic else None
         autocast = autocast_state()
 
         try:
             result = func(*args, **kwargs)
         except Exception as err:  # the model's own error: noted, never wrapped
-            note_model_error(err, builder, info.name)
+            note_model_error(err, self.builder, info.name)
             raise
 
-        special = SPECIAL_OUTPUTS.get(info.name)
-        outputs = special(args, result) if special else flatten(result)[0]
-        if not outputs:
-            return result
-        tensors = [t for _, t in outputs]
-        ops = builder.record_call(
+        if isinstance(result, Tensor) and info.name not in SPECIAL_OUTPUTS:
+            tensors = [result]
+        else:
+            special = SPECIAL_OUTPUTS.get(info.name)
+            outputs = special(args, result) if special else flatten(result)[0]
+            if not outputs:
+                return result
+            tensors = [t for _, t in outputs]
+        ops = self.builder.record_call(
             info.name, func, args_template, kwargs_template, parent_args, tensors,
             inplace=bool(targets), rng_state=rng_state,
         )  # fmt: skip

@@ -16,6 +16,8 @@ import torch
 __all__ = ["ArgSlot", "flatten", "flatten_call", "fill"]
 
 Tensor = torch.Tensor
+Parameter = torch.nn.Parameter
+_POSITIONS = tuple(str(i) for i in range(16))  # argument paths of the first positions
 
 
 class ArgSlot:
@@ -52,9 +54,25 @@ def flatten(obj: Any, prefix: str = "") -> tuple[list[tuple[str, Tensor]], Any]:
 def flatten_call(args: tuple, kwargs: dict) -> tuple[list[tuple[str, Tensor]], tuple, dict]:
     """Tensors in a call's arguments with their positions, and both templates."""
     leaves: list[tuple[str, Tensor]] = []
-    args_template = tuple([_walk(arg, str(i), leaves) for i, arg in enumerate(args)])
+    template: list[Any] = []
+    for i, arg in enumerate(args):  # the common flat case inline; anything nested is walked
+        kind = type(arg)
+        if kind in _ATOMS:
+            template.append(arg)
+        elif kind is Tensor or kind is Parameter:
+            template.append(ArgSlot(len(leaves)))
+            leaves.append((_POSITIONS[i] if i < len(_POSITIONS) else str(i), arg))
+        else:
+            template.append(_walk(arg, str(i), leaves))
+    if not kwargs:
+        return leaves, tuple(template), {}
+    for value in kwargs.values():
+        if type(value) not in _ATOMS:
+            break
+    else:  # flags such as inplace=False: nothing to walk
+        return leaves, tuple(template), dict(kwargs)
     kwargs_template = {key: _walk(value, key, leaves) for key, value in kwargs.items()}
-    return leaves, args_template, kwargs_template
+    return leaves, tuple(template), kwargs_template
 
 
 # Argument types that never hold a tensor: returned as they are, without a walk (the
