@@ -6,12 +6,12 @@ absent when no autocast region was active (the common case costs one C call per 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 
 import torch
 
-__all__ = ["autocast_state", "autocast_applied"]
+__all__ = ["any_autocast", "autocast_state", "autocast_applied"]
 
 _DEVICE_TYPES = ("cpu", "cuda")
 _any_enabled = getattr(torch._C, "_is_any_autocast_enabled", None)
@@ -35,9 +35,14 @@ def _dtype(device_type: str) -> torch.dtype:
         return torch.get_autocast_gpu_dtype()
 
 
+# Whether any autocast region may be active: one C call, for the per-op path (torch
+# versions without it always answer "maybe", and autocast_state looks)
+any_autocast: Callable[[], bool] = _any_enabled or (lambda: True)
+
+
 def autocast_state() -> list[list[str]] | None:
     """The active autocast regions as ``[[device_type, dtype_name], ...]``, or None."""
-    if _any_enabled is not None and not _any_enabled():
+    if not any_autocast():
         return None
     state = [
         [device, str(_dtype(device)).removeprefix("torch.")]

@@ -14,11 +14,13 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from torchlens.capture import rng
+from torchlens.capture.autocast import any_autocast as _any_autocast
 from torchlens.capture.autocast import autocast_state
 from torchlens.capture.builder import TraceBuilder
 from torchlens.capture.composite import opened_body
 from torchlens.capture.failures import note_model_error
 from torchlens.capture.hooks import run_exit_hooks
+from torchlens.capture.naming import _CACHE as _INFOS
 from torchlens.capture.naming import func_info
 from torchlens.capture.special import SPECIAL_OUTPUTS
 from torchlens.capture.tree import fill, flatten, flatten_call
@@ -43,7 +45,10 @@ class CaptureMode(TorchFunctionMode):
         self.op_hooks = op_hooks
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        info = func_info(func)
+        try:
+            info = _INFOS[func]
+        except (KeyError, TypeError):
+            info = func_info(func)
         if info.never_tensor:
             return func(*args, **kwargs) if kwargs else func(*args)
         kwargs = kwargs or {}
@@ -58,7 +63,7 @@ class CaptureMode(TorchFunctionMode):
         for target in targets:
             self.builder.protect(target)
         rng_state = rng.call_snapshot(args, kwargs) if info.stochastic else None
-        autocast = autocast_state()
+        autocast = autocast_state() if _any_autocast() else None
 
         try:
             result = func(*args, **kwargs)

@@ -38,6 +38,13 @@ class ArgSlot:
         return hash(("ArgSlot", self.index))
 
 
+_SLOTS = tuple(ArgSlot(i) for i in range(16))  # shared: a slot is never changed
+
+
+def _slot(index: int) -> ArgSlot:
+    return _SLOTS[index] if index < 16 else ArgSlot(index)
+
+
 def flatten(obj: Any, prefix: str = "") -> tuple[list[tuple[str, Tensor]], Any]:
     """Tensors in ``obj`` with their paths, and ``obj``'s template.
 
@@ -60,7 +67,7 @@ def flatten_call(args: tuple, kwargs: dict) -> tuple[list[tuple[str, Tensor]], t
         if kind in _ATOMS:
             template.append(arg)
         elif kind is Tensor or kind is Parameter:
-            template.append(ArgSlot(len(leaves)))
+            template.append(_slot(len(leaves)))
             leaves.append((_POSITIONS[i] if i < len(_POSITIONS) else str(i), arg))
         else:
             template.append(_walk(arg, str(i), leaves))
@@ -89,7 +96,7 @@ def _walk(obj: Any, path: str, leaves: list[tuple[str, Tensor]]) -> Any:
         return obj
     if isinstance(obj, Tensor):
         leaves.append((path, obj))
-        return ArgSlot(len(leaves) - 1)
+        return _slot(len(leaves) - 1)
     if kind is tuple or kind is list:
         items = [_walk(item, _join(path, i), leaves) for i, item in enumerate(obj)]
         return tuple(items) if kind is tuple else items
