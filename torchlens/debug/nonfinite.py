@@ -1,11 +1,13 @@
 """``tl.find_nonfinite``: the first op whose output holds a NaN or an infinity.
 
-On a model, one capture runs with ``stop_after=`` set to "this op's output is not finite"
-and ``source=True``, so the forward halts right after the culprit (nothing after it runs)
-and the report names the model line that called it. On a trace already captured, its saved
-values are scanned in execution order. Either way the report gives the op, its parents'
-values with summary statistics (a parent that is already non-finite says the problem came
-from further up, an input or a parameter), the module call and the source line.
+On a model, one lean pass runs (``tl.record``'s, see :mod:`torchlens.debug._nonfinite_pass`):
+each op is counted as a trace counts it and each floating output is checked with one sum; at
+the first output that is not finite the call's arguments, still live, give its parents'
+values, the module stack its module call and the Python stack the model's line, and the
+forward halts there (nothing after it runs). On a trace already captured, its saved values
+are scanned in execution order. Either way the report gives the op, its parents' values with
+summary statistics (a parent that is already non-finite says the problem came from further
+up, an input or a parameter), the module call and the source line.
 """
 
 from __future__ import annotations
@@ -17,32 +19,16 @@ from typing import Any
 import torch
 
 from torchlens._source import SourceLine
-from torchlens.capture import trace as _trace
-from torchlens.capture.source import caller_line
-from torchlens.errors import InvalidArgumentError, SelectorMatchError
+from torchlens.capture.api import normalize_call
+from torchlens.capture.record import _recording
+from torchlens.capture.refusals import check_traceable
+from torchlens.debug._nonfinite_pass import CulpritOp, NonFiniteMode, is_nonfinite
+from torchlens.errors import InvalidArgumentError
+from torchlens.recording import Recording
 from torchlens.replay.tolerances import comparable
-from torchlens.selectors import where
 from torchlens.trace import Op, Trace
 
 __all__ = ["NonFiniteReport", "ValueStats", "find_nonfinite", "is_nonfinite"]
-
-
-def is_nonfinite(value: torch.Tensor, inf: bool = True) -> bool:
-    """Whether a floating or complex value holds a NaN (or, with ``inf``, an infinity);
-    other dtypes never do.
-
-    A finite sum proves every element finite in one cheap pass (a NaN or an infinity makes
-    any sum non-finite); only a non-finite sum, which a finite value may reach by
-    overflowing, is checked element by element.
-    """
-    if not (value.is_floating_point() or value.is_complex()):
-        return False
-    value = comparable(value)
-    if bool(torch.isfinite(value.sum())):
-        return False
-    if inf:
-        return not bool(torch.isfinite(value).all())
-    return bool(torch.isnan(value).any())
 
 
 @dataclass(frozen=True)
@@ -92,27 +78,41 @@ class NonFiniteReport:
     """What :func:`find_nonfinite` found; true when an op was found.
 
     Attributes:
-        op: the first op with a non-finite output (``None`` when none was found).
+        op: the first op with a non-finite output (``None`` when none was found): an
+            :class:`~torchlens.trace.Op` of the trace scanned, or, for a model, a
+            :class:`~torchlens.debug._nonfinite_pass.CulpritOp` (``label``, ``func_name``,
+            ``index``, ``module``, ``address``, ``parents``, ``out``, ``source``).
         stats: :class:`ValueStats` of its output.
         parents: ``{label: ValueStats}`` of each parent whose value is available.
         parent_values: ``{label: tensor}``, the parents' values themselves.
         module_call: the innermost module call, ``"layers.0:1"`` (``""``: the root).
         source: the model line that made it (a :class:`~torchlens._source.SourceLine`),
             or ``None`` when not recorded.
-        trace: the trace the search ran on (for a model: the ops up to the culprit).
+        trace: the trace scanned; for a model, the lean pass's
+            :class:`~torchlens.recording.Recording`: the culprit alone (``halted`` set), or
+            nothing kept and the model's ``output`` when every value was finite.
         checked: how many op values were checked.
     """
 
-    def __init__(self, trace: Trace | None, op: Op | None, checked: int, inf: bool = True) -> None:
+    def __init__(
+        self,
+        trace: Trace | Recording | None,
+        op: Op | CulpritOp | None,
+        checked: int,
+        inf: bool = True,
+        parent_values: dict[str, torch.Tensor] | None = None,
+    ) -> None:
         self.trace, self.op, self.checked = trace, op, checked
         self.looked_for = "NaN or Inf" if inf else "NaN"
         self.stats = value_stats(op.label, op.out) if op is not None else None
-        self.parent_values: dict[str, torch.Tensor] = {}
-        if op is not None and trace is not None:
-            for label in op.parents:
-                record = trace[label]
-                if record.has_out:
-                    self.parent_values[label] = record.out
+        if parent_values is None:  # a trace's op: its parents' saved values
+            parent_values = {}
+            if isinstance(op, Op) and isinstance(trace, Trace):
+                for label in op.parents:
+                    record = trace[label]
+                    if record.has_out:
+                        parent_values[label] = record.out
+        self.parent_values: dict[str, torch.Tensor] = parent_values
         self.parents = {k: value_stats(k, v) for k, v in self.parent_values.items()}
         self.module_call = op.address if op is not None else ""
         self.source = _source(op)
@@ -149,8 +149,8 @@ def find_nonfinite(
     """Find the first op whose output holds a NaN or an infinity.
 
     Args:
-        target: a model (run once, halting right after the culprit) or a trace already
-            captured (its saved values are scanned).
+        target: a model (run once, as lean as ``tl.record``, halting right after the
+            culprit) or a trace already captured (its saved values are scanned).
         args: the model's positional arguments (ignored for a trace).
         kwargs: the model's keyword arguments (ignored for a trace).
         inf: also stop at infinities; pass ``False`` to look for NaN only, in models that
@@ -161,7 +161,7 @@ def find_nonfinite(
 
     Raises:
         InvalidArgumentError: ``no_values`` for a ``structure_only`` trace.
-        Whatever :func:`torchlens.trace` raises for the model.
+        Whatever the model raises, unchanged, and what :func:`torchlens.record` refuses.
 
     Example:
         >>> import torch, torchlens as tl
@@ -171,24 +171,29 @@ def find_nonfinite(
     """
     if isinstance(target, Trace):
         return _scan(target, inf)
-    checked = [0]
+    check_traceable(target)
+    args, kwargs = normalize_call(args, kwargs, target)
+    mode = _run(NonFiniteMode(target, args, kwargs, inf))
+    culprit = mode.culprit
+    if culprit is not None and mode.needs_copy:  # made in place: its target's old value
+        first = culprit.op.index - culprit.op.output_index
+        again = _run(NonFiniteMode(target, args, kwargs, inf, copy_at=first))
+        if again.culprit is not None and again.culprit.op.label == culprit.op.label:
+            mode, culprit = again, again.culprit  # else the forward is not repeatable
+    meta = {"n_ops": mode.n_ops, **mode.controls.meta()}
+    if culprit is None:
+        recording = Recording([], mode.store, mode.output, meta)
+        return NonFiniteReport(recording, None, mode.n_ops, inf)
+    op = culprit.op
+    recording = Recording([op], op._store, None, {**meta, "n_ops": op.index + 1})
+    return NonFiniteReport(recording, op, op.index + 1, inf, culprit.parent_values)
 
-    def culprit(op: Any) -> bool:
-        checked[0] += op.has_out
-        found = op.has_out and is_nonfinite(op.out, inf)
-        if found and "source" not in op.meta:  # the model's frames are live: note its line
-            line = caller_line()
-            if line is not None:
-                op.meta["source"] = line
-        return found
 
-    try:  # source lines are noted for the culprit only, not walked for every op
-        trace = _trace(target, args, kwargs, stop_after=where(culprit))
-    except SelectorMatchError as err:  # the stop rule never fired: all finite
-        if err.code != "no_match":
-            raise
-        return NonFiniteReport(None, None, checked[0], inf)
-    return NonFiniteReport(trace, trace[trace.meta["halted_at"]], checked[0], inf)
+def _run(mode: NonFiniteMode) -> NonFiniteMode:
+    """Run the model under ``mode``; a halt puts its buffers and the RNG state back."""
+    with mode.controls.halting(mode.model), _recording(mode.model, mode):
+        mode.output = mode.model(*mode.args, **mode.kwargs)
+    return mode
 
 
 def _scan(trace: Trace, inf: bool) -> NonFiniteReport:
@@ -207,7 +212,9 @@ def _scan(trace: Trace, inf: bool) -> NonFiniteReport:
     return NonFiniteReport(trace, None, checked, inf)
 
 
-def _source(op: Op | None) -> SourceLine | None:
+def _source(op: Op | CulpritOp | None) -> SourceLine | None:
+    if isinstance(op, CulpritOp):
+        return op.source
     if op is None or "source" not in op.meta:
         return None
     return op.source
