@@ -397,3 +397,16 @@ def test_in_place_maps_of_checked_values_and_inference_mode():
     with torch.inference_mode():
         report = tl.find_nonfinite(model, x)
     assert report.op.label == "log_1" and report.parents["sub_1"].max < 0
+
+
+def test_dropout_is_checked_only_when_training():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5))
+    with torch.no_grad():
+        model[0].weight.zero_()
+        model[0].bias.fill_(3e38)  # finite, but twice it is not
+    x = torch.randn(64, 4)
+    assert not tl.find_nonfinite(model.eval(), x)  # the identity
+    torch.manual_seed(0)
+    report = tl.find_nonfinite(model.train(), x)  # kept elements are scaled by 2
+    assert report.op.label == "dropout_1" and report.op.parents == ("linear_1",)
+    assert report.stats.posinf > 0 and report.parents["linear_1"].finite

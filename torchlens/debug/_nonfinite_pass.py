@@ -64,6 +64,11 @@ _KEEPS_FINITE = frozenset(
         "abs", "neg", "sign", "sigmoid", "tanh", "softmax", "sin", "cos",
     )
 )  # fmt: skip
+# dropouts: the identity when not training (a training one scales, which may overflow)
+_DROPOUTS = frozenset(
+    ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout")
+)
+_CHECK, _KEEPS, _KEEPS_IN_EVAL = 1, 2, 3  # what a function name's outputs need
 _NO_STORAGE: Any = object()
 
 
@@ -95,6 +100,24 @@ def _nonfinite_after_sum(value: Tensor, total: float, inf: bool) -> bool:
 
 def _never(op: Any) -> bool:
     return False
+
+
+def _finite(tensor: Tensor, inf: bool) -> bool:
+    """Not :func:`is_nonfinite`, with one sum for a dense real tensor (the usual output)."""
+    if tensor.dtype in _SUMMED and tensor.layout == torch.strided:
+        value = tensor.detach() if tensor.requires_grad else tensor
+        total = value.sum().item()
+        return total - total == 0.0 or not _nonfinite_after_sum(value, total, inf)
+    return not is_nonfinite(tensor, inf)
+
+
+def _training(args: tuple, kwargs: dict | None) -> bool:
+    """A dropout call's ``training`` argument (third, or by keyword; true by default)."""
+    if kwargs and "training" in kwargs:
+        return bool(kwargs["training"])
+    if kwargs and "train" in kwargs:  # torch.dropout(input, p, train)
+        return bool(kwargs["train"])
+    return bool(args[2]) if len(args) > 2 else True
 
 
 class CulpritOp(OpView):
@@ -152,14 +175,20 @@ class NonFiniteMode(RecordMode):
         self._copy_all = False  # set once something outside was written: copy every target
         self._aliases = {_NO_STORAGE: []}  # never empty: in-place calls reach _protect
 
-    def _plan_for(self, name: str) -> Any:
-        return name in _KEEPS_FINITE  # not None: every name reaches _act
+    def _plan_for(self, name: str) -> int:
+        """Not ``None``: every function name reaches :meth:`_act`."""
+        if name in _KEEPS_FINITE:
+            return _KEEPS
+        return _KEEPS_IN_EVAL if name in _DROPOUTS else _CHECK
 
     def _protect(self, inplace: bool, args: tuple, kwargs: dict) -> None:
         """Before a call writes into tensors: note whether its arguments were proven finite
         (a ReLU in place keeps them so), and copy the targets when their values could not
         be had again by running the forward up to this call: when it writes into an input,
         a parameter or a buffer, or did so before (or when this is the call to copy)."""
+        if not (inplace or "out" in kwargs or kwargs.get("inplace") is True):
+            self._before = None  # a call with keywords that writes nothing (the usual one)
+            return
         targets = _inplace_targets(inplace, args, kwargs)
         if not targets:
             self._before = None
@@ -171,7 +200,7 @@ class NonFiniteMode(RecordMode):
         copies = [(t, t.detach().clone() if copy else None) for t in targets]
         self._before = (args, self._clean_args(args, kwargs), copies)
 
-    def _act(self, keeps: bool, name: str, count: int, index: int, n: int, call, result):
+    def _act(self, plan: int, name: str, count: int, index: int, n: int, call, result):
         inplace, args, kwargs = call
         if n == 1 and isinstance(result, Tensor):
             tensors: Any = (result,)
@@ -179,28 +208,22 @@ class NonFiniteMode(RecordMode):
             special = SPECIAL_OUTPUTS.get(name)
             tensors = [t for _, t in (special(args, result) if special else flatten(result)[0])]
         clean = False
-        if keeps:
+        if plan == _KEEPS or (plan == _KEEPS_IN_EVAL and not _training(args, kwargs)):
             before = self._before
             written = before is not None and before[0] is args
             clean = before[1] if written else self._clean_args(args, kwargs)
-        seen = self._seen
+        seen, inf = self._seen, self.inf
         for k, tensor in enumerate(tensors):
             label = f"{name}_{count}" if n == 1 else f"{name}_{count}:{k}"
-            checked = tensor.dtype in _CHECKED
-            if checked and not clean and not self._finite(tensor):
-                self._halt(label, name, index + k, k, tensor, call)
-            version = version_of(tensor) if checked else None
+            version = None  # proven finite at this version; None: not a checked dtype
+            if tensor.dtype in _CHECKED:
+                if not clean and not _finite(tensor, inf):
+                    self._halt(label, name, index + k, k, tensor, call)
+                version = version_of(tensor)
             seen[id(tensor)] = (weakref.ref(tensor), label, version)
         if self._before is not None and self._before[0] is args:
             self._before = None  # its copies are no longer needed
         return result
-
-    def _finite(self, tensor: Tensor) -> bool:
-        if tensor.dtype in _SUMMED and tensor.layout == torch.strided:
-            value = tensor.detach() if tensor.requires_grad else tensor
-            total = value.sum().item()
-            return total - total == 0.0 or not _nonfinite_after_sum(value, total, self.inf)
-        return not is_nonfinite(tensor, self.inf)
 
     def _clean_args(self, args: tuple, kwargs: dict | None) -> bool:
         """Whether every floating tensor argument is an op output proven finite and not

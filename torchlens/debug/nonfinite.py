@@ -12,6 +12,7 @@ up, an input or a parameter), the module call and the source line.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -190,9 +191,20 @@ def find_nonfinite(
 
 
 def _run(mode: NonFiniteMode) -> NonFiniteMode:
-    """Run the model under ``mode``; a halt puts its buffers and the RNG state back."""
-    with mode.controls.halting(mode.model), _recording(mode.model, mode):
-        mode.output = mode.model(*mode.args, **mode.kwargs)
+    """Run the model under ``mode``; a halt puts its buffers and the RNG state back.
+
+    Python's cyclic garbage collector is paused meanwhile, as ``tl.trace`` pauses it: the
+    few objects the pass keeps per op would otherwise trigger collections that walk every
+    object torch holds. Reference counting still frees everything acyclic at once.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with mode.controls.halting(mode.model), _recording(mode.model, mode):
+            mode.output = mode.model(*mode.args, **mode.kwargs)
+    finally:
+        if was_enabled:
+            gc.enable()
     return mode
 
 
