@@ -39,8 +39,10 @@ from torchlens.replay.perturb import (
     QUICK_PROBES,
     Baseline,
     Perturber,
+    cut,
+    large_enough,
     same_elements,
-    sliced,
+    slice_plan,
 )
 
 __all__ = ["EdgeProver", "Runner"]
@@ -70,7 +72,10 @@ class EdgeProver:
     def __init__(self, runner: Runner) -> None:
         self.runner = runner
         self.perturber = Perturber()
-        self.uncut_weights: set[str] = set()  # functions that refused cut weights
+        # (function, argument ranks) of calls that refused cut weights: a layer norm's weight
+        # must match its input, while a 2-d linear refuses only because its features were
+        # cut with the rows, so a 3-d one still takes cut weights
+        self.uncut_weights: set[tuple[str, tuple[int, ...]]] = set()
         self._later: list[tuple[list[Any], dict, list, _Points]] = []
 
     def prove(self, ops: list[Any], values: list[Tensor], outputs: list[Tensor]) -> None:
@@ -130,7 +135,7 @@ class EdgeProver:
         prove an edge, then every probe of :data:`BATTERY` at the recorded point, then a few
         at neutral points (the other arguments replaced, for an edge silenced by a zero
         weight or a NaN partner). Only then may a rule exempt the edge, or the edge fail."""
-        trial = _Trial()
+        trial = _Trial(indices)
         for point_values, baselines, recorded in points:
             for name in BATTERY if recorded else QUICK_PROBES:
                 if self._effect(head, point_values, indices, name, baselines, trial, recorded):
@@ -175,7 +180,7 @@ class EdgeProver:
         for i in indices:
             changed[i] = bumped
         try:
-            outputs = self.runner.run_call(head, changed, skip=set(indices))
+            outputs = self.runner.run_call(head, changed, skip=trial.skip)
         except Exception as err:  # noqa: BLE001 - the probed value is outside the domain
             trial.errors.append(f"{type(err).__name__}: {err}")
             return False
@@ -192,11 +197,12 @@ class EdgeProver:
 class _Trial:
     """What the probes of one edge met: errors, and whether any full-size call ran."""
 
-    __slots__ = ("errors", "ran")
+    __slots__ = ("errors", "ran", "skip")
 
-    def __init__(self) -> None:
+    def __init__(self, indices: list[int]) -> None:
         self.errors: list[str] = []
         self.ran = False
+        self.skip = frozenset(indices)  # the probed slots: fresh values, not copied again
 
 
 def _labels(head: Any) -> list[str]:
@@ -215,27 +221,35 @@ class _Points:
         self._prover, self._head = prover, head
         self._outputs: list[Tensor] | None = outputs
         self._recorded: tuple[list, list] | None = None
-        self._pending = self._slices(values, [out.shape for out in outputs])
+        self._shapes = [out.shape for out in outputs]
+        self._weights_key = (head.func_name, tuple(value.dim() for value in values))
+        self._kinds: list[str] = []
+        self._specs = iter(SLICES if self._worth_slicing() else ())
+        self._next = self._next_slice()  # the next sliced point to try, as a plan
         self._ready: list[tuple[list, list]] = []
 
     @property
     def sliceable(self) -> bool:
         """Whether the call has a sliced point (asked before any point is tried)."""
-        return bool(self._pending)
+        return self._next is not None
 
-    def _slices(self, values: list[Tensor], shapes: list) -> list[tuple[list, bool]]:
-        if self._head.func is None:
-            return []
+    def _worth_slicing(self) -> bool:
+        if self._head.func is None or not large_enough(self.values, self._shapes):
+            return False
         trace = self._prover.runner.trace
-        kinds = [getattr(trace[ref.label], "kind", "op") for ref in self._head.parent_args]
-        found = []
-        for dims, weights in SLICES:
-            if weights and self._head.func_name in self._prover.uncut_weights:
+        self._kinds = [getattr(trace[ref.label], "kind", "op") for ref in self._head.parent_args]
+        return True
+
+    def _next_slice(self) -> tuple[list, bool] | None:
+        """The next of :data:`SLICES` that exists for this call, as a plan (it is cut when
+        tried); the later ones are only worked out if an edge needs them."""
+        for dims, weights in self._specs:
+            if weights and self._weights_key in self._prover.uncut_weights:
                 continue
-            small = sliced(values, kinds, shapes, dims, weights)
-            if small is not None:
-                found.append((small, weights))
-        return found
+            plan = slice_plan(self.values, self._kinds, self._shapes, dims, weights)
+            if plan is not None:
+                return plan, weights
+        return None
 
     def release(self) -> None:
         """Drop the recorded outputs until they are needed again."""
@@ -259,9 +273,10 @@ class _Points:
         """``(values, baselines, recorded)`` of each point: sliced ones, then the recorded."""
         index = 0
         while True:
-            while index >= len(self._ready) and self._pending:
-                small, weights = self._pending.pop(0)
-                point = self._run(small, weights)
+            while index >= len(self._ready) and self._next is not None:
+                plan, weights = self._next
+                point = self._run(plan, weights)
+                self._next = self._next_slice()
                 if point is not None:
                     self._ready.append(point)
             if index >= len(self._ready):
@@ -271,13 +286,14 @@ class _Points:
             yield (*self._ready[index], False)
             index += 1
 
-    def _run(self, small: list[Tensor], weights: bool) -> tuple[list, list] | None:
+    def _run(self, plan: list, weights: bool) -> tuple[list, list] | None:
         prover = self._prover
-        if weights and self._head.func_name in prover.uncut_weights:
+        if weights and self._weights_key in prover.uncut_weights:
             return None
+        small = cut(self.values, plan)
         try:
             return small, prover.baselines(prover.runner.run_call(self._head, small))
         except Exception:  # noqa: BLE001 - the call is not separable this way
             if weights:  # e.g. layer_norm: its weight's shape is fixed; do not try again
-                prover.uncut_weights.add(self._head.func_name)
+                prover.uncut_weights.add(self._weights_key)
             return None

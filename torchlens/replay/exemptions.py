@@ -47,6 +47,7 @@ __all__ = [
     "OUT_TARGET",
     "VALUE_EXEMPT",
     "MUTATES_ARGUMENTS",
+    "may_write_arguments",
     "exempt_reason",
     "unread_reason",
     "unchanged_reason",
@@ -291,6 +292,24 @@ VALUE_EXEMPT: dict[str, str] = dict.fromkeys(
 # Functions that write into arguments other than an out=/inplace target: replay passes them
 # copies so saved values are never modified.
 MUTATES_ARGUMENTS = frozenset({"batch_norm", "instance_norm", "embedding", "embedding_bag"})
+
+# Calls of those functions that provably write nothing: embedding renormalizes its weight in
+# place only when given max_norm (at position 3 in F.embedding; torch.embedding never does,
+# and a flag there is not None, so it is copied anyway), and batch norm updates its running
+# statistics only in training mode (position 5 in both overloads).
+_WRITES_NOTHING: dict[str, Callable[[Any], bool]] = {
+    "embedding": lambda op: _arg(op, 3, "max_norm", None) is None,
+    "batch_norm": lambda op: _arg(op, 5, "training", False) is False,
+}
+
+
+def may_write_arguments(op: Any) -> bool:
+    """Whether ``op``'s call may write into a tensor argument other than an in-place or
+    out= target (see :data:`MUTATES_ARGUMENTS`); replay hands such a call copies."""
+    if op.func_name not in MUTATES_ARGUMENTS:
+        return False
+    writes_nothing = _WRITES_NOTHING.get(op.func_name)
+    return writes_nothing is None or not writes_nothing(op)
 
 
 def exempt_reason(op: Any, positions: list[str]) -> str | None:

@@ -22,7 +22,7 @@ from torchlens.capture.record import record
 from torchlens.capture.tree import fill, flatten
 from torchlens.errors import PayloadUnavailableError
 from torchlens.replay.findings import Findings
-from torchlens.replay.tolerances import mismatch
+from torchlens.replay.tolerances import equal, mismatch
 
 __all__ = [
     "ModelState",
@@ -148,9 +148,7 @@ def _same(buffer: Tensor, saved: Tensor, version: int | None) -> bool:
     statistics without bumping the version counter, so the values are compared too."""
     if version_of(buffer) != version:
         return False
-    return (
-        buffer.shape == saved.shape and buffer.dtype == saved.dtype and torch.equal(buffer, saved)
-    )
+    return buffer.shape == saved.shape and buffer.dtype == saved.dtype and equal(buffer, saved)
 
 
 def _set_buffer(model: nn.Module, name: str, value: Tensor) -> None:

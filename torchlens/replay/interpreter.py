@@ -14,7 +14,7 @@ per-op replay from saved parent values, each call then handed to the perturbatio
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -24,10 +24,10 @@ from torchlens.capture import rng
 from torchlens.capture.autocast import autocast_applied
 from torchlens.capture.controls import reapply
 from torchlens.capture.special import SPECIAL_OUTPUTS
-from torchlens.capture.tree import fill, flatten
+from torchlens.capture.tree import ArgSlot, fill, flatten
 from torchlens.errors import PayloadUnavailableError
 from torchlens.replay.edges import EdgeProver
-from torchlens.replay.exemptions import MUTATES_ARGUMENTS, VALUE_EXEMPT
+from torchlens.replay.exemptions import VALUE_EXEMPT, may_write_arguments
 from torchlens.replay.tolerances import mismatch
 
 __all__ = ["Interpreter", "Checker", "Unreplayable", "calls", "AUTOGRAD_REASON"]
@@ -64,6 +64,8 @@ class Interpreter:
 
     def __init__(self, trace: Any) -> None:
         self.trace = trace
+        # id(op) -> (op, its argument fillers); holding the op keeps its id from being reused
+        self._fillers: dict[int, tuple[Any, Filler, Filler]] = {}
 
     def run(self) -> None:
         """Visit every recorded call in execution order."""
@@ -100,12 +102,24 @@ class Interpreter:
         return self.execute_call(op, values)
 
     def execute_call(self, op: Any, values: list[Tensor]) -> list[Tensor]:
-        args = fill(op.args_template, values)
-        kwargs = fill(op.kwargs_template, values)
+        args, kwargs = self.arguments(op, values)
         result = op.func(*args, **kwargs)
         special = SPECIAL_OUTPUTS.get(op.func_name)
+        if special is None and type(result) is Tensor:  # the common case, without a walk
+            return [result]
         outputs = special(args, result) if special else flatten(result)[0]
         return [tensor for _, tensor in outputs]
+
+    def arguments(self, op: Any, values: list[Tensor]) -> tuple[Any, dict]:
+        """The call's positional and keyword arguments, ``values`` in the tensor slots."""
+        known = self._fillers.get(id(op))
+        if known is None:  # worked out once per op: most calls are re-run several times
+            known = self._fillers[id(op)] = (
+                op,
+                _filler(op.args_template),
+                _filler(op.kwargs_template),
+            )
+        return known[1](values), known[2](values)
 
     def execute_stochastic(self, op: Any, values: list[Tensor]) -> list[Tensor]:
         with rng.restored(op.rng_state), _own_generator(op):
@@ -124,6 +138,54 @@ class Interpreter:
         if any(value.dtype != stale.dtype for value in written):
             raise Unreplayable("the write reinterpreted the storage as another dtype")
         return [write_through(stale, list(zip(written, regions)), base)]
+
+
+Filler = Callable[[list[Tensor]], Any]
+
+# Argument types a template holds as they are (no tensor inside): see capture.tree.
+_LEAVES = frozenset({
+    int, float, bool, complex, str, type(None), type(Ellipsis), slice,
+    torch.dtype, torch.device, torch.memory_format, torch.layout,
+})  # fmt: skip
+
+
+def _filler(template: Any) -> Filler:
+    """``values -> fill(template, values)``; a flat tuple or dict of tensors and plain values
+    (the usual call) is filled by position, without walking the template again."""
+    kind = type(template)
+    if kind is tuple:
+        items = enumerate(template)
+    elif kind is dict:
+        items = template.items()
+    else:
+        return lambda values: fill(template, values)
+    slots = []
+    for key, item in items:
+        if type(item) is ArgSlot:
+            slots.append((key, item.index))
+        elif type(item) not in _LEAVES:  # nested: the general walk
+            return lambda values: fill(template, values)
+    if not slots:
+        return lambda values: template
+    make = list if kind is tuple else dict
+
+    def filled(values: list[Tensor]) -> Any:
+        out = make(template)
+        for key, index in slots:
+            out[key] = values[index]
+        return out
+
+    return filled
+
+
+def _call_kind(op: Any) -> str:
+    """``"copies"`` when the call may write into its arguments (they are copied first),
+    ``"plain"`` when :meth:`Interpreter.execute` would only call the function, else
+    ``"other"`` (stochastic, autocast, refresh and unreplayable calls)."""
+    if op.is_inplace or op.func is None or may_write_arguments(op):
+        return "copies"
+    special = op.func is torch.autograd.grad or op.rng_state is not None
+    return "other" if special or op.meta.get("autocast") is not None else "plain"
 
 
 def _own_generator(op: Any) -> Any:
@@ -157,6 +219,7 @@ class Checker(Interpreter):
         self.findings = findings
         self.atol, self.rtol = atol, rtol
         self.edges = EdgeProver(self)
+        self._kinds: dict[int, tuple[Any, str]] = {}  # id(op) -> (op, how run_call runs it)
 
     def run(self) -> None:
         """Check every call; the caller's RNG state is put back once, at the end."""
@@ -167,7 +230,13 @@ class Checker(Interpreter):
     def run_call(self, op: Any, values: list[Tensor], skip: set[int] = frozenset()) -> list:
         """The call's outputs on ``values``, copying first any value it may write into
         (except those at ``skip``, fresh values already), so saved values stay as saved."""
-        if op.is_inplace or op.func_name in MUTATES_ARGUMENTS or op.func is None:
+        known = self._kinds.get(id(op))
+        if known is None:  # the op is held, so its id is not reused while this runs
+            known = self._kinds[id(op)] = (op, _call_kind(op))
+        kind = known[1]
+        if kind == "plain":  # most calls: straight to the function
+            return self.execute_call(op, values)
+        if kind == "copies":
             values = [v if i in skip else v.clone() for i, v in enumerate(values)]
         return self.execute(op, values)
 

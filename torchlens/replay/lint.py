@@ -97,11 +97,12 @@ def _parent_problems(op: Any, records: dict[str, Any], known: Counter) -> list[s
         elif op.label not in records[parent].children:
             problems.append(f"{op.label}: parent {parent!r} does not list it as a child")
     positions = [ref.position for ref in op.parent_args]
-    for position, n in Counter(positions).items():
-        if n > 1:
-            problems.append(f"{op.label}: argument position {position!r} fed by {n} parents")
+    if len(set(positions)) != len(positions):
+        for position, n in Counter(positions).items():
+            if n > 1:
+                problems.append(f"{op.label}: argument position {position!r} fed by {n} parents")
     if op.func is not None:
-        slots = _slot_indices((op.args_template, op.kwargs_template))
+        slots = _call_slots(op.args_template, op.kwargs_template)
         if slots != list(range(len(op.parent_args))):
             problems.append(
                 f"{op.label}: argument templates hold slots {slots} but the op has "
@@ -113,7 +114,11 @@ def _parent_problems(op: Any, records: dict[str, Any], known: Counter) -> list[s
 def _child_problems(record: Any, records: dict[str, Any]) -> list[str]:
     """Every listed child exists and lists the record back as a parent, once."""
     problems = []
-    for child, n in Counter(record.children).items():
+    children = record.children
+    counts = (
+        Counter(children) if len(set(children)) != len(children) else dict.fromkeys(children, 1)
+    )
+    for child, n in counts.items():
         if n > 1:
             problems.append(f"{record.label}: child {child!r} listed {n} times")
         target = records.get(child)
@@ -146,6 +151,17 @@ def _slot_indices(template: Any) -> list[int]:
     found: list[int] = []
     _collect_slots(template, found)
     return found
+
+
+_FLAT = (ArgSlot, int, float, bool, str, type(None))  # items that hold no nested slot
+
+
+def _call_slots(args: tuple, kwargs: dict) -> list[int]:
+    """:func:`_slot_indices` of ``(args, kwargs)``; flat templates without a walk."""
+    items = [*args, *kwargs.values()] if type(args) is tuple and type(kwargs) is dict else None
+    if items is None or any(type(item) not in _FLAT for item in items):
+        return _slot_indices((args, kwargs))
+    return [item.index for item in items if type(item) is ArgSlot]
 
 
 def _collect_slots(obj: Any, found: list[int]) -> None:

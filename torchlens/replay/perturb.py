@@ -22,7 +22,10 @@ __all__ = [
     "Perturber",
     "QUICK_PROBES",
     "SLICE_MIN_ELEMENTS",
+    "cut",
+    "large_enough",
     "same_elements",
+    "slice_plan",
     "sliced",
 ]
 
@@ -41,6 +44,7 @@ NOISE_PERIOD = 4093
 # The cheap moves, tried at every point (sliced ones included): noise relative to each entry,
 # halving (stays inside ranges such as [0, 1]), and negating with a shift.
 QUICK_PROBES = ("noise", "half", "shift")
+_QUICK_ATTEMPT = {name: attempt for attempt, name in enumerate(QUICK_PROBES)}
 # Tried at the recorded point before an edge may fail: each reaches a class of values the
 # cheap moves leave silent. A sign flip un-saturates tanh/softmax and flips comparisons; zero
 # turns a mask of ones false; a huge value outweighs a huge partner (``1e20 + x``); a random
@@ -79,8 +83,9 @@ class Perturber:
 
     def probe(self, value: Tensor, name: str) -> Tensor:
         """``value`` moved by the probe called ``name`` (see :data:`BATTERY`)."""
-        if name in QUICK_PROBES:
-            return self.moved(value, QUICK_PROBES.index(name))
+        attempt = _QUICK_ATTEMPT.get(name)
+        if attempt is not None:
+            return self.moved(value, attempt)
         if name == "sign":
             return -value
         if name == "zero":
@@ -183,24 +188,52 @@ def sliced(
     are small (see :data:`SLICE_MIN_ELEMENTS`), have nothing to cut, or fail when cut are
     perturbed at a larger point.
     """
+    if not large_enough(values, shapes):
+        return None
+    plan = slice_plan(values, kinds, shapes, dims, weights)
+    return None if plan is None else cut(values, plan)
+
+
+def large_enough(values: list[Tensor], shapes: list[tuple[int, ...]]) -> bool:
+    """Whether a call's arguments and outputs hold enough elements to be worth slicing."""
+    total = sum(t.numel() for t in values) + sum(math.prod(shape) for shape in shapes)
+    return total >= SLICE_MIN_ELEMENTS
+
+
+def slice_plan(
+    values: list[Tensor],
+    kinds: list[str],
+    shapes: list[tuple[int, ...]],
+    dims: int = 1,
+    weights: bool = False,
+) -> list[tuple[int, int]] | None:
+    """What :func:`sliced` cuts, without cutting: ``(argument index, leading dimensions
+    cut)`` pairs, or None when that point does not exist (the size test aside)."""
     if not shapes or len(shapes[0]) < dims or any(n < 2 for n in shapes[0][:dims]):
         return None
-    total = sum(t.numel() for t in values) + sum(math.prod(shape) for shape in shapes)
-    if total < SLICE_MIN_ELEMENTS:
-        return None
     lead = tuple(shapes[0][:dims])
-    small, cut, cut_weights = list(values), False, False
+    plan, cut_batch, cut_weights = [], False, False
     for i, (value, kind) in enumerate(zip(values, kinds)):
         if kind not in ("parameter", "buffer"):
             if tuple(value.shape[:dims]) == lead:
-                small[i] = value[(slice(0, 1),) * dims]
-                cut = True
+                plan.append((i, dims))
+                cut_batch = True
         elif weights and value.dim() and value.shape[0] > 1:
-            small[i] = value[:1]
+            plan.append((i, 1))
             cut_weights = True
-    if weights:
-        return small if cut_weights else None
-    return small if cut else None
+    return plan if (cut_weights if weights else cut_batch) else None
+
+
+def cut(values: list[Tensor], plan: list[tuple[int, int]]) -> list[Tensor]:
+    """``values`` with each argument of ``plan`` cut to its first entry in its leading
+    dimensions (see :func:`slice_plan`)."""
+    small = list(values)
+    for i, dims in plan:
+        small[i] = values[i][(_FIRST,) * dims]
+    return small
+
+
+_FIRST = slice(0, 1)
 
 
 def same_elements(a: Tensor, b: Tensor) -> bool:
@@ -224,6 +257,9 @@ def same_elements(a: Tensor, b: Tensor) -> bool:
 
 def _layout(t: Tensor) -> list[tuple[int, int]]:
     return sorted((size, stride) for size, stride in zip(t.shape, t.stride()) if size != 1)
+
+
+_NUMPY_FLOATS = frozenset({torch.float32, torch.float64})
 
 
 class Baseline:
@@ -259,6 +295,8 @@ class Baseline:
         if not self._rel:
             return not torch.equal(a, b)
         a = a.float() if a.dtype != b.dtype else a
+        if self._first_moved(a):
+            return True
         largest = float(torch.sub(a, b).abs_().max())
         if largest > self._rel * self.bound():  # NaN compares False: decided below
             return True
@@ -269,6 +307,22 @@ class Baseline:
             return True
         close = (a == b) | a_nan | ((a - b).abs() <= self._rel * b.abs())
         return not bool(close.all())
+
+    def _first_moved(self, a: Tensor) -> bool:
+        """Whether the first element alone moved on its own scale (a probe usually moves
+        every element): both are numbers and ``|a - b| > 4 * eps * |b|`` there, which the
+        full test below finds too, by the bound or element by element."""
+        b = self.value
+        if (
+            a.device.type != "cpu"
+            or b.device.type != "cpu"
+            or a.dtype not in _NUMPY_FLOATS
+            or a.is_neg()
+            or b.is_neg()
+        ):
+            return False
+        first, base = float(a.numpy().flat[0]), float(b.numpy().flat[0])
+        return abs(first - base) > self._rel * abs(base)  # False when either is NaN
 
     @property
     def silent(self) -> bool:
