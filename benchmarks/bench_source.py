@@ -6,7 +6,9 @@ For each benchmark model, measured in the same run, runs interleaved, medians ov
   time per op (a Python stack walk up to the model's frame), timed inside real traces;
 * ``find_nonfinite``: ``tl.find_nonfinite(model, x, inf=False)`` on a healthy model (it checks
   every op and finds nothing, its worst case; ``inf=False`` because the GPT's causal mask
-  holds ``-inf`` on purpose) against ``tl.trace`` and against ``tl.record``;
+  holds ``-inf`` on purpose) against ``tl.trace`` and against ``tl.record``. It runs
+  ``tl.record``'s lean pass plus one sum per output (``torchlens/debug/_nonfinite_pass.py``),
+  so find/record is what those sums and the per-op bookkeeping cost;
 * ``record``: ``tl.record(model, x)`` (nothing kept) against the plain forward, for scale.
 
 Run: ``python benchmarks/bench_source.py [--repeats N] [--models a,b]``. Torch runs on one

@@ -229,23 +229,26 @@ class NonFiniteMode(RecordMode):
         """Whether every floating tensor argument is an op output proven finite and not
         written since (a tensor or a list of them: the arguments of the calls that keep
         values finite)."""
-        if kwargs and any(isinstance(v, Tensor) for v in kwargs.values()):
-            return False
-        any_float = False
+        for value in kwargs.values() if kwargs else ():
+            if isinstance(value, Tensor):
+                return False
+        seen, proven = self._seen, False
         for arg in args:
-            items = arg if isinstance(arg, (list, tuple)) else (arg,)
+            if isinstance(arg, Tensor):
+                items: Any = (arg,)
+            elif isinstance(arg, (list, tuple)):
+                items = arg
+            else:
+                continue
             for item in items:
                 if isinstance(item, Tensor) and item.dtype in _CHECKED:
-                    entry = self._seen.get(id(item))
-                    if (
-                        entry is None
-                        or entry[0]() is not item
-                        or entry[2] is None
-                        or entry[2] != version_of(item)
-                    ):
+                    entry = seen.get(id(item))
+                    if entry is None or entry[0]() is not item or entry[2] is None:
                         return False
-                    any_float = True
-        return any_float
+                    if entry[2] != version_of(item):
+                        return False
+                    proven = True
+        return proven
 
     # -- the culprit ----------------------------------------------------------------------
     def _halt(self, label: str, name: str, index: int, k: int, tensor: Tensor, call) -> None:

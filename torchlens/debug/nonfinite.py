@@ -149,6 +149,12 @@ def find_nonfinite(
 ) -> NonFiniteReport:
     """Find the first op whose output holds a NaN or an infinity.
 
+    On a model, labels, ``op.index`` and ``checked`` are those of ``tl.trace`` with two
+    exceptions, both rare: a value changed in place through another view of it (which a
+    trace records as a ``refresh`` op) keeps its earlier label and adds no op, and tensors
+    that are neither made by ops nor inputs, parameters or buffers are numbered
+    ``constant_1``, ... among the culprit's parents alone.
+
     Args:
         target: a model (run once, as lean as ``tl.record``, halting right after the
             culprit) or a trace already captured (its saved values are scanned).
