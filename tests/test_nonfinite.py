@@ -410,3 +410,10 @@ def test_dropout_is_checked_only_when_training():
     report = tl.find_nonfinite(model.train(), x)  # kept elements are scaled by 2
     assert report.op.label == "dropout_1" and report.op.parents == ("linear_1",)
     assert report.stats.posinf > 0 and report.parents["linear_1"].finite
+
+
+def test_a_view_as_another_dtype_is_checked():
+    bits = torch.tensor([0x7E003C00], dtype=torch.int32).view(torch.float32)  # 4.25e37
+    report = _agree(lambda x: (x * 1.0).view(torch.float16), bits)  # halves: 1.0 and NaN
+    assert report.op.label == "view_1" and report.op.parents == ("mul_1",)
+    assert report.parents["mul_1"].finite and report.stats.nan == 1

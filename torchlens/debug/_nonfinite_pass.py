@@ -168,9 +168,9 @@ class NonFiniteMode(RecordMode):
         self.output: Any = None  # what the model returned, when it ran to its end
         # id(output) -> (weak reference, label, version when proven finite or None)
         self._seen: dict[int, tuple[weakref.ref, str, int | None]] = {}
-        # the call about to write in place: (its args, whether its arguments were proven
-        # finite before the write, [(target, its copy or None)])
-        self._before: tuple[tuple, bool, list[tuple[Tensor, Tensor | None]]] | None = None
+        # the call about to write in place: (its args, _clean_args before the write,
+        # [(target, its copy or None)])
+        self._before: tuple[tuple, Any, list[tuple[Tensor, Tensor | None]]] | None = None
         self._outside: set[Any] | None = None  # storages of inputs, parameters, buffers
         self._copy_all = False  # set once something outside was written: copy every target
         self._aliases = {_NO_STORAGE: []}  # never empty: in-place calls reach _protect
@@ -207,17 +207,17 @@ class NonFiniteMode(RecordMode):
         else:
             special = SPECIAL_OUTPUTS.get(name)
             tensors = [t for _, t in (special(args, result) if special else flatten(result)[0])]
-        clean = False
+        proven = None  # the dtype of the arguments proven finite, when they all were
         if plan == _KEEPS or (plan == _KEEPS_IN_EVAL and not _training(args, kwargs)):
             before = self._before
             written = before is not None and before[0] is args
-            clean = before[1] if written else self._clean_args(args, kwargs)
+            proven = before[1] if written else self._clean_args(args, kwargs)
         seen, inf = self._seen, self.inf
         for k, tensor in enumerate(tensors):
             label = f"{name}_{count}" if n == 1 else f"{name}_{count}:{k}"
             version = None  # proven finite at this version; None: not a checked dtype
             if tensor.dtype in _CHECKED:
-                if not clean and not _finite(tensor, inf):
+                if tensor.dtype is not proven and not _finite(tensor, inf):
                     self._halt(label, name, index + k, k, tensor, call)
                 version = version_of(tensor)
             seen[id(tensor)] = (weakref.ref(tensor), label, version)
@@ -225,14 +225,16 @@ class NonFiniteMode(RecordMode):
             self._before = None  # its copies are no longer needed
         return result
 
-    def _clean_args(self, args: tuple, kwargs: dict | None) -> bool:
-        """Whether every floating tensor argument is an op output proven finite and not
-        written since (a tensor or a list of them: the arguments of the calls that keep
-        values finite)."""
+    def _clean_args(self, args: tuple, kwargs: dict | None) -> torch.dtype | None:
+        """The dtype of the floating tensor arguments when each is an op output proven
+        finite and not written since, and all share it (a tensor or a list of them: the
+        arguments of the calls that keep values finite); else ``None``. Only outputs of
+        that dtype are then taken as finite: ``x.view(torch.float16)`` of float32 bits is
+        not."""
         for value in kwargs.values() if kwargs else ():
             if isinstance(value, Tensor):
-                return False
-        seen, proven = self._seen, False
+                return None
+        seen, proven = self._seen, None
         for arg in args:
             if isinstance(arg, Tensor):
                 items: Any = (arg,)
@@ -244,10 +246,10 @@ class NonFiniteMode(RecordMode):
                 if isinstance(item, Tensor) and item.dtype in _CHECKED:
                     entry = seen.get(id(item))
                     if entry is None or entry[0]() is not item or entry[2] is None:
-                        return False
-                    if entry[2] != version_of(item):
-                        return False
-                    proven = True
+                        return None
+                    if entry[2] != version_of(item) or proven not in (None, item.dtype):
+                        return None
+                    proven = item.dtype
         return proven
 
     # -- the culprit ----------------------------------------------------------------------
