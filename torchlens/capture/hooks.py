@@ -30,6 +30,9 @@ from torchlens.capture.tree import fill, flatten
 
 __all__ = ["install_module_hooks", "run_exit_hooks"]
 
+_thread_id = threading.get_ident
+_no_torch_function = torch._C.DisableTorchFunction
+
 
 def install_module_hooks(model: Any, builder: TraceBuilder) -> list[RemovableHandle]:
     """Register the module hooks for ``model``'s submodules; returns their handles.
@@ -77,33 +80,36 @@ class _ModuleHooks:
         self.thread = threading.get_ident()
 
     def _active(self) -> bool:
-        return not self.builder.paused and threading.get_ident() == self.thread
+        return not self.builder.paused and _thread_id() == self.thread
 
     def enter(self, module: nn.Module, args: tuple) -> None:
         address = self.addresses.get(id(module))
-        if address is not None and self._active():
-            with torch._C.DisableTorchFunction():  # bookkeeping must not be recorded as ops
-                self.builder.enter_module(module, address, _tensors_in(args))
+        if address is None or self.builder.paused or _thread_id() != self.thread:
+            return  # (the per-module-call path: _active inlined)
+        with _no_torch_function():  # bookkeeping must not be recorded as ops
+            self.builder.enter_module(module, address, _tensors_in(args))
 
     def enter_own(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if self._active():
-            with torch._C.DisableTorchFunction():
+            with _no_torch_function():
                 inputs = _tensors_in(args) + _tensors_in(kwargs)
                 self.builder.enter_module(module, self.own_addresses[id(module)], inputs)
 
     def exit(self, module: nn.Module, args: tuple, *rest: Any) -> Any:
         # (kwargs, output), or (output,) when torch calls it after the forward raised
-        if id(module) not in self.addresses or not self._active():
+        if id(module) not in self.addresses or self.builder.paused or _thread_id() != self.thread:
             return None
-        kwargs, output = rest if len(rest) == 2 else ({}, rest[0])
-        return self._exit(output, _tensors_in(kwargs))
+        if len(rest) == 2:
+            kwargs, output = rest
+            return self._exit(output, _tensors_in(kwargs) if kwargs else ())
+        return self._exit(rest[0], ())
 
     def exit_own(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
         return self._exit(output, ()) if self._active() else None
 
     def _exit(self, output: Any, late_inputs: Any) -> Any:
         builder = self.builder
-        with torch._C.DisableTorchFunction():
+        with _no_torch_function():
             tensors = _tensors_in(output)
             call = builder.exit_module(tensors, late_inputs)
             if call is not None and builder.exit_hooks:
@@ -128,8 +134,11 @@ def _tensors_in(obj: Any) -> list[torch.Tensor]:
     """The tensors inside a hook argument; plain tensors and flat tuples skip the tree walk."""
     if isinstance(obj, torch.Tensor):
         return [obj]
-    if type(obj) is tuple and all(isinstance(item, torch.Tensor) for item in obj):
-        return list(obj)
+    if type(obj) is tuple:
+        if len(obj) == 1 and isinstance(obj[0], torch.Tensor):
+            return [obj[0]]
+        if all(isinstance(item, torch.Tensor) for item in obj):
+            return list(obj)
     if obj:
         return [t for _, t in flatten(obj)[0]]
     return []
