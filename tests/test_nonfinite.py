@@ -417,3 +417,18 @@ def test_a_view_as_another_dtype_is_checked():
     report = _agree(lambda x: (x * 1.0).view(torch.float16), bits)  # halves: 1.0 and NaN
     assert report.op.label == "view_1" and report.op.parents == ("mul_1",)
     assert report.parents["mul_1"].finite and report.stats.nan == 1
+
+
+def test_nan_only_search_checks_what_is_computed_from_an_infinity():
+    """With inf=False an infinity passes, so it proves nothing about the ops computed from
+    it: a softmax over +inf is NaN and is found, on the model and on its trace alike."""
+
+    def overflow_then_softmax(x):
+        return torch.softmax(x * 1e38 * 10, -1)
+
+    x = torch.ones(1, 3)
+    report = tl.find_nonfinite(overflow_then_softmax, x, inf=False)
+    assert report.op.label == "softmax_1"
+    assert report.parents["mul_2"].posinf == 3
+    on_trace = tl.find_nonfinite(tl.trace(overflow_then_softmax, x), inf=False)
+    assert on_trace.op.label == "softmax_1"

@@ -102,13 +102,19 @@ def _never(op: Any) -> bool:
     return False
 
 
-def _finite(tensor: Tensor, inf: bool) -> bool:
-    """Not :func:`is_nonfinite`, with one sum for a dense real tensor (the usual output)."""
+def _finite(tensor: Tensor, inf: bool) -> tuple[bool, bool]:
+    """``(passes, wholly finite)``: not :func:`is_nonfinite`, and free of infinities too
+    (with ``inf=False`` a value may pass holding one, and then proves nothing about what
+    is computed from it: a softmax of ``inf`` is NaN). One sum for a dense real tensor."""
     if tensor.dtype in _SUMMED and tensor.layout == torch.strided:
         value = tensor.detach() if tensor.requires_grad else tensor
         total = value.sum().item()
-        return total - total == 0.0 or not _nonfinite_after_sum(value, total, inf)
-    return not is_nonfinite(tensor, inf)
+        if total - total == 0.0:
+            return True, True
+        return not _nonfinite_after_sum(value, total, inf), False
+    if not is_nonfinite(tensor, inf):
+        return True, inf or not is_nonfinite(tensor, True)
+    return False, False
 
 
 def _training(args: tuple, kwargs: dict | None) -> bool:
@@ -215,11 +221,15 @@ class NonFiniteMode(RecordMode):
         seen, inf = self._seen, self.inf
         for k, tensor in enumerate(tensors):
             label = f"{name}_{count}" if n == 1 else f"{name}_{count}:{k}"
-            version = None  # proven finite at this version; None: not a checked dtype
+            version = None  # proven finite at this version; None: not proven (or not checked)
             if tensor.dtype in _CHECKED:
-                if tensor.dtype is not proven and not _finite(tensor, inf):
-                    self._halt(label, name, index + k, k, tensor, call)
-                version = version_of(tensor)
+                wholly = True
+                if tensor.dtype is not proven:
+                    passes, wholly = _finite(tensor, inf)
+                    if not passes:
+                        self._halt(label, name, index + k, k, tensor, call)
+                if wholly:
+                    version = version_of(tensor)
             seen[id(tensor)] = (weakref.ref(tensor), label, version)
         if self._before is not None and self._before[0] is args:
             self._before = None  # its copies are no longer needed
