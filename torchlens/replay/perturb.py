@@ -310,19 +310,27 @@ class Baseline:
 
     def _first_moved(self, a: Tensor) -> bool:
         """Whether the first element alone moved on its own scale (a probe usually moves
-        every element): both are numbers and ``|a - b| > 4 * eps * |b|`` there, which the
-        full test below finds too, by the bound or element by element."""
+        every element): both are numbers and ``|a - b| > 4 * eps * |b|`` there, computed in
+        their dtype as the elementwise test below computes it, which then finds it too."""
         b = self.value
         if (
-            a.device.type != "cpu"
+            type(a) is not Tensor  # a subclass keeps its own arithmetic
+            or type(b) is not Tensor
+            or a.device.type != "cpu"
             or b.device.type != "cpu"
             or a.dtype not in _NUMPY_FLOATS
             or a.is_neg()
             or b.is_neg()
         ):
             return False
-        first, base = float(a.numpy().flat[0]), float(b.numpy().flat[0])
-        return abs(first - base) > self._rel * abs(base)  # False when either is NaN
+        first, base = a.numpy().flat[0], b.numpy().flat[0]  # numpy scalars of the dtype
+        x, y = float(first), float(base)
+        if not (math.isfinite(x) and math.isfinite(y)):
+            return False  # left to the full test
+        if x * y < 0:  # opposite signs: |a - b| > |b| > 4 * eps * |b|, rounded or not
+            return True
+        # same sign (no overflow): the elementwise test's own arithmetic, in the dtype
+        return bool(abs(first - base) > type(base)(self._rel) * abs(base))
 
     @property
     def silent(self) -> bool:
