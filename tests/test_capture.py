@@ -595,3 +595,27 @@ def test_import_does_not_patch_torch():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.stdout.strip() == "clean", result.stderr
+
+
+def test_module_walk_equals_torchs_named_modules():
+    """The capture's own walk gives what ``named_modules()`` gives: same addresses, same
+    modules, same order, a shared module once, ``None`` children skipped, and an override
+    of ``named_modules`` asked itself."""
+    from torchlens.capture.walk import named_modules
+
+    shared = nn.Linear(2, 2)
+    tree = nn.Sequential(
+        nn.Sequential(shared, nn.ReLU()),
+        nn.ModuleDict({"a": shared, "b": nn.Sequential(nn.Tanh(), nn.Linear(2, 2))}),
+        nn.LSTM(2, 2),
+    )
+    tree.register_module("empty", None)
+    expected = list(tree.named_modules())
+    assert [(a, id(m)) for a, m in named_modules(tree)] == [(a, id(m)) for a, m in expected]
+
+    class OwnWalk(nn.Sequential):
+        def named_modules(self, *args, **kwargs):
+            yield "custom", self
+
+    assert named_modules(nn.Sequential(OwnWalk(nn.ReLU())))[0][0] == ""
+    assert [a for a, _ in named_modules(OwnWalk(nn.ReLU()))] == ["custom"]

@@ -21,6 +21,7 @@ from torchlens.capture.session import CaptureSession
 from torchlens.capture.sinks import open_stream_sink
 from torchlens.capture.source import make_source_hook
 from torchlens.capture.tree import flatten
+from torchlens.capture.walk import named_modules
 from torchlens.errors import InvalidArgumentError
 from torchlens.trace import Trace
 
@@ -158,14 +159,15 @@ def trace(
             "autograd graph; call tl.trace outside that block, or drop save_grads",
             code="save_grads_no_grad",
         )
-    check_traceable(model)
+    modules = named_modules(model) if isinstance(model, torch.nn.Module) else None
+    check_traceable(model, modules)
     args, kwargs = normalize_call(args, kwargs, model)
     sink = open_stream_sink(stream_to) if stream_to is not None else None
     controls = Controls(save, intervene, stop_after, structure_only=structure_only)
     builder = TraceBuilder(
         save_payloads=not structure_only, sink=sink, payload_filter=controls.save_filter()
     )
-    builder.register_model(model)
+    builder.register_model(model, modules)
     grads = GradCapture(builder.payload_filter) if save_grads else None
     if grads is not None:
         builder.observers.append(grads.observe)

@@ -26,6 +26,7 @@ from torch import nn
 from torchlens._tensors import geometry_end, storage_key, version_of
 from torchlens.capture.composite import group_address
 from torchlens.capture.sinks import PayloadSink
+from torchlens.capture.walk import named_modules
 from torchlens.trace import ArgRef, MemoryPayloadStore, ModuleCall, Op, Source, Trace
 
 __all__ = ["TraceBuilder", "REFRESH_FUNC_NAME"]
@@ -122,25 +123,29 @@ class TraceBuilder:
         self._frames: tuple[tuple[str, int], ...] = ()  # module_stack as a tuple
 
     # -- sources --------------------------------------------------------------------------
-    def register_model(self, model: Any) -> None:
+    def register_model(
+        self, model: Any, modules: list[tuple[str, nn.Module]] | None = None
+    ) -> None:
         """Know the model's modules, parameters and buffers, so they are named by address.
 
         One walk of the module tree serves the hooks too (``self.named_modules``); the
         addresses are those ``named_parameters``/``named_buffers`` give, first name first.
+        ``modules`` is that walk when the caller has made it already.
         """
         if not isinstance(model, nn.Module):
             return
-        self.named_modules = list(model.named_modules())
+        self.named_modules = named_modules(model) if modules is None else modules
+        owned = self._owned
         buffers = []
         for prefix, module in self.named_modules:
-            for kind, members in (("parameter", module._parameters), ("buffer", module._buffers)):
-                for name, tensor in members.items():
-                    if tensor is None or id(tensor) in self._owned:
-                        continue
-                    address = f"{prefix}.{name}" if prefix else name
-                    self._owned[id(tensor)] = (kind, address, tensor)
-                    if kind == "buffer":
-                        buffers.append(tensor)
+            dot = prefix + "." if prefix else ""
+            for name, tensor in module._parameters.items():
+                if tensor is not None and id(tensor) not in owned:
+                    owned[id(tensor)] = ("parameter", dot + name, tensor)
+            for name, tensor in module._buffers.items():
+                if tensor is not None and id(tensor) not in owned:
+                    owned[id(tensor)] = ("buffer", dot + name, tensor)
+                    buffers.append(tensor)
         self.model_buffers = buffers
 
     def add_input(self, path: str, tensor: Tensor) -> str:

@@ -35,6 +35,7 @@ from torchlens.capture.naming import func_info
 from torchlens.capture.record_exit import ExitTracker
 from torchlens.capture.special import SPECIAL_OUTPUTS
 from torchlens.capture.tree import fill, flatten
+from torchlens.capture.walk import named_modules
 from torchlens.recording import OpView
 from torchlens.selectors import Selector
 from torchlens.trace import MemoryPayloadStore
@@ -248,7 +249,7 @@ class RecordMode(TorchFunctionMode):
             return []
         handles: list[RemovableHandle] = []
         try:
-            for address, module in model.named_modules():
+            for address, module in named_modules(model):
                 if not address:  # the root's own call is the recording itself
                     continue
                 if module._forward_pre_hooks or module._forward_hooks:

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchlens.capture.walk import named_modules
 from torchlens.errors import UnsupportedModelError
 
 __all__ = ["check_traceable"]
@@ -14,8 +15,12 @@ __all__ = ["check_traceable"]
 _ADVICE = "trace the eager source module instead"
 
 
-def check_traceable(model: Any) -> None:
-    """Raise :class:`UnsupportedModelError` if ``model`` cannot be traced eagerly."""
+def check_traceable(model: Any, modules: list[tuple[str, nn.Module]] | None = None) -> None:
+    """Raise :class:`UnsupportedModelError` if ``model`` cannot be traced eagerly.
+
+    ``modules`` is ``model``'s :func:`~torchlens.capture.walk.named_modules` when the caller
+    has walked them already (a module model only).
+    """
     if isinstance(model, type) and issubclass(model, nn.Module):
         raise UnsupportedModelError(
             f"got the class {model.__name__}, not a model: calling a class builds a new "
@@ -46,7 +51,7 @@ def check_traceable(model: Any) -> None:
             code="torchscript_module",
         )
     if isinstance(model, nn.Module):
-        for address, sub in model.named_modules():
+        for address, sub in named_modules(model) if modules is None else modules:
             if isinstance(sub, torch.jit.ScriptModule):
                 raise UnsupportedModelError(
                     f"submodule {address!r} is a TorchScript module whose operations cannot "
