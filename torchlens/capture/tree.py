@@ -98,6 +98,11 @@ def _walk(obj: Any, path: str, leaves: list[tuple[str, Tensor]]) -> Any:
         leaves.append((path, obj))
         return _slot(len(leaves) - 1)
     if kind is tuple or kind is list:
+        for item in obj:
+            if type(item) not in _ATOMS:
+                break
+        else:  # sizes, dims, flags: nothing to walk (a list is copied, tuples are immutable)
+            return obj if kind is tuple else list(obj)
         items = [_walk(item, _join(path, i), leaves) for i, item in enumerate(obj)]
         return tuple(items) if kind is tuple else items
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple, return_types
