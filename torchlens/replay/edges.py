@@ -225,7 +225,7 @@ class _Points:
         self._weights_key = (head.func_name, tuple(value.dim() for value in values))
         self._kinds: list[str] = []
         self._specs = iter(SLICES if self._worth_slicing() else ())
-        self._next = self._next_slice()  # the next sliced point to try, as a plan
+        self._next = self._next_slice()  # the first sliced point, as a plan (or None)
         self._ready: list[tuple[list, list]] = []
 
     @property
@@ -273,10 +273,11 @@ class _Points:
         """``(values, baselines, recorded)`` of each point: sliced ones, then the recorded."""
         index = 0
         while True:
-            while index >= len(self._ready) and self._next is not None:
-                plan, weights = self._next
-                point = self._run(plan, weights)
-                self._next = self._next_slice()
+            while index >= len(self._ready):
+                pending, self._next = self._next or self._next_slice(), None
+                if pending is None:
+                    break
+                point = self._run(*pending)
                 if point is not None:
                     self._ready.append(point)
             if index >= len(self._ready):
