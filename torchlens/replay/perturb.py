@@ -273,7 +273,7 @@ class Baseline:
     Integer, boolean and quantized outputs move when any element changes.
     """
 
-    __slots__ = ("shape", "dtype", "value", "_rel", "_bound")
+    __slots__ = ("shape", "dtype", "value", "_rel", "_bound", "_first")
 
     def __init__(self, value: Tensor) -> None:
         self.shape, self.dtype = value.shape, value.dtype
@@ -283,6 +283,7 @@ class Baseline:
         if self.value.dtype in (torch.float16, torch.bfloat16):
             self.value = self.value.float()
         self._bound: float | None = None
+        self._first: tuple | bool | None = None  # see _first_element, made on first use
 
     def moved(self, other: Tensor) -> bool:
         """Whether ``other`` (the output of a probed call) differs from this baseline."""
@@ -312,25 +313,30 @@ class Baseline:
         """Whether the first element alone moved on its own scale (a probe usually moves
         every element): both are numbers and ``|a - b| > 4 * eps * |b|`` there, computed in
         their dtype as the elementwise test below computes it, which then finds it too."""
-        b = self.value
-        if (
-            type(a) is not Tensor  # a subclass keeps its own arithmetic
-            or type(b) is not Tensor
-            or a.device.type != "cpu"
-            or b.device.type != "cpu"
-            or a.dtype not in _NUMPY_FLOATS
-            or a.is_neg()
-            or b.is_neg()
-        ):
+        if self._first is None:
+            self._first = self._first_element()
+        if self._first is False or type(a) is not Tensor or not a.is_cpu or a.is_neg():
             return False
-        first, base = a.numpy().flat[0], b.numpy().flat[0]  # numpy scalars of the dtype
-        x, y = float(first), float(base)
-        if not (math.isfinite(x) and math.isfinite(y)):
+        base, y, threshold = self._first
+        x = a.numpy().item(0)  # a Python float, exact
+        if not math.isfinite(x):
             return False  # left to the full test
         if x * y < 0:  # opposite signs: |a - b| > |b| > 4 * eps * |b|, rounded or not
             return True
         # same sign (no overflow): the elementwise test's own arithmetic, in the dtype
-        return bool(abs(first - base) > type(base)(self._rel) * abs(base))
+        return bool(abs(type(base)(x) - base) > threshold)
+
+    def _first_element(self) -> tuple | bool:
+        """``(b, float(b), 4 * eps * |b|)`` of the first element, ``b`` and the bound as
+        numpy scalars of the dtype; False when the shortcut does not apply."""
+        b = self.value
+        if type(b) is not Tensor or not b.is_cpu or b.dtype not in _NUMPY_FLOATS or b.is_neg():
+            return False
+        base = b.numpy().flat[0]
+        y = float(base)
+        if not math.isfinite(y):
+            return False
+        return base, y, type(base)(self._rel) * abs(base)
 
     @property
     def silent(self) -> bool:
