@@ -19,7 +19,10 @@ Columns:
 Targets (issue 14): ``tl.trace`` at most 1.5x on mlp100 and the GPT decoder and 1.1x on
 the transformer encoder; on convnet8 no worse than ``clone`` plus 5%; at most 10 us of
 capture per op on mlp100 and the GPT decoder. Run:
-``python benchmarks/bench_capture.py [--repeats N] [--threads T] [--no-grad]``.
+``python benchmarks/bench_capture.py [--repeats N] [--threads T] [--no-grad] [--large]
+[--device cuda]``. ``--large`` adds the GPT-2-small and ResNet-50 sized models (issue 14's
+CUDA sizes, target at most 1.5x there); on ``cuda`` every timed run ends with
+``torch.cuda.synchronize()``, so queued kernels are counted.
 """
 
 from __future__ import annotations
@@ -34,12 +37,18 @@ from torch.overrides import TorchFunctionMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from models import BENCH_MODELS  # noqa: E402
+from models import BENCH_MODELS, LARGE_MODELS  # noqa: E402
 from timing import interleaved_times  # noqa: E402
 
 import torchlens as tl  # noqa: E402
 
-RATIO_TARGETS = {"mlp100": 1.5, "gpt_decoder": 1.5, "transformer_encoder": 1.1}
+RATIO_TARGETS = {
+    "mlp100": 1.5,
+    "gpt_decoder": 1.5,
+    "transformer_encoder": 1.1,
+    "gpt2_small": 1.5,
+    "resnet50_like": 1.5,
+}
 PER_OP_TARGETS = {"mlp100": 10.0, "gpt_decoder": 10.0}  # us of capture per op
 FLOOR_SLACK = 1.05  # convnet8: trace / forward at most the clone floor's ratio times this
 
@@ -67,12 +76,27 @@ def keep_outputs(model, args, copy: bool = False):
         return model(*args)
 
 
+def _synchronized(run):
+    """``run`` followed by a wait for every queued CUDA kernel."""
+
+    def timed():
+        run()
+        torch.cuda.synchronize()
+
+    return timed
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--no-grad", action="store_true", help="run under torch.no_grad()")
+    parser.add_argument("--large", action="store_true", help="add the real-size models")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (a GPU must be present)")
     opts = parser.parse_args(argv)
+    device = torch.device(opts.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda needs a CUDA build of torch and a GPU")
     torch.set_grad_enabled(not opts.no_grad)
     if opts.threads:
         torch.set_num_threads(opts.threads)
@@ -81,19 +105,21 @@ def main(argv: list[str] | None = None) -> int:
         f"{'struct':>8}  targets"
     )
     failed = False
-    for name, factory in BENCH_MODELS.items():
+    models = {**BENCH_MODELS, **(LARGE_MODELS if opts.large else {})}
+    for name, factory in models.items():
         model, args = factory()
+        model, args = model.to(device), tuple(a.to(device) for a in args)
         n_ops = len(tl.trace(model, args))
-        times = interleaved_times(
-            {
-                "forward": lambda m=model, a=args: m(*a),
-                "keep": lambda m=model, a=args: keep_outputs(m, a),
-                "clone": lambda m=model, a=args: keep_outputs(m, a, copy=True),
-                "trace": lambda m=model, a=args: tl.trace(m, a),
-                "struct": lambda m=model, a=args: tl.trace(m, a, structure_only=True),
-            },
-            repeats=opts.repeats,
-        )
+        runs = {
+            "forward": lambda m=model, a=args: m(*a),
+            "keep": lambda m=model, a=args: keep_outputs(m, a),
+            "clone": lambda m=model, a=args: keep_outputs(m, a, copy=True),
+            "trace": lambda m=model, a=args: tl.trace(m, a),
+            "struct": lambda m=model, a=args: tl.trace(m, a, structure_only=True),
+        }
+        if device.type == "cuda":
+            runs = {key: _synchronized(run) for key, run in runs.items()}
+        times = interleaved_times(runs, repeats=opts.repeats)
         ratio = {
             key: statistics.median(t / f for t, f in zip(ts, times["forward"]))
             for key, ts in times.items()
