@@ -16,6 +16,7 @@ from torchlens.capture.failures import trim_torchlens_frames
 from torchlens.capture.record_mode import RecordMode
 from torchlens.capture.refusals import check_traceable
 from torchlens.capture.tree import flatten
+from torchlens.capture.walk import named_modules
 from torchlens.errors import ReentrantCaptureError
 from torchlens.recording import Recording
 from torchlens.selectors import Candidates
@@ -64,30 +65,34 @@ def record(
         >>> rec.labels
         ['linear_1']
     """
-    check_traceable(model)
+    modules = named_modules(model) if isinstance(model, nn.Module) else None
+    check_traceable(model, modules)
     args, kwargs = normalize_call(args, kwargs, model)
     controls = Controls(save, intervene, stop_after)
     mode = RecordMode(controls)
     output = None
-    with controls.halting(model), _recording(model, mode):
+    with controls.halting(model), _recording(model, mode, modules):
         output = model(*args, **kwargs)
-    _protect_kept(mode, model, args, kwargs, output)
+    _protect_kept(mode, modules or [], args, kwargs, output)
     meta = {"n_ops": mode.n_ops, **controls.meta()}
     controls.check(lambda: _candidates(model, mode))
     return Recording(mode.kept, mode.store, output, meta)
 
 
-def _protect_kept(mode: RecordMode, model: Any, args: tuple, kwargs: dict, output: Any) -> None:
+def _protect_kept(
+    mode: RecordMode, modules: list[tuple[str, nn.Module]], args: tuple, kwargs: dict, output: Any
+) -> None:
     """Copy kept values that alias tensors the caller keeps and may edit in place: the
-    inputs, the output, and the model's parameters and buffers (the next forward or
-    optimizer step writes into those)."""
+    inputs, the output, and the model's parameters and buffers (``modules``: the next
+    forward or optimizer step writes into those)."""
     if not mode.kept:
         return
     for _, tensor in flatten((args, kwargs, output))[0]:
         mode.protect(tensor)
-    if isinstance(model, nn.Module):
-        for tensor in itertools.chain(model.parameters(), model.buffers()):
-            mode.protect(tensor)
+    for _, module in modules:
+        for tensor in itertools.chain(module._parameters.values(), module._buffers.values()):
+            if tensor is not None:
+                mode.protect(tensor)
 
 
 class _RecordSession:
@@ -99,7 +104,10 @@ class _RecordSession:
 
 
 @contextmanager
-def _recording(model: Any, mode: RecordMode) -> Iterator[None]:
+def _recording(
+    model: Any, mode: RecordMode, modules: list[tuple[str, nn.Module]] | None = None
+) -> Iterator[None]:
+    """Run a block with ``mode`` recording ``model`` (its walked ``modules`` when known)."""
     if _session.active_session() is not None:
         raise ReentrantCaptureError(
             "tl.record was called from inside a forward that is already being captured; "
@@ -108,7 +116,7 @@ def _recording(model: Any, mode: RecordMode) -> Iterator[None]:
     with ExitStack() as stack:
         _session._local.session = _RecordSession(mode)
         stack.callback(_session._clear_session)
-        for handle in mode.install_hooks(model):
+        for handle in mode.install_hooks(model, modules):
             stack.callback(handle.remove)
         stack.enter_context(mode)
         try:
@@ -119,6 +127,7 @@ def _recording(model: Any, mode: RecordMode) -> Iterator[None]:
 
 
 def _candidates(model: Any, mode: RecordMode) -> Candidates:
-    modules = [address for address, _ in model.named_modules()] if hasattr(model, "modules") else []
+    walked = named_modules(model) if isinstance(model, nn.Module) else []
+    modules = [address for address, _ in walked]
     labels = [f"{name}_{i}" for name, n in mode.counts.items() for i in range(1, n + 1)]
     return Candidates(func_names=list(mode.counts), modules=modules, labels=labels)

@@ -235,7 +235,9 @@ class RecordMode(TorchFunctionMode):
             self.store.set(label, value, version_of(value))
 
     # -- module calls ---------------------------------------------------------------------
-    def install_hooks(self, model: Any) -> list[RemovableHandle]:
+    def install_hooks(
+        self, model: Any, modules: list[tuple[str, nn.Module]] | None = None
+    ) -> list[RemovableHandle]:
         """Hooks that keep the module stack: two process-wide module hooks that act only on
         this model's submodules (two handles instead of two per module), plus per-module
         hooks for submodules that carry hooks of their own, so that ops run by those hooks
@@ -249,7 +251,7 @@ class RecordMode(TorchFunctionMode):
             return []
         handles: list[RemovableHandle] = []
         try:
-            for address, module in named_modules(model):
+            for address, module in named_modules(model) if modules is None else modules:
                 if not address:  # the root's own call is the recording itself
                     continue
                 if module._forward_pre_hooks or module._forward_hooks:
