@@ -334,7 +334,29 @@ def test_train_and_eval_mode():
     assert train["add__1"].parents == ("2.num_batches_tracked",)
     assert [op.func_name for op in evaluated] == ["linear", "dropout", "batch_norm"]
     assert train["dropout_1"].rng_state is not None
+    assert evaluated["dropout_1"].rng_state is None  # draws nothing: no snapshot to keep
     torch.testing.assert_close(evaluated["dropout_1"].out, evaluated["linear_1"].out)
+
+
+def test_random_calls_snapshot_the_generator_only_when_they_may_draw():
+    q = torch.randn(1, 2, 4, 8)
+
+    def f(x):
+        a = F.dropout(x, 0.5, training=False) + F.dropout(x, 0.5)  # no flag: training
+        b = F.scaled_dot_product_attention(x, x, x) + F.scaled_dot_product_attention(
+            x, x, x, dropout_p=0.5
+        )
+        return a + b + torch.rand_like(x)
+
+    torch.manual_seed(0)
+    trace = tl.trace(f, q)
+    snapshots = {op.label: op.rng_state is not None for op in trace if "rand" in op.label
+                 or "dropout" in op.label or "attention" in op.label}  # fmt: skip
+    assert snapshots == {
+        "dropout_1": False, "dropout_2": True, "scaled_dot_product_attention_1": False,
+        "scaled_dot_product_attention_2": True, "rand_like_1": True,
+    }  # fmt: skip
+    assert tl.validate(f, q, random_seed=0)
 
 
 def test_no_grad_inside_forward():

@@ -62,7 +62,9 @@ class CaptureMode(TorchFunctionMode):
         targets = _inplace_targets(info.inplace, args, kwargs) if info.inplace or kwargs else ()
         for target in targets:
             self.builder.protect(target)
-        rng_state = rng.call_snapshot(args, kwargs) if info.stochastic else None
+        rng_state = None
+        if info.stochastic and rng.draws(info.name, args, kwargs):
+            rng_state = rng.call_snapshot(args, kwargs)
         autocast = autocast_state() if _any_autocast() else None
 
         try:

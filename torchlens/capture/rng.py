@@ -15,7 +15,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["snapshot", "restore", "restored", "call_snapshot", "generator_restored"]
+__all__ = [
+    "snapshot",
+    "restore",
+    "restored",
+    "call_snapshot",
+    "draws",
+    "generator_restored",
+]
 
 RngSnapshot = dict[str, torch.Tensor]
 
@@ -57,6 +64,47 @@ def _generator_of(args: Any, kwargs: dict) -> torch.Generator | None:
         if isinstance(value, torch.Generator):
             return value
     return None
+
+
+# Random functions that draw only when one argument says so: name -> (its position, its
+# keywords, its default). A dropout not training, and attention without dropout (the
+# common case of every model in eval mode), draw nothing: their snapshot (a copy of the
+# generator's state, several microseconds) is not taken.
+_DRAW_FLAGS: dict[str, tuple[int, tuple[str, ...], Any]] = {
+    **dict.fromkeys(
+        (
+            "dropout",
+            "dropout1d",
+            "dropout2d",
+            "dropout3d",
+            "alpha_dropout",
+            "feature_alpha_dropout",
+            "feature_dropout",
+        ),
+        (2, ("training", "train"), True),
+    ),  # fmt: skip
+    "scaled_dot_product_attention": (4, ("dropout_p",), 0.0),
+}
+
+
+def draws(name: str, args: tuple, kwargs: dict) -> bool:
+    """Whether a call of the random function ``name`` may draw random numbers.
+
+    Example:
+        >>> draws("dropout", (None, 0.1, False), {}), draws("dropout", (None,), {"p": 0.1})
+        (False, True)
+    """
+    rule = _DRAW_FLAGS.get(name)
+    if rule is None:
+        return True
+    position, keywords, default = rule
+    value = args[position] if len(args) > position else default
+    for key in keywords:
+        if key in kwargs:
+            value = kwargs[key]
+    if not isinstance(value, (bool, int, float)):  # anything else: assume it may draw
+        return True
+    return bool(value)
 
 
 def call_snapshot(args: Any, kwargs: dict) -> RngSnapshot:
