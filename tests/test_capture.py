@@ -532,15 +532,42 @@ class _KeywordCaller(nn.Module):
 
 
 def test_keyword_inputs_of_a_module_call_are_named_as_they_were_when_it_began():
-    """Keyword tensors are read when the call returns (a global pre-hook is not given
-    them), yet they are named by the label they held at the call's start, even when the
-    call wrote into them."""
+    """A module whose forward takes keywords has hooks of its own that see them as the
+    call begins: named by the label they held then, even when the call writes into them."""
     trace = tl.trace(_KeywordCaller(), (torch.randn(3), torch.randn(3)))
     call = trace.modules["inner:1"]
     assert call.inputs == ("input_1", "add_1")  # positional first, then keyword
     assert trace["mul__1"].parents == ("add_1",)
     assert trace["mul_1"].parents == ("input_1", "mul__1")
     assert call.outputs == ("mul_1",)
+
+
+class _OneInput(nn.Module):
+    def forward(self, x):
+        x.mul_(2)
+        return x + 1
+
+
+def test_a_one_input_module_called_by_keyword_names_its_input_as_it_began():
+    """One-input modules are served by the global hooks, whose pre-hook is not given
+    keywords: ``module(x=t)`` has its input read when the call returns, under the label
+    it held when the call began, though the call wrote into it."""
+
+    class Caller(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = _OneInput()
+
+        def forward(self, t):
+            t = t + 0
+            return self.inner(x=t)
+
+    trace = tl.trace(Caller(), torch.randn(3))
+    call = trace.modules["inner:1"]
+    assert call.inputs == ("add_1",)
+    assert trace["mul__1"].parents == ("add_1",)
+    assert call.outputs == ("add_2",)
+    assert torch.equal(trace["add_2"].out, trace["add_1"].out * 2 + 1)
 
 
 def test_keyword_parameter_and_constant_inputs_of_a_module_call():

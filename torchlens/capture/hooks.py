@@ -7,14 +7,20 @@ the model's own modules by identity and ignore calls from other threads, so two 
 running the same model never see each other's module calls, and modules outside the model
 (one built inside ``forward``) are not module calls of the trace.
 
-A global pre-hook is not given keyword arguments. A module call's keyword tensors are read
-when it returns (the forward hook gets them), as the values they had when it started: the
-builder remembers every label a tensor held (:meth:`TraceBuilder.exit_module`).
+A global pre-hook is not given keyword arguments, so a module whose ``forward`` can take
+more than its one input (a layer given ``attention_mask=...``) gets a pair of hooks of its
+own, which see its keyword arguments as the call begins; so does a module that has hooks of
+its own. The many one-input modules (linear, convolution, norm, activation, dropout) are
+served by the global pair. Should one of those still be called by keyword
+(``linear(input=x)``), its keyword tensors are read when it returns, under the labels they
+held when it began (:meth:`TraceBuilder.exit_module`).
 """
 
 from __future__ import annotations
 
+import inspect
 import threading
+import weakref
 from typing import Any
 
 import torch
@@ -72,7 +78,7 @@ class _ModuleHooks:
         for address, module in builder.named_modules:
             if not address:  # the root's own call is the trace itself
                 continue
-            if module._forward_pre_hooks or module._forward_hooks:
+            if module._forward_pre_hooks or module._forward_hooks or _takes_more(type(module)):
                 self.hooked[id(module)] = module
                 self.own_addresses[id(module)] = address
             else:
@@ -115,6 +121,27 @@ class _ModuleHooks:
             if call is not None and builder.exit_hooks:
                 return run_exit_hooks(builder, call, output, tensors)
         return None
+
+
+_MORE: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def _takes_more(cls: type) -> bool:
+    """Whether ``cls.forward`` takes anything besides one input (more parameters, ``*args``
+    or keywords): its calls may pass keyword tensors. Answered once per class."""
+    known = _MORE.get(cls)
+    if known is None:
+        try:
+            parameters = list(inspect.signature(cls.forward).parameters.values())
+        except (TypeError, ValueError):  # no readable signature: assume it may
+            parameters = []
+            known = True
+        else:
+            positional = [p for p in parameters if p.kind in _POSITIONAL]
+            known = len(positional) != 2 or len(parameters) != 2  # (self, input) only
+        _MORE[cls] = known
+    return known
 
 
 def run_exit_hooks(builder: TraceBuilder, call: Any, output: Any, tensors: list) -> Any:
