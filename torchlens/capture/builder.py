@@ -159,16 +159,10 @@ class TraceBuilder:
         return label
 
     def _add_source(self, label: str, kind: str, path: str, tensor: Tensor) -> Source:
-        source = Source(
-            label=label,
-            kind=kind,
-            path=path,
-            shape=tuple(tensor.shape),
-            dtype=tensor.dtype,
-            device=tensor.device,
-            requires_grad=tensor.requires_grad,
-            _store=self.store,
-        )
+        source = Source(  # positional, in field order, as Op below
+            label, kind, path, tuple(tensor.shape), tensor.dtype, tensor.device,
+            tensor.requires_grad, [], self.store,
+        )  # fmt: skip
         self.sources.append(source)
         self._records[label] = source
         if self.save_payloads:
@@ -394,9 +388,8 @@ class TraceBuilder:
         call, start = self._open_calls.pop()
         self.module_stack.pop()
         self._frames = tuple(self.module_stack)
-        late = tuple([self._label_at(t, start) for t in late_inputs])
-        if late:
-            call.inputs = call.inputs + late
+        if late_inputs:
+            call.inputs = call.inputs + tuple([self._label_at(t, start) for t in late_inputs])
         call.outputs = tuple([self.label_of(t) for t in outputs])
         return call
 

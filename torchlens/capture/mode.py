@@ -68,7 +68,7 @@ class CaptureMode(TorchFunctionMode):
         autocast = autocast_state() if _any_autocast() else None
 
         try:
-            result = func(*args, **kwargs)
+            result = func(*args, **kwargs) if kwargs else func(*args)
         except Exception as err:  # the model's own error: noted, never wrapped
             note_model_error(err, self.builder, info.name)
             raise
