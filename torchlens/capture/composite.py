@@ -91,7 +91,7 @@ def open_function(func: Callable[..., Any]) -> None:
             code="not_composite",
         )
     naming.OPENED.add(func)
-    _forget(func)
+    naming.forget(func)
 
 
 def close_function(func: Callable[..., Any]) -> None:
@@ -107,15 +107,7 @@ def close_function(func: Callable[..., Any]) -> None:
         >>> open_function(F.multi_head_attention_forward)
     """
     naming.OPENED.discard(func)
-    _forget(func)
-
-
-def _forget(func: Callable[..., Any]) -> None:
-    """Drop the cached descriptions of ``func`` (the trace's and tl.record's)."""
-    from torchlens.capture import record_mode  # imports this module
-
     naming.forget(func)
-    record_mode.forget(func)
 
 
 for _func in DEFAULT_OPENED:

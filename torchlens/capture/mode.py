@@ -20,8 +20,7 @@ from torchlens.capture.builder import TraceBuilder
 from torchlens.capture.composite import opened_body
 from torchlens.capture.failures import note_model_error
 from torchlens.capture.hooks import run_exit_hooks
-from torchlens.capture.naming import _CACHE as _INFOS
-from torchlens.capture.naming import func_info
+from torchlens.capture.naming import FUNC_INFOS, func_info
 from torchlens.capture.special import SPECIAL_OUTPUTS
 from torchlens.capture.tree import fill, flatten, flatten_call
 from torchlens.trace import ArgRef, Op
@@ -46,7 +45,7 @@ class CaptureMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         try:
-            info = _INFOS[func]
+            info = FUNC_INFOS[func]
         except (KeyError, TypeError):
             info = func_info(func)
         if info.never_tensor:

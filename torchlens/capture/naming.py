@@ -12,7 +12,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FuncInfo", "func_info", "forget", "OPENED", "STOCHASTIC_FUNCS", "TENSOR_PROPERTIES"]
+__all__ = [
+    "FuncInfo",
+    "FUNC_INFOS",
+    "func_info",
+    "forget",
+    "OPENED",
+    "STOCHASTIC_FUNCS",
+    "TENSOR_PROPERTIES",
+]
 
 # Dunder methods whose readable name differs from the stripped dunder.
 _DUNDER_NAMES = {
@@ -87,25 +95,27 @@ class FuncInfo:
     opens: bool = False  # a composite recorded as a group of its inner ops (composite.py)
 
 
-_CACHE: dict[Any, FuncInfo] = {}
+# func -> its FuncInfo. The capture modes read it directly on their per-op paths (a dict
+# lookup costs less than a call), falling back to func_info for a function not seen yet.
+FUNC_INFOS: dict[Any, FuncInfo] = {}
 # Composite functions recorded as groups; filled by torchlens.capture.composite.
 OPENED: set[Callable[..., Any]] = set()
 
 
 def forget(func: Callable[..., Any]) -> None:
     """Drop ``func``'s cached :class:`FuncInfo` (after it was opened or closed)."""
-    _CACHE.pop(func, None)
+    FUNC_INFOS.pop(func, None)
 
 
 def func_info(func: Callable[..., Any]) -> FuncInfo:
     """The cached :class:`FuncInfo` of ``func``."""
     try:
-        return _CACHE[func]
+        return FUNC_INFOS[func]
     except (KeyError, TypeError):
         pass
     info = _describe(func)
     try:
-        _CACHE[func] = info
+        FUNC_INFOS[func] = info
     except TypeError:  # unhashable callables are described afresh each time
         pass
     return info

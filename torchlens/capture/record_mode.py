@@ -31,7 +31,7 @@ from torchlens.capture.composite import group_address, opened_body
 from torchlens.capture.controls import Controls, Intervention, _Halt, apply_edit, original_key
 from torchlens.capture.failures import note_record_error
 from torchlens.capture.mode import _inplace_targets
-from torchlens.capture.naming import func_info
+from torchlens.capture.naming import FUNC_INFOS, func_info
 from torchlens.capture.record_exit import ExitTracker
 from torchlens.capture.special import SPECIAL_OUTPUTS
 from torchlens.capture.tree import fill, flatten
@@ -40,10 +40,9 @@ from torchlens.recording import OpView
 from torchlens.selectors import Selector
 from torchlens.trace import MemoryPayloadStore
 
-__all__ = ["RecordMode", "forget"]
+__all__ = ["RecordMode"]
 
 Tensor = torch.Tensor
-_INFOS: dict[Any, Any] = {}  # func -> FuncInfo, a flat copy of naming's cache
 _UNSEEN = object()
 
 
@@ -105,9 +104,10 @@ class RecordMode(TorchFunctionMode):
 
     # -- the per-op path ------------------------------------------------------------------
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        info = _INFOS.get(func)
-        if info is None:
-            info = _describe(func)
+        try:
+            info = FUNC_INFOS[func]
+        except (KeyError, TypeError):  # not seen yet, or unhashable
+            info = func_info(func)
         if info.never_tensor:
             return func(*args, **kwargs) if kwargs else func(*args)
         if info.opens:
@@ -319,17 +319,3 @@ class RecordMode(TorchFunctionMode):
         if self.exits is not None and output is not None:
             return self.exits.on_exit(frame, type_name, output)
         return None
-
-
-def forget(func: Any) -> None:
-    """Drop ``func``'s cached description (it was opened or closed)."""
-    _INFOS.pop(func, None)
-
-
-def _describe(func: Any) -> Any:
-    info = func_info(func)
-    try:
-        _INFOS[func] = info
-    except TypeError:  # unhashable callables are described each time
-        pass
-    return info
