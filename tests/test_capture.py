@@ -668,3 +668,15 @@ def test_module_walk_equals_torchs_named_modules():
 
     assert named_modules(nn.Sequential(OwnWalk(nn.ReLU())))[0][0] == ""
     assert [a for a, _ in named_modules(OwnWalk(nn.ReLU()))] == ["custom"]
+
+
+def test_owned_tensors_are_named_as_named_parameters_and_named_buffers_name_them():
+    from torchlens.capture.walk import named_modules, owned_tensors
+
+    shared = nn.Linear(2, 2)
+    model = nn.Sequential(shared, nn.BatchNorm1d(2), nn.Sequential(shared, nn.BatchNorm1d(2)))
+    owned = owned_tensors(named_modules(model))
+    expected = {id(t): ("parameter", a) for a, t in model.named_parameters()}
+    expected.update({id(t): ("buffer", a) for a, t in model.named_buffers()})
+    assert {k: v[:2] for k, v in owned.items()} == expected
+    assert all(v[2] is t for v, t in ((owned[id(t)], t) for t in model.parameters()))

@@ -26,7 +26,7 @@ from torch import nn
 from torchlens._tensors import geometry_end, storage_key, version_of
 from torchlens.capture.composite import group_address
 from torchlens.capture.sinks import PayloadSink
-from torchlens.capture.walk import named_modules
+from torchlens.capture.walk import named_modules, owned_tensors
 from torchlens.trace import ArgRef, MemoryPayloadStore, ModuleCall, Op, Source, Trace
 
 __all__ = ["TraceBuilder", "REFRESH_FUNC_NAME"]
@@ -135,18 +135,8 @@ class TraceBuilder:
         if not isinstance(model, nn.Module):
             return
         self.named_modules = named_modules(model) if modules is None else modules
-        owned = self._owned
-        buffers = []
-        for prefix, module in self.named_modules:
-            dot = prefix + "." if prefix else ""
-            for name, tensor in module._parameters.items():
-                if tensor is not None and id(tensor) not in owned:
-                    owned[id(tensor)] = ("parameter", dot + name, tensor)
-            for name, tensor in module._buffers.items():
-                if tensor is not None and id(tensor) not in owned:
-                    owned[id(tensor)] = ("buffer", dot + name, tensor)
-                    buffers.append(tensor)
-        self.model_buffers = buffers
+        self._owned = owned_tensors(self.named_modules)
+        self.model_buffers = [t for kind, _, t in self._owned.values() if kind == "buffer"]
 
     def add_input(self, path: str, tensor: Tensor) -> str:
         """Record a tensor passed to the traced callable; returns its label."""

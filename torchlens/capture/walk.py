@@ -7,9 +7,9 @@ modules in the same order (depth first, each module once, at its first address).
 
 from __future__ import annotations
 
-from torch import nn
+from torch import Tensor, nn
 
-__all__ = ["named_modules"]
+__all__ = ["named_modules", "owned_tensors"]
 
 _TORCH_WALK = nn.Module.named_modules
 
@@ -43,3 +43,23 @@ def named_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
         ]
         stack.extend(reversed(children))
     return found
+
+
+def owned_tensors(modules: list[tuple[str, nn.Module]]) -> dict[int, tuple[str, str, Tensor]]:
+    """``id(tensor) -> (kind, address, tensor)`` for the parameters and buffers of
+    ``modules`` (a :func:`named_modules` walk): kind ``"parameter"`` or ``"buffer"``, the
+    address ``named_parameters``/``named_buffers`` give, a shared tensor under its first.
+
+    Example:
+        >>> lin = nn.Linear(2, 2)
+        >>> [entry[:2] for entry in owned_tensors(named_modules(nn.Sequential(lin, lin))).values()]
+        [('parameter', '0.weight'), ('parameter', '0.bias')]
+    """
+    owned: dict[int, tuple[str, str, Tensor]] = {}
+    for prefix, module in modules:
+        dot = prefix + "." if prefix else ""
+        for kind, members in (("parameter", module._parameters), ("buffer", module._buffers)):
+            for name, tensor in members.items():
+                if tensor is not None and id(tensor) not in owned:
+                    owned[id(tensor)] = (kind, dot + name, tensor)
+    return owned

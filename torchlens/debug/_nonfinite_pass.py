@@ -33,6 +33,7 @@ from torchlens.capture.record_mode import RecordMode
 from torchlens.capture.source import caller_line
 from torchlens.capture.special import SPECIAL_OUTPUTS
 from torchlens.capture.tree import flatten
+from torchlens.capture.walk import named_modules, owned_tensors
 from torchlens.recording import OpView
 from torchlens.replay.tolerances import comparable
 from torchlens.selectors import where
@@ -317,11 +318,8 @@ class NonFiniteMode(RecordMode):
                 labels[id(tensor)] = f"input_{len(labels) + 1}"
         owned: dict[int, str] = {}
         if isinstance(self.model, nn.Module):
-            for prefix, module in self.model.named_modules():
-                for members in (module._parameters, module._buffers):
-                    for attr, tensor in members.items():
-                        if tensor is not None and id(tensor) not in owned:
-                            owned[id(tensor)] = f"{prefix}.{attr}" if prefix else attr
+            walk = owned_tensors(named_modules(self.model))
+            owned = {key: address for key, (_, address, _) in walk.items()}
         return {**owned, **labels}  # an input that is also a parameter is an input
 
     @staticmethod
