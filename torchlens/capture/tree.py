@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ArgSlot", "flatten", "flatten_call", "fill"]
+__all__ = ["ATOMS", "ArgSlot", "flatten", "flatten_call", "fill"]
 
 Tensor = torch.Tensor
 Parameter = torch.nn.Parameter
@@ -64,7 +64,7 @@ def flatten_call(args: tuple, kwargs: dict) -> tuple[list[tuple[str, Tensor]], t
     template: list[Any] = []
     for i, arg in enumerate(args):  # the common flat case inline; anything nested is walked
         kind = type(arg)
-        if kind in _ATOMS:
+        if kind in ATOMS:
             template.append(arg)
         elif kind is Tensor or kind is Parameter:
             template.append(_slot(len(leaves)))
@@ -74,7 +74,7 @@ def flatten_call(args: tuple, kwargs: dict) -> tuple[list[tuple[str, Tensor]], t
     if not kwargs:
         return leaves, tuple(template), {}
     for value in kwargs.values():
-        if type(value) not in _ATOMS:
+        if type(value) not in ATOMS:
             break
     else:  # flags such as inplace=False: nothing to walk
         return leaves, tuple(template), dict(kwargs)
@@ -84,7 +84,7 @@ def flatten_call(args: tuple, kwargs: dict) -> tuple[list[tuple[str, Tensor]], t
 
 # Argument types that never hold a tensor: returned as they are, without a walk (the
 # common case of every call's ints, dtypes and sizes, so it is checked first).
-_ATOMS = frozenset({
+ATOMS = frozenset({
     int, float, bool, complex, str, type(None), type(Ellipsis), slice,
     torch.dtype, torch.device, torch.Size, torch.memory_format, torch.layout,
 })  # fmt: skip
@@ -92,14 +92,14 @@ _ATOMS = frozenset({
 
 def _walk(obj: Any, path: str, leaves: list[tuple[str, Tensor]]) -> Any:
     kind = type(obj)
-    if kind in _ATOMS:
+    if kind in ATOMS:
         return obj
     if isinstance(obj, Tensor):
         leaves.append((path, obj))
         return _slot(len(leaves) - 1)
     if kind is tuple or kind is list:
         for item in obj:
-            if type(item) not in _ATOMS:
+            if type(item) not in ATOMS:
                 break
         else:  # sizes, dims, flags: nothing to walk (a list is copied, tuples are immutable)
             return obj if kind is tuple else list(obj)
@@ -132,7 +132,7 @@ def _fill(template: Any, values: Sequence[Any]) -> Any:
     kind = type(template)
     if kind is ArgSlot:
         return values[template.index]
-    if kind in _ATOMS:
+    if kind in ATOMS:
         return template
     if kind is tuple:
         return tuple([_fill(item, values) for item in template])

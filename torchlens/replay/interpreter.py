@@ -24,7 +24,7 @@ from torchlens.capture import rng
 from torchlens.capture.autocast import autocast_applied
 from torchlens.capture.controls import reapply
 from torchlens.capture.special import SPECIAL_OUTPUTS
-from torchlens.capture.tree import ArgSlot, fill, flatten
+from torchlens.capture.tree import ATOMS, ArgSlot, fill, flatten
 from torchlens.errors import PayloadUnavailableError
 from torchlens.replay.edges import EdgeProver
 from torchlens.replay.exemptions import VALUE_EXEMPT, may_write_arguments
@@ -142,12 +142,6 @@ class Interpreter:
 
 Filler = Callable[[list[Tensor]], Any]
 
-# Argument types a template holds as they are (no tensor inside): see capture.tree.
-_LEAVES = frozenset({
-    int, float, bool, complex, str, type(None), type(Ellipsis), slice,
-    torch.dtype, torch.device, torch.memory_format, torch.layout,
-})  # fmt: skip
-
 
 def _filler(template: Any) -> Filler:
     """``values -> fill(template, values)``; a flat tuple or dict of tensors and plain values
@@ -163,7 +157,7 @@ def _filler(template: Any) -> Filler:
     for key, item in items:
         if type(item) is ArgSlot:
             slots.append((key, item.index))
-        elif type(item) not in _LEAVES:  # nested: the general walk
+        elif type(item) not in ATOMS:  # nested: the general walk
             return lambda values: fill(template, values)
     if not slots:
         return lambda values: template

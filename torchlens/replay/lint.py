@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from torchlens.capture.tree import ArgSlot
+from torchlens.capture.tree import ATOMS, ArgSlot
 
 __all__ = ["lint"]
 
@@ -153,7 +153,7 @@ def _slot_indices(template: Any) -> list[int]:
     return found
 
 
-_FLAT = (ArgSlot, int, float, bool, str, type(None))  # items that hold no nested slot
+_FLAT = ATOMS | {ArgSlot}  # items that hold no nested slot
 
 
 def _call_slots(args: tuple, kwargs: dict) -> list[int]:
