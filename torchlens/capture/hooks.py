@@ -44,16 +44,18 @@ def install_module_hooks(model: Any, builder: TraceBuilder) -> list[RemovableHan
     """Register the module hooks for ``model``'s submodules; returns their handles.
 
     A submodule with hooks of its own gets a pair of hooks of its own too, registered after
-    the model's: ops that its pre-hooks and forward hooks run then fall inside its call, and
-    the call returns what those hooks made of the output. Every other submodule is served
-    by the two global hooks.
+    its hooks: ops that its pre-hooks run fall before its call, those of its forward hooks
+    inside it, and the call returns what those hooks made of the output. So does a
+    submodule whose ``forward`` takes more than one input, whose keyword arguments the
+    global pre-hook would not see (see the module docstring). Every other submodule is
+    served by the two global hooks.
     """
     if not isinstance(model, nn.Module):
         return []
     hooks = _ModuleHooks(builder)
     handles: list[RemovableHandle] = []
     try:
-        for module in hooks.hooked.values():
+        for module in hooks.hooked:
             handles.append(module.register_forward_pre_hook(hooks.enter_own, with_kwargs=True))
             handles.append(
                 module.register_forward_hook(hooks.exit_own, with_kwargs=True, always_call=True)
@@ -73,13 +75,13 @@ class _ModuleHooks:
     def __init__(self, builder: TraceBuilder) -> None:
         self.builder = builder
         self.addresses: dict[int, str] = {}  # modules served by the global hooks
-        self.hooked: dict[int, nn.Module] = {}  # modules with hooks of their own
-        self.own_addresses: dict[int, str] = {}
+        self.hooked: list[nn.Module] = []  # modules given hooks of their own
+        self.own_addresses: dict[int, str] = {}  # their addresses
         for address, module in builder.named_modules:
             if not address:  # the root's own call is the trace itself
                 continue
             if module._forward_pre_hooks or module._forward_hooks or _takes_more(type(module)):
-                self.hooked[id(module)] = module
+                self.hooked.append(module)
                 self.own_addresses[id(module)] = address
             else:
                 self.addresses[id(module)] = address
@@ -135,7 +137,6 @@ def _takes_more(cls: type) -> bool:
         try:
             parameters = list(inspect.signature(cls.forward).parameters.values())
         except (TypeError, ValueError):  # no readable signature: assume it may
-            parameters = []
             known = True
         else:
             positional = [p for p in parameters if p.kind in _POSITIONAL]
