@@ -177,11 +177,14 @@ class TraceBuilder:
         # its end by the labels they held at its start (see exit_module)
         self._live[key] = (weakref.ref(tensor), label, version, self._call_count, before)
 
-    def _current_label(self, tensor: Tensor) -> str | None:
+    def _entry(self, tensor: Tensor) -> tuple | None:
+        """``tensor``'s identity entry, or None (unseen, or its id reused by another)."""
         entry = self._live.get(id(tensor))
-        if entry is None or entry[0]() is not tensor:
-            return None
-        return entry[1]
+        return entry if entry is not None and entry[0]() is tensor else None
+
+    def _current_label(self, tensor: Tensor) -> str | None:
+        entry = self._entry(tensor)
+        return None if entry is None else entry[1]
 
     def label_of(self, tensor: Tensor) -> str:
         """The label of the record holding ``tensor``'s current value, creating a source
@@ -387,8 +390,8 @@ class TraceBuilder:
         """The label ``tensor`` held when call count ``start`` was reached: the entry
         before every relabelling since (an in-place write, a refresh). A tensor first seen
         since is a source, named the same either way."""
-        entry = self._live.get(id(tensor))
-        if entry is None or entry[0]() is not tensor:
+        entry = self._entry(tensor)
+        if entry is None:
             return self.label_of(tensor)
         latest = entry
         while entry[3] > start and entry[4] is not None:
