@@ -85,10 +85,11 @@ class EdgeProver:
         slots: dict[str, list[int]] = {}
         for i, ref in enumerate(head.parent_args):
             slots.setdefault(ref.label, []).append(i)
+        empty = all(out.numel() == 0 for out in outputs)
         decided = {
             label: verdict
             for label, indices in slots.items()
-            if (verdict := self._without_calls(head, label, indices, values, outputs))
+            if (verdict := self._without_calls(head, label, indices, values, outputs, empty))
         }
         pending = [(label, indices) for label, indices in slots.items() if label not in decided]
         if not pending:
@@ -116,15 +117,15 @@ class EdgeProver:
         for op in ops:
             self.runner.findings.perturbed(op.label, verdicts)
 
-    def _without_calls(self, head, label, indices, values, outputs) -> Verdict | None:
-        """The verdict when no call is needed: an exemption, nothing in the output, or an
-        output that is the parent's own memory, reordered at most."""
+    def _without_calls(self, head, label, indices, values, outputs, empty) -> Verdict | None:
+        """The verdict when no call is needed: an exemption, nothing in the output
+        (``empty``), or an output that is the parent's own memory, reordered at most."""
         positions = [head.parent_args[i].position for i in indices]
         parent = values[indices[0]]
         reason = parent_kind_reason(parent) or exempt_reason(head, positions)
         if reason:
             return "exempt", f"{label}: {reason}"
-        if all(out.numel() == 0 for out in outputs):
+        if empty:
             return "exempt", f"{label}: the output has zero elements"
         if any(same_elements(out, parent) for out in outputs):
             return "verified", label
@@ -187,7 +188,10 @@ class EdgeProver:
         trial.ran = trial.ran or full
         if len(outputs) != len(baselines):
             return True
-        return any(base.moved(out) for out, base in zip(outputs, baselines))
+        for out, base in zip(outputs, baselines):
+            if base.moved(out):
+                return True
+        return False
 
     def baselines(self, outputs: list[Tensor]) -> list[Baseline]:
         """What probed outputs are compared with (see :class:`Baseline`)."""

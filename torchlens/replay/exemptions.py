@@ -317,7 +317,9 @@ def exempt_reason(op: Any, positions: list[str]) -> str | None:
 
     A parent is exempt only when every position it feeds is exempt.
     """
-    if all(p == "out" or p.startswith("out.") for p in positions):
+    if positions[0].startswith("out") and all(
+        p == "out" or p.startswith("out.") for p in positions
+    ):
         return OUT_TARGET
     entry = PERTURBATION_EXEMPT.get(op.func_name)
     if entry is None or (entry.when is not None and not entry.when(op)):

@@ -213,7 +213,10 @@ class Checker(Interpreter):
         self.findings = findings
         self.atol, self.rtol = atol, rtol
         self.edges = EdgeProver(self)
-        self._kinds: dict[int, tuple[Any, str]] = {}  # id(op) -> (op, how run_call runs it)
+        # whether any op was edited by intervene= (reapply has nothing to do otherwise)
+        self._edited = any(op.meta.get("intervened") for op in trace.ops)
+        # id(op) -> (op, how run_call runs it, the closure running a plain call)
+        self._kinds: dict[int, tuple[Any, str, Any]] = {}
 
     def run(self) -> None:
         """Check every call; the caller's RNG state is put back once, at the end."""
@@ -226,13 +229,36 @@ class Checker(Interpreter):
         (except those at ``skip``, fresh values already), so saved values stay as saved."""
         known = self._kinds.get(id(op))
         if known is None:  # the op is held, so its id is not reused while this runs
-            known = self._kinds[id(op)] = (op, _call_kind(op))
+            kind = _call_kind(op)
+            plain = self._plain_call(op) if kind == "plain" else None
+            known = self._kinds[id(op)] = (op, kind, plain)
+        plain = known[2]
+        if plain is not None:  # most calls: straight to the function
+            return plain(values)
         kind = known[1]
-        if kind == "plain":  # most calls: straight to the function
-            return self.execute_call(op, values)
         if kind == "copies":
             values = [v if i in skip else v.clone() for i, v in enumerate(values)]
         return self.execute(op, values)
+
+    def _plain_call(self, op: Any) -> Callable[[list[Tensor]], list[Tensor]]:
+        """:meth:`execute_call` of one op as a closure, its per-op lookups made once: the
+        perturbation arm runs most calls several times."""
+        func, special = op.func, SPECIAL_OUTPUTS.get(op.func_name)
+        _, fill_args, fill_kwargs = self._fillers.get(id(op)) or (
+            op,
+            _filler(op.args_template),
+            _filler(op.kwargs_template),
+        )
+
+        def run(values: list[Tensor]) -> list[Tensor]:
+            args = fill_args(values)
+            result = func(*args, **fill_kwargs(values))
+            if special is None and type(result) is Tensor:  # the common case, without a walk
+                return [result]
+            outputs = special(args, result) if special else flatten(result)[0]
+            return [tensor for _, tensor in outputs]
+
+        return run
 
     def execute_stochastic(self, op: Any, values: list[Tensor]) -> list[Tensor]:
         rng.restore(op.rng_state)  # no need to save the state between calls: see run()
@@ -244,7 +270,8 @@ class Checker(Interpreter):
         try:
             values = self.parent_values(head)
             baseline = self.run_call(head, values)
-            edited = reapply(self.trace, ops, baseline)  # intervene= edits, as captured
+            # intervene= edits, as captured
+            edited = reapply(self.trace, ops, baseline) if self._edited else baseline
         except (PayloadUnavailableError, Unreplayable) as err:
             for op in ops:
                 record.unchecked(op.label, "replay", f"could not replay: {err}")

@@ -248,7 +248,7 @@ def same_elements(a: Tensor, b: Tensor) -> bool:
         return False
     if a.dtype != b.dtype or a.numel() == 0 or a.numel() != b.numel():
         return False
-    if a.device != b.device or a.data_ptr() != b.data_ptr():
+    if a.data_ptr() != b.data_ptr() or a.device != b.device:  # the cheaper test first
         return False
     if a.is_contiguous() and b.is_contiguous():
         return True
@@ -262,6 +262,17 @@ def _layout(t: Tensor) -> list[tuple[int, int]]:
 _NUMPY_FLOATS = frozenset({torch.float32, torch.float64})
 
 
+_RELATIVE_BOUNDS: dict[torch.dtype, float] = {}
+
+
+def _relative_bound(dtype: torch.dtype) -> float:
+    """``4 * eps`` of a floating dtype (cached: ``torch.finfo`` is slow to ask)."""
+    bound = _RELATIVE_BOUNDS.get(dtype)
+    if bound is None:
+        bound = _RELATIVE_BOUNDS[dtype] = 4 * torch.finfo(dtype).eps
+    return bound
+
+
 class Baseline:
     """An unperturbed output, against which probed outputs are judged moved or not.
 
@@ -273,15 +284,16 @@ class Baseline:
     Integer, boolean and quantized outputs move when any element changes.
     """
 
-    __slots__ = ("shape", "dtype", "value", "_rel", "_bound", "_first")
+    __slots__ = ("shape", "dtype", "value", "_rel", "_empty", "_bound", "_first")
 
     def __init__(self, value: Tensor) -> None:
         self.shape, self.dtype = value.shape, value.dtype
         self.value = comparable(value)
         wide = self.value.is_floating_point()
-        self._rel = 4 * torch.finfo(self.value.dtype).eps if wide else 0.0
+        self._rel = _relative_bound(self.value.dtype) if wide else 0.0
         if self.value.dtype in (torch.float16, torch.bfloat16):
             self.value = self.value.float()
+        self._empty = self.value.numel() == 0
         self._bound: float | None = None
         self._first: tuple | bool | None = None  # see _first_element, made on first use
 
@@ -289,9 +301,9 @@ class Baseline:
         """Whether ``other`` (the output of a probed call) differs from this baseline."""
         if other.shape != self.shape or other.dtype != self.dtype:
             return True
-        b = self.value
-        if b.numel() == 0:
+        if self._empty:
             return False
+        b = self.value
         a = comparable(other)
         if not self._rel:
             return not torch.equal(a, b)
@@ -317,18 +329,21 @@ class Baseline:
             self._first = self._first_element()
         if self._first is False or type(a) is not Tensor or not a.is_cpu or a.is_neg():
             return False
-        base, y, threshold = self._first
+        base, y, threshold, clear = self._first
         x = a.numpy().item(0)  # a Python float, exact
         if not math.isfinite(x):
             return False  # left to the full test
         if x * y < 0:  # opposite signs: |a - b| > |b| > 4 * eps * |b|, rounded or not
             return True
+        if abs(x - y) > clear:  # twice the bound in doubles: no rounding can undo that
+            return True
         # same sign (no overflow): the elementwise test's own arithmetic, in the dtype
         return bool(abs(type(base)(x) - base) > threshold)
 
     def _first_element(self) -> tuple | bool:
-        """``(b, float(b), 4 * eps * |b|)`` of the first element, ``b`` and the bound as
-        numpy scalars of the dtype; False when the shortcut does not apply."""
+        """``(b, float(b), 4 * eps * |b|, 8 * eps * |b|)`` of the first element, ``b`` and
+        the first bound as numpy scalars of the dtype, the second a float; False when the
+        shortcut does not apply."""
         b = self.value
         if type(b) is not Tensor or not b.is_cpu or b.dtype not in _NUMPY_FLOATS or b.is_neg():
             return False
@@ -336,7 +351,7 @@ class Baseline:
         y = float(base)
         if not math.isfinite(y):
             return False
-        return base, y, type(base)(self._rel) * abs(base)
+        return base, y, type(base)(self._rel) * abs(base), 2 * self._rel * abs(y)
 
     @property
     def silent(self) -> bool:

@@ -58,13 +58,18 @@ def mismatch(
         return f"shape {tuple(actual.shape)} but recorded {tuple(expected.shape)}"
     if actual.dtype != expected.dtype:
         return f"dtype {actual.dtype} but recorded {expected.dtype}"
-    if actual.device != expected.device:
-        expected = expected.to(actual.device)
-    if _same_memory(actual, expected):  # a view or an alias of the saved value itself
-        return None
-    a, e = comparable(actual), comparable(expected)
-    if equal(a, e):  # the common case, in one pass
-        return None
+    if _plain_cpu(actual) and _plain_cpu(expected):  # the usual values: fewer checks
+        if _same_memory(actual, expected) or _equal_plain(actual, expected):
+            return None
+        a, e = actual.detach(), expected.detach()  # what comparable() makes of them
+    else:
+        if actual.device != expected.device:
+            expected = expected.to(actual.device)
+        if _same_memory(actual, expected):  # a view or an alias of the saved value itself
+            return None
+        a, e = comparable(actual), comparable(expected)
+        if equal(a, e):  # the common case, in one pass
+            return None
     rtol_, atol_ = tolerance(actual.dtype, atol, rtol)
     bad = ~_close(a, e, rtol_, atol_)
     if not bool(bad.any()):
@@ -122,6 +127,22 @@ def equal(a: torch.Tensor, b: torch.Tensor) -> bool:
         and b.device.type == "cpu"
         and not (a.requires_grad or b.requires_grad or a.is_neg() or b.is_neg())
     ):
+        return bool((a.numpy() == b.numpy()).all())
+    return torch.equal(a, b)
+
+
+def _plain_cpu(t: torch.Tensor) -> bool:
+    """A dense CPU tensor of a plain class and a dtype :func:`equal` may hand to numpy
+    (none complex or quantized): :func:`comparable` would only detach it."""
+    return type(t) in _PLAIN and t.is_cpu and t.dtype in _NUMPY_EQUAL and t.layout == torch.strided
+
+
+def _equal_plain(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """:func:`equal` of two :func:`_plain_cpu` values of one shape and dtype, as
+    ``equal(comparable(a), comparable(b))`` decides it."""
+    if a.numel() >= _NUMPY_MIN_ELEMENTS and not (a.is_neg() or b.is_neg()):
+        a = a.detach() if a.requires_grad else a
+        b = b.detach() if b.requires_grad else b
         return bool((a.numpy() == b.numpy()).all())
     return torch.equal(a, b)
 
