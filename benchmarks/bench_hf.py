@@ -9,7 +9,9 @@ sizes: ``small`` (default; hidden 256, 2 layers, 128 tokens, batch 2, so a forwa
 arithmetic and takes milliseconds) and ``tiny`` (the zoo's hidden 32 and 8 tokens, where
 almost every microsecond is per-op overhead).
 
-Per model, on one thread unless ``--threads`` says otherwise: the number of ops, a plain
+Per model, on one thread unless ``--threads`` says otherwise, timed by the thread's CPU
+time unless ``--clock wall`` says otherwise (time spent descheduled on a shared machine is
+then not counted): the number of ops, a plain
 forward's median ms, ``tl.trace`` as a ratio to the forward and as microseconds of capture
 per op, ``tl.validate`` as a ratio, and the state ``tl.replay`` reports (it should be
 ``passed``). Forward, trace and validate run in turn in every round; a ratio (and the
@@ -20,7 +22,7 @@ most 4x. Missing them exits 1 only with ``--strict``. Without ``transformers`` t
 prints a skip line and exits 0.
 
 Run: ``python benchmarks/bench_hf.py [--repeats N] [--models gpt2 llama ...]
-[--size small|tiny] [--attn sdpa|eager] [--threads N] [--strict]``.
+[--size small|tiny] [--attn sdpa|eager] [--threads N] [--clock thread|wall] [--strict]``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,7 +153,9 @@ def build(name: str, size: Size, attn: str) -> tuple[torch.nn.Module, tuple, dic
     return (model, *_inputs(kind, size))
 
 
-def bench(name: str, size: Size, attn: str, repeats: int) -> dict[str, Any]:
+def bench(
+    name: str, size: Size, attn: str, repeats: int, clock: Any = time.thread_time
+) -> dict[str, Any]:
     """One model's row: ops, forward ms, trace ratio and us/op, validate ratio, state."""
     model, args, kwargs = build(name, size, attn)
     ops = len(tl.trace(model, args, kwargs))
@@ -163,6 +168,7 @@ def bench(name: str, size: Size, attn: str, repeats: int) -> dict[str, Any]:
         },
         repeats=repeats,
         warmup=1,
+        clock=clock,
     )
     rounds = list(zip(times["forward"], times["trace"], times["validate"]))
     return {
@@ -186,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
         "--attn", choices=("sdpa", "eager"), default="sdpa", help="sdpa: transformers' default"
     )
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument(
+        "--clock", choices=("thread", "wall"), default="thread", help="thread CPU or wall time"
+    )
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     opts = parser.parse_args(argv)
     try:
@@ -198,14 +207,15 @@ def main(argv: list[str] | None = None) -> int:
     transformers.logging.set_verbosity_error()
     size = SIZES[opts.size]
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, size "
-          f"{opts.size}, attention {opts.attn}, {opts.threads} thread(s), {opts.repeats} "
-          "rounds")  # fmt: skip
+          f"{opts.size}, attention {opts.attn}, {opts.threads} thread(s), {opts.clock} clock, "
+          f"{opts.repeats} rounds")  # fmt: skip
     header = ("model", "ops", "forward ms", "trace x", "us/op", "validate x", "state")
     print("{:<13}{:>6}{:>12}{:>9}{:>8}{:>12}  {}".format(*header))
     rows = []
     for name in opts.models:
         try:
-            row = bench(name, size, opts.attn, opts.repeats)
+            clock = time.thread_time if opts.clock == "thread" else time.perf_counter
+            row = bench(name, size, opts.attn, opts.repeats, clock)
         except Exception as error:  # noqa: BLE001 - reported, the others still run
             print(f"{name:<13}not timed: {type(error).__name__}: {error}".splitlines()[0])
             continue
