@@ -509,8 +509,86 @@ def test_hooks_removed_after_success():
     tl.trace(model, torch.randn(1, 4))
     for module in model.modules():
         assert not module._forward_hooks and not module._forward_pre_hooks
+        assert "forward" not in module.__dict__  # the capture's forward wrapper is gone
     assert not module_hooks._global_forward_hooks
     assert not module_hooks._global_forward_pre_hooks
+
+
+def test_forward_wrappers_removed_after_an_exception_and_a_halt():
+    model = Explodes()
+    with pytest.raises(ValueError, match="boom"):
+        tl.trace(model, torch.randn(1, 2))
+    tl.trace(tutorial_model(), torch.randn(1, 4), stop_after=tl.func("relu"))
+    tl.record(model.fc, torch.randn(1, 2))
+    for module in model.modules():
+        assert "forward" not in module.__dict__
+
+
+def test_an_instance_forward_of_the_models_own_is_followed_and_put_back():
+    """A submodule whose ``forward`` was set on the instance (patched by the user or by a
+    library) is still a module call, and keeps its own forward afterwards."""
+    model = tutorial_model()
+    patched = model[1]
+
+    def doubled_relu(x):
+        return torch.relu(x) * 2
+
+    patched.forward = doubled_relu
+    trace = tl.trace(model, torch.randn(1, 4))
+    assert patched.__dict__["forward"] is doubled_relu
+    call = trace.modules["1:1"]
+    assert [trace[label].func_name for label in call.ops] == ["relu", "mul"]
+    assert call.outputs == ("mul_1",)
+
+
+def test_a_forward_replaced_during_the_capture_is_left_as_replaced():
+    """The model's own assignment wins over the capture's wrapper, during and after it."""
+
+    class Replaces(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = tutorial_model()
+
+        def forward(self, x):
+            self.inner[1].forward = torch.tanh
+            return self.inner(x)
+
+    model = Replaces()
+    trace = tl.trace(model, torch.randn(1, 4))
+    assert model.inner[1].__dict__["forward"] is torch.tanh
+    assert [op.func_name for op in trace.ops] == ["linear", "tanh", "linear"]
+    assert [c.address for c in trace.modules] == ["", "inner", "inner.0", "inner.2"]
+
+
+def test_the_signature_of_a_wrapped_forward_is_the_modules_own():
+    import inspect
+
+    seen = []
+
+    class Asks(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = _Scaled()
+
+        def forward(self, x):
+            seen.append(list(inspect.signature(self.inner.forward).parameters))
+            return self.inner(x, scale=torch.ones(3))
+
+    tl.trace(Asks(), torch.randn(3))
+    assert seen == [["x", "scale"]]
+
+
+def test_a_submodule_called_through_its_forward_is_a_module_call():
+    class Direct(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(2, 2)
+
+        def forward(self, x):
+            return self.fc.forward(x)
+
+    trace = tl.trace(Direct(), torch.randn(1, 2))
+    assert trace.modules["fc:1"].ops == ("linear_1",)
 
 
 class _Scaled(nn.Module):
@@ -532,8 +610,8 @@ class _KeywordCaller(nn.Module):
 
 
 def test_keyword_inputs_of_a_module_call_are_named_as_they_were_when_it_began():
-    """A module whose forward takes keywords has hooks of its own that see them as the
-    call begins: named by the label they held then, even when the call writes into them."""
+    """A module's wrapped forward sees its keyword arguments as the call begins: named by
+    the label they held then, even when the call writes into them."""
     trace = tl.trace(_KeywordCaller(), (torch.randn(3), torch.randn(3)))
     call = trace.modules["inner:1"]
     assert call.inputs == ("input_1", "add_1")  # positional first, then keyword
@@ -549,9 +627,8 @@ class _OneInput(nn.Module):
 
 
 def test_a_one_input_module_called_by_keyword_names_its_input_as_it_began():
-    """One-input modules are served by the global hooks, whose pre-hook is not given
-    keywords: ``module(x=t)`` has its input read when the call returns, under the label
-    it held when the call began, though the call wrote into it."""
+    """``module(x=t)``: the input given by keyword is named by the label it held when the
+    call began, though the call wrote into it."""
 
     class Caller(nn.Module):
         def __init__(self):

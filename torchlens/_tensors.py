@@ -16,13 +16,27 @@ def version_of(tensor: torch.Tensor) -> int | None:
         return None
 
 
-def storage_key(tensor: torch.Tensor) -> tuple[torch.device, int] | None:
-    """What identifies the memory a tensor lives in (views of it share the key); ``None``
-    for tensors without a plain storage (sparse, nested, meta, functional)."""
+def storage_key(tensor: torch.Tensor) -> int | None:
+    """What identifies the storage a tensor lives in (views of it share the key; so do its
+    values after a ``resize_`` moved them); ``None`` for tensors without a plain storage
+    (sparse, nested, functional).
+
+    It is the address of torch's storage object, read without making a Python storage
+    object (``untyped_storage()`` makes one per tensor, kept alive with the tensor: on
+    the capture's path, a third of this call and an object per op for the collector).
+    """
     try:
-        return (tensor.device, tensor.untyped_storage().data_ptr())
+        return _storage_address(tensor)
     except (RuntimeError, NotImplementedError):
         return None
+
+
+def _untyped_storage_address(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage()._cdata  # the same address, through the storage object
+
+
+# private to torch, present since 2.0; the public route where it is gone
+_storage_address = getattr(torch._C, "_storage_address", _untyped_storage_address)
 
 
 def geometry_end(geometry: tuple) -> int:

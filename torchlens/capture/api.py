@@ -17,7 +17,7 @@ from torchlens.capture.controls import Controls, trace_candidates
 from torchlens.capture.failures import attach_partial_trace
 from torchlens.capture.grads import GradCapture
 from torchlens.capture.refusals import check_traceable
-from torchlens.capture.session import CaptureSession
+from torchlens.capture.session import CaptureSession, collector_paused
 from torchlens.capture.sinks import open_stream_sink
 from torchlens.capture.source import make_source_hook
 from torchlens.capture.tree import flatten
@@ -162,49 +162,52 @@ def trace(
     modules = named_modules(model) if isinstance(model, torch.nn.Module) else None
     check_traceable(model, modules)
     args, kwargs = normalize_call(args, kwargs, model)
-    sink = open_stream_sink(stream_to) if stream_to is not None else None
-    controls = Controls(save, intervene, stop_after, structure_only=structure_only)
-    builder = TraceBuilder(
-        save_payloads=not structure_only, sink=sink, payload_filter=controls.save_filter()
-    )
-    builder.register_model(model, modules)
-    grads = GradCapture(builder.payload_filter) if save_grads else None
-    if grads is not None:
-        builder.observers.append(grads.observe)
-        if sink is not None:
-            grads.sinks.append(sink.write_grads)
-    arg_leaves, kwarg_leaves = flatten(args)[0], flatten(kwargs)[0]
-    for path, tensor in arg_leaves:
-        builder.add_input(_input_path(path, positional=True), tensor)
-    for path, tensor in kwarg_leaves:
-        builder.add_input(_input_path(path, positional=False), tensor)
-    rng_state = rng.snapshot()
-    output = None
-    hooks = ((make_source_hook(),) if source else ()) + controls.hooks(builder)
-    try:
-        with controls.halting(model), CaptureSession(model, builder, hooks):
-            output = model(*args, **kwargs)
-    except Exception as err:  # the model's own error: it carries what ran before it
-        attach_partial_trace(
-            err, builder, _type_name(model), rng_state, _meta(model, controls, structure_only)
+    with collector_paused():  # the whole capture, up to the frozen trace (see there)
+        sink = open_stream_sink(stream_to) if stream_to is not None else None
+        controls = Controls(save, intervene, stop_after, structure_only=structure_only)
+        builder = TraceBuilder(
+            save_payloads=not structure_only, sink=sink, payload_filter=controls.save_filter()
         )
-        raise
-    out_tensors = [t for _, t in flatten(output)[0]]
-    meta = _meta(model, controls, structure_only)
-    result = builder.finish(
-        _type_name(model),
-        output,
-        out_tensors,
-        rng_state=rng_state,
-        meta=meta,
-        keep_safe=[t for _, t in arg_leaves + kwarg_leaves] + out_tensors + builder.model_buffers,
-    )
-    if grads is not None:
-        grads.attach(result)
-    if sink is not None:
-        sink.close(result)
-    controls.check(lambda: trace_candidates(result))
-    return result
+        builder.register_model(model, modules)
+        grads = GradCapture(builder.payload_filter) if save_grads else None
+        if grads is not None:
+            builder.observers.append(grads.observe)
+            if sink is not None:
+                grads.sinks.append(sink.write_grads)
+        arg_leaves, kwarg_leaves = flatten(args)[0], flatten(kwargs)[0]
+        for path, tensor in arg_leaves:
+            builder.add_input(_input_path(path, positional=True), tensor)
+        for path, tensor in kwarg_leaves:
+            builder.add_input(_input_path(path, positional=False), tensor)
+        rng_state = rng.snapshot()
+        output = None
+        hooks = ((make_source_hook(),) if source else ()) + controls.hooks(builder)
+        try:
+            with controls.halting(model), CaptureSession(model, builder, hooks):
+                output = model(*args, **kwargs)
+        except Exception as err:  # the model's own error: it carries what ran before it
+            attach_partial_trace(
+                err, builder, _type_name(model), rng_state, _meta(model, controls, structure_only)
+            )
+            raise
+        out_tensors = [t for _, t in flatten(output)[0]]
+        meta = _meta(model, controls, structure_only)
+        result = builder.finish(
+            _type_name(model),
+            output,
+            out_tensors,
+            rng_state=rng_state,
+            meta=meta,
+            keep_safe=[t for _, t in arg_leaves + kwarg_leaves]
+            + out_tensors
+            + builder.model_buffers,
+        )
+        if grads is not None:
+            grads.attach(result)
+        if sink is not None:
+            sink.close(result)
+        controls.check(lambda: trace_candidates(result))
+        return result
 
 
 def _meta(model: Any, controls: Controls, structure_only: bool) -> dict[str, Any]:

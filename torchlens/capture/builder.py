@@ -109,8 +109,7 @@ class TraceBuilder:
         self.input_labels: list[str] = []
         self._records: dict[str, Op | Source] = {}
         # id(tensor) -> (weak reference, label of its current value, version at that time,
-        # call count at that time: writes into its storage after it are what a refresh redoes,
-        # the entry it replaced or None)
+        # call count at that time: writes into its storage after it are what a refresh redoes)
         self._live: dict[int, tuple] = {}
         self._owned: dict[int, tuple[str, str, Tensor]] = {}  # id -> (kind, address, tensor)
         self._name_counts: dict[str, int] = defaultdict(int)
@@ -119,7 +118,7 @@ class TraceBuilder:
         self._writers: dict[tuple[torch.device, int], list[tuple[int, str]]] = defaultdict(list)
         self._call_count = 0
         self._module_call_counts: dict[int | str, int] = {}
-        self._open_calls: list[tuple[ModuleCall, int]] = []  # with the call count at entry
+        self._open_calls: list[ModuleCall] = []
         self._frames: tuple[tuple[str, int], ...] = ()  # module_stack as a tuple
 
     # -- sources --------------------------------------------------------------------------
@@ -165,26 +164,17 @@ class TraceBuilder:
     # -- identity -------------------------------------------------------------------------
     def _remember(self, tensor: Tensor, label: str) -> None:
         key = id(tensor)
-        before = self._live.get(key)
-        if before is not None and before[0]() is not tensor:  # an id reused by a new tensor
-            before = None
         version = version_of(tensor)
         if self.observers:
-            same = before is not None and before[2] == version
+            before = self._live.get(key)
+            same = before is not None and before[0]() is tensor and before[2] == version
             for observe in self.observers:
                 observe(self._records[label], tensor, before[1] if same else None)
-        # the entry it replaces stays linked: a module call's keyword inputs are named at
-        # its end by the labels they held at its start (see exit_module)
-        self._live[key] = (weakref.ref(tensor), label, version, self._call_count, before)
-
-    def _entry(self, tensor: Tensor) -> tuple | None:
-        """``tensor``'s identity entry, or None (unseen, or its id reused by another)."""
-        entry = self._live.get(id(tensor))
-        return entry if entry is not None and entry[0]() is tensor else None
+        self._live[key] = (weakref.ref(tensor), label, version, self._call_count)
 
     def _current_label(self, tensor: Tensor) -> str | None:
-        entry = self._entry(tensor)
-        return None if entry is None else entry[1]
+        entry = self._live.get(id(tensor))
+        return entry[1] if entry is not None and entry[0]() is tensor else None
 
     def label_of(self, tensor: Tensor) -> str:
         """The label of the record holding ``tensor``'s current value, creating a source
@@ -335,10 +325,13 @@ class TraceBuilder:
             self._save(key, value, copy=False)
 
     def _save(self, label: str, tensor: Tensor, copy: bool) -> None:
-        value = tensor.detach()
         if self.sink is not None:  # written now, so later in-place writes cannot reach it
-            self.sink.put(label, value)
+            self.sink.put(label, tensor.detach())
             return
+        # the tensor itself where it holds no autograd graph (no_grad, integer values):
+        # detaching makes an alias object, the dearest step of keeping a value
+        plain = type(tensor) is Tensor and not tensor.requires_grad
+        value = tensor if plain else tensor.detach()
         key = None if copy else storage_key(value)
         if key is None:
             value = value.clone()
@@ -366,39 +359,17 @@ class TraceBuilder:
         self.module_stack.append((call.address, call.call_index))
         self._frames = tuple(self.module_stack)
         self.module_calls.append(call)
-        self._open_calls.append((call, self._call_count))
+        self._open_calls.append(call)
 
-    def exit_module(
-        self, outputs: Iterable[Tensor], late_inputs: Iterable[Tensor] = ()
-    ) -> ModuleCall | None:
-        """A module's forward returned: pop it and note what it returned; returns the call.
-
-        ``late_inputs`` are inputs seen only now (keyword arguments, which a global
-        pre-hook is not given): each is named by the label it held when the call began.
-        """
+    def exit_module(self, outputs: Iterable[Tensor]) -> ModuleCall | None:
+        """A module's forward returned: pop it and note what it returned; returns the call."""
         if not self._open_calls:
             return None
-        call, start = self._open_calls.pop()
+        call = self._open_calls.pop()
         self.module_stack.pop()
         self._frames = tuple(self.module_stack)
-        if late_inputs:
-            call.inputs = call.inputs + tuple([self._label_at(t, start) for t in late_inputs])
         call.outputs = tuple([self.label_of(t) for t in outputs])
         return call
-
-    def _label_at(self, tensor: Tensor, start: int) -> str:
-        """The label ``tensor`` held when call count ``start`` was reached: the entry
-        before every relabelling since (an in-place write, a refresh). A tensor first seen
-        since is a source, named the same either way."""
-        entry = self._entry(tensor)
-        if entry is None:
-            return self.label_of(tensor)
-        latest = entry
-        while entry[3] > start and entry[4] is not None:
-            entry = entry[4]
-        if entry is latest:  # not relabelled: current, or changed where nothing saw it
-            return self.label_of(tensor)
-        return entry[1]
 
     def record(self, label: str) -> Op | Source | None:
         """The op or source recorded under ``label`` so far."""

@@ -85,8 +85,8 @@ def _protect_kept(
     """Copy kept values that alias tensors the caller keeps and may edit in place: the
     inputs, the output, and the model's parameters and buffers (``modules``: the next
     forward or optimizer step writes into those)."""
-    if not mode.kept:
-        return
+    if not mode.kept or not mode.has_aliases:
+        return  # nothing kept, or only copies
     for _, tensor in flatten((args, kwargs, output))[0]:
         mode.protect(tensor)
     for _, module in modules:
@@ -116,8 +116,7 @@ def _recording(
     with ExitStack() as stack:
         _session._local.session = _RecordSession(mode)
         stack.callback(_session._clear_session)
-        for handle in mode.install_hooks(model, modules):
-            stack.callback(handle.remove)
+        stack.callback(_session.remove_all, mode.install_hooks(model, modules))
         stack.enter_context(mode)
         try:
             yield

@@ -14,15 +14,11 @@ only the rest build an :class:`~torchlens.recording.OpView` to ask.
 from __future__ import annotations
 
 import threading
-from functools import partial
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.modules.module import (
-    register_module_forward_hook,
-    register_module_forward_pre_hook,
-)
 from torch.overrides import TorchFunctionMode
 from torch.utils.hooks import RemovableHandle
 
@@ -30,6 +26,7 @@ from torchlens._tensors import storage_key, version_of
 from torchlens.capture.composite import group_address, opened_body
 from torchlens.capture.controls import Controls, Intervention, _Halt, apply_edit, original_key
 from torchlens.capture.failures import note_record_error
+from torchlens.capture.hooks import ForwardWrap, wrap_forwards
 from torchlens.capture.mode import _inplace_targets
 from torchlens.capture.naming import FUNC_INFOS, func_info
 from torchlens.capture.record_exit import ExitTracker
@@ -44,6 +41,7 @@ __all__ = ["RecordMode"]
 
 Tensor = torch.Tensor
 _UNSEEN = object()
+_thread_id = threading.get_ident
 
 
 class _Plan:
@@ -98,7 +96,7 @@ class RecordMode(TorchFunctionMode):
         self._paths: dict[tuple[int, str], int] = {}
         self._path_trail: list[int] = []
         self._calls: dict[int | str, int] = {}  # module ids; addresses of opened groups
-        self._addresses: dict[int, str] = {}  # id(submodule) -> address, for the global hooks
+        self._addresses: dict[int, str] = {}  # id(submodule) -> address, for own hooks
         self._thread = threading.get_ident()
         self.exits = ExitTracker(self) if controls.at_exit else None
 
@@ -227,6 +225,11 @@ class RecordMode(TorchFunctionMode):
         for target in _inplace_targets(inplace, args, kwargs):
             self.protect(target)
 
+    @property
+    def has_aliases(self) -> bool:
+        """Whether a kept value is an alias of a live tensor (not a copy)."""
+        return bool(self._aliases)
+
     def protect(self, tensor: Tensor) -> None:
         """Copy kept values that share ``tensor``'s storage (it may be written later)."""
         key = storage_key(tensor)
@@ -237,11 +240,11 @@ class RecordMode(TorchFunctionMode):
     # -- module calls ---------------------------------------------------------------------
     def install_hooks(
         self, model: Any, modules: list[tuple[str, nn.Module]] | None = None
-    ) -> list[RemovableHandle]:
-        """Hooks that keep the module stack: two process-wide module hooks that act only on
-        this model's submodules (two handles instead of two per module), plus per-module
-        hooks for submodules that carry hooks of their own, so that ops run by those hooks
-        fall inside or outside the module call exactly as in ``tl.trace``."""
+    ) -> list[ForwardWrap | RemovableHandle]:
+        """Follow the module calls of ``model`` as ``tl.trace`` does (``capture/hooks.py``):
+        each submodule's ``forward`` wrapped, or a pair of hooks for a submodule with hooks
+        of its own, so that ops run by those hooks fall inside or outside the module call
+        exactly as in ``tl.trace``. Returns what to remove when the recording ends."""
         self._types[0] = (  # the root's type, as the trace's root module call names it
             type(model).__name__
             if isinstance(model, nn.Module)
@@ -249,35 +252,37 @@ class RecordMode(TorchFunctionMode):
         )
         if not isinstance(model, nn.Module):
             return []
-        handles: list[RemovableHandle] = []
-        try:
-            for address, module in named_modules(model) if modules is None else modules:
-                if not address:  # the root's own call is the recording itself
-                    continue
-                if module._forward_pre_hooks or module._forward_hooks:
-                    pre = partial(self._enter_own, address)
-                    handles.append(module.register_forward_pre_hook(pre))
-                    handles.append(module.register_forward_hook(self._exit, always_call=True))
-                else:
-                    self._addresses[id(module)] = address
-            handles.append(register_module_forward_pre_hook(self._enter))
-            handles.append(register_module_forward_hook(self._exit_any, always_call=True))
-        except BaseException:
-            for handle in handles:
-                handle.remove()
-            raise
-        return handles
+        walked = named_modules(model) if modules is None else modules
+        self._addresses = {id(m): a for a, m in walked}
+        return wrap_forwards(walked, self._recorded_forward, self._enter, self._exit,
+                             with_kwargs=False)  # fmt: skip
+
+    def _recorded_forward(
+        self, module: nn.Module, address: str, forward: Callable[..., Any]
+    ) -> Callable[..., Any]:
+        thread, type_name = self._thread, type(module).__name__
+        calls = self._calls
+
+        def forward_recorded(*args: Any, **kwargs: Any) -> Any:
+            if self.paused or _thread_id() != thread:
+                return forward(*args, **kwargs)
+            calls[id(module)] = calls.get(id(module), 0) + 1
+            self._push_frame(address, calls[id(module)], type_name)
+            try:
+                output = forward(*args, **kwargs)
+            except BaseException:
+                self._exit(None, None, None)
+                raise
+            new = self._exit(module, args, output)
+            return output if new is None else new
+
+        return forward_recorded
 
     def _enter(self, module: nn.Module, args: Any) -> None:
-        address = self._addresses.get(id(module))
-        if address is not None:
-            self._enter_own(address, module, args)
-
-    def _enter_own(self, address: str, module: nn.Module, args: Any) -> None:
-        if self.paused or threading.get_ident() != self._thread:
+        if self.paused or _thread_id() != self._thread:
             return
         call = self._calls[id(module)] = self._calls.get(id(module), 0) + 1
-        self._push_frame(address, call, type(module).__name__)
+        self._push_frame(self._addresses[id(module)], call, type(module).__name__)
 
     def _open(self, name: str, func: Any, args: tuple, kwargs: dict) -> Any:
         """A composite function's body, run with this mode on inside a group frame, as
@@ -304,13 +309,8 @@ class RecordMode(TorchFunctionMode):
         self._path_trail.append(self._path)
         self._path = self._paths.setdefault((self._path, address), len(self._paths) + 1)
 
-    def _exit_any(self, module: nn.Module, args: Any, output: Any) -> Any:
-        if id(module) in self._addresses:
-            return self._exit(module, args, output)
-        return None
-
     def _exit(self, module: nn.Module | None, args: Any, output: Any) -> Any:
-        if self.paused or threading.get_ident() != self._thread or not self._stack:
+        if self.paused or _thread_id() != self._thread or not self._stack:
             return None
         frame = self._stack.pop()
         type_name = self._types.pop()

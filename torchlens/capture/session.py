@@ -23,7 +23,14 @@ from torchlens.capture.hooks import install_module_hooks
 from torchlens.capture.mode import CaptureMode, OpHook
 from torchlens.errors import ReentrantCaptureError
 
-__all__ = ["CaptureSession", "active_session", "refuse_reentry", "suspended"]
+__all__ = [
+    "CaptureSession",
+    "active_session",
+    "collector_paused",
+    "refuse_reentry",
+    "remove_all",
+    "suspended",
+]
 
 _local = threading.local()
 
@@ -58,8 +65,7 @@ class CaptureSession:
         with ExitStack() as stack:
             _local.session = self
             stack.callback(_clear_session)
-            stack.callback(_remove_all, install_module_hooks(self.model, self.builder))
-            stack.enter_context(_collector_paused())
+            stack.callback(remove_all, install_module_hooks(self.model, self.builder))
             stack.enter_context(self.mode)
             self._stack = stack.pop_all()
         return self
@@ -70,12 +76,14 @@ class CaptureSession:
 
 
 @contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector paused for the capture, as it was after.
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused for a capture, as it was after.
 
     A capture allocates a few objects per op, which triggers collections that walk every
     object torch holds (~170,000): a fifth of the capture time of a model of small ops.
     Reference counting still frees everything acyclic at once; cycles wait until the end.
+    Held over the whole capture, up to the frozen trace, so the bookkeeping that dies with
+    the capture (the identity map's weak references) is freed before the collector sees it.
     """
     was_enabled = gc.isenabled()
     gc.disable()
@@ -86,7 +94,8 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _remove_all(handles: list) -> None:
+def remove_all(handles: list) -> None:
+    """Remove each hook handle or forward wrapper (one exit callback for all of them)."""
     for handle in handles:
         handle.remove()
 

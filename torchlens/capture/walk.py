@@ -28,20 +28,21 @@ def named_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     found: list[tuple[str, nn.Module]] = []
     seen: set[int] = set()
     stack: list[tuple[str, nn.Module]] = [("", model)]
+    pop, push = stack.pop, stack.append  # (bound once: this loop runs per module per trace)
     while stack:
-        prefix, module = stack.pop()
+        prefix, module = pop()
         if id(module) in seen:
             continue
         if type(module).named_modules is not _TORCH_WALK:
             return list(model.named_modules())
         seen.add(id(module))
         found.append((prefix, module))
-        children = [
-            (f"{prefix}.{name}" if prefix else name, child)
-            for name, child in module._modules.items()
-            if child is not None
-        ]
-        stack.extend(reversed(children))
+        children = module._modules
+        if children:
+            dot = prefix + "." if prefix else ""
+            for name, child in reversed(children.items()):
+                if child is not None:
+                    push((dot + name, child))
     return found
 
 
@@ -57,9 +58,14 @@ def owned_tensors(modules: list[tuple[str, nn.Module]]) -> dict[int, tuple[str, 
     """
     owned: dict[int, tuple[str, str, Tensor]] = {}
     for prefix, module in modules:
+        parameters, buffers = module._parameters, module._buffers
+        if not parameters and not buffers:  # most modules of a deep model hold neither
+            continue
         dot = prefix + "." if prefix else ""
-        for kind, members in (("parameter", module._parameters), ("buffer", module._buffers)):
-            for name, tensor in members.items():
-                if tensor is not None and id(tensor) not in owned:
-                    owned[id(tensor)] = (kind, dot + name, tensor)
+        for name, tensor in parameters.items():
+            if tensor is not None and id(tensor) not in owned:
+                owned[id(tensor)] = ("parameter", dot + name, tensor)
+        for name, tensor in buffers.items():
+            if tensor is not None and id(tensor) not in owned:
+                owned[id(tensor)] = ("buffer", dot + name, tensor)
     return owned
