@@ -432,3 +432,68 @@ def test_nan_only_search_checks_what_is_computed_from_an_infinity():
     assert report.parents["mul_2"].posinf == 3
     on_trace = tl.find_nonfinite(tl.trace(overflow_then_softmax, x), inf=False)
     assert on_trace.op.label == "softmax_1"
+
+
+def test_a_sum_that_overflows_in_low_precision_is_not_reported():
+    """The lean pass's one-sum check: a half-precision sum that overflows (to +inf, or to
+    NaN from +inf and -inf partial sums) with every element finite is settled exactly."""
+    big = torch.full((64,), 60000.0, dtype=torch.float16)  # its sum is above 65504
+    both = torch.tensor([3e38, -3e38] * 8)  # lanes of +inf and -inf partial sums
+    assert big.sum().isinf() and both.sum().isnan() and both.bfloat16().sum().isnan()
+    wide = torch.tensor([1.5e308, -1.5e308] * 8, dtype=torch.float64)
+    assert wide.sum().isnan()
+    for value in (big, both, both.bfloat16(), wide):
+        for inf in (True, False):
+            report = tl.find_nonfinite(lambda x: x * 1.0 + 0.0, value, inf=inf)
+            assert not report and report.checked == 2
+    report = tl.find_nonfinite(lambda x: (x * 1.0).log(), both)
+    assert report.op.label == "log_1" and report.parents["mul_1"].finite
+
+
+def test_scaling_by_a_number_is_checked_unless_it_cannot_grow():
+    """``x * s`` with ``|s| <= 1`` and ``x / s`` with ``|s| >= 1`` of a value proven finite
+    are not summed again; any other scale (or a NaN one) is checked."""
+    big = torch.full((2,), 3e38)
+    report = _agree(lambda x: (x * 1.0) * 10.0, big)
+    assert report.op.label == "mul_2"
+    assert _agree(lambda x: 10.0 * (x * 1.0), big).op.label == "mul_2"
+    assert _agree(lambda x: (x * 1.0) / 0.1, big).op.label == "div_1"
+    assert _agree(lambda x: (x * 1.0) / 0, big).op.label == "div_1"
+    assert _agree(lambda x: (x * 1.0) * float("nan"), big).op.label == "mul_2"
+    assert _agree(lambda x: torch.div(x * 1.0, -1e-3, rounding_mode="floor"), big)
+    assert not tl.find_nonfinite(lambda x: (x * -0.5) / 3 / float("inf") * 1, big)
+    # an infinity passes with inf=False, is not proven finite, and times 0 is NaN
+    report = _agree(lambda x: (x * 1e38 * 10) * 0.0, torch.ones(2), inf=False)
+    assert report.op.label == "mul_3" and report.parents["mul_2"].posinf == 2
+
+
+def test_an_infinity_reaching_gelu_is_checked_when_looking_for_nan_only():
+    """``gelu(x)`` of a finite ``x`` is finite and not summed again; of an infinity (which
+    passes with ``inf=False``) it is NaN, and found."""
+    x = torch.tensor([1.0, -2.0])
+    assert not tl.find_nonfinite(lambda t: torch.nn.functional.gelu(t * 1.0), x)
+    report = tl.find_nonfinite(lambda t: torch.nn.functional.gelu(t * 1e38 * 10), x, inf=False)
+    assert report.op.label == "gelu_1" and report.stats.nan == 2  # of +inf and of -inf
+
+
+def test_calls_that_keep_finite_values_finite_are_not_summed(monkeypatch):
+    """What the pass sums: each output once, save those of calls that keep proven finite
+    values finite (counted by patching the check)."""
+    import torchlens.debug._nonfinite_pass as nonfinite_pass
+
+    checked: list[tuple[int, ...]] = []
+    real = nonfinite_pass._finite
+
+    def counting(tensor, inf):
+        checked.append(tuple(tensor.shape))
+        return real(tensor, inf)
+
+    monkeypatch.setattr(nonfinite_pass, "_finite", counting)
+
+    def model(x):
+        h = torch.nn.functional.gelu(x * 2.0)  # mul checked, gelu not
+        h = torch.nn.functional.dropout(h / 4.0, 0.5, training=False)  # neither
+        return torch.relu(h * 0.5).view(-1) * 3.0  # the last mul only
+
+    assert not tl.find_nonfinite(model, torch.randn(2, 3))
+    assert checked == [(2, 3), (6,)]

@@ -36,7 +36,6 @@ from torchlens.capture.tree import flatten
 from torchlens.capture.walk import named_modules, owned_tensors
 from torchlens.recording import OpView
 from torchlens.replay.tolerances import comparable
-from torchlens.selectors import where
 from torchlens.trace import MemoryPayloadStore
 
 __all__ = ["Culprit", "CulpritOp", "NonFiniteMode", "is_nonfinite"]
@@ -65,11 +64,9 @@ _KEEPS_FINITE = frozenset(
         "abs", "neg", "sign", "sigmoid", "tanh", "softmax", "sin", "cos",
     )
 )  # fmt: skip
-# dropouts: the identity when not training (a training one scales, which may overflow)
-_DROPOUTS = frozenset(
-    ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout")
-)
-_CHECK, _KEEPS, _KEEPS_IN_EVAL = 1, 2, 3  # what a function name's outputs need
+# what a function name's outputs need: _CHECK, _KEEPS, or a test from _KEEPS_WHEN
+_CHECK: Any = object()
+_KEEPS: Any = object()
 _NO_STORAGE: Any = object()
 
 
@@ -99,10 +96,6 @@ def _nonfinite_after_sum(value: Tensor, total: float, inf: bool) -> bool:
     return inf and (abs(low) == math.inf or abs(high) == math.inf)
 
 
-def _never(op: Any) -> bool:
-    return False
-
-
 def _finite(tensor: Tensor, inf: bool) -> tuple[bool, bool]:
     """``(passes, wholly finite)``: not :func:`is_nonfinite`, and free of infinities too
     (with ``inf=False`` a value may pass holding one, and then proves nothing about what
@@ -118,6 +111,53 @@ def _finite(tensor: Tensor, inf: bool) -> tuple[bool, bool]:
     return False, False
 
 
+def _not_training(args: tuple, kwargs: dict | None) -> bool:
+    """A dropout that is the identity: not training (a training one scales, which may
+    overflow)."""
+    return not _training(args, kwargs)
+
+
+def _times_at_most_one(args: tuple, kwargs: dict | None) -> bool:
+    """``x * s`` (either way round) by a real number ``|s| <= 1``: ``|x * s| <= |x|``, so
+    rounding cannot reach an infinity (a NaN ``s`` fails the test)."""
+    if len(args) != 2:
+        return False
+    scalar = args[1] if isinstance(args[0], Tensor) else args[0]
+    return isinstance(scalar, (int, float)) and abs(scalar) <= 1
+
+
+def _over_at_least_one(args: tuple, kwargs: dict | None) -> bool:
+    """``x / s`` by a real number ``|s| >= 1`` (an infinite one included: the quotient is
+    zero): ``|x / s| <= |x|``; a rounding mode keeps that."""
+    return (
+        len(args) == 2
+        and isinstance(args[0], Tensor)
+        and isinstance(args[1], (int, float))
+        and abs(args[1]) >= 1
+    )
+
+
+def _exact_gelu(args: tuple, kwargs: dict | None) -> bool:
+    """``gelu(x) = x * (1 + erf(x / sqrt 2)) / 2``: ``|gelu(x)| <= |x|`` (the tanh
+    approximation is computed another way, and is checked)."""
+    return not kwargs or kwargs.get("approximate", "none") == "none"
+
+
+# functions whose outputs are finite when their floating tensor arguments are, for some
+# calls only: name -> whether this call is one of them
+_KEEPS_WHEN = {
+    **dict.fromkeys(
+        ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
+         "feature_alpha_dropout"),
+        _not_training,
+    ),
+    "mul": _times_at_most_one,
+    "div": _over_at_least_one,
+    "true_divide": _over_at_least_one,
+    "gelu": _exact_gelu,
+}  # fmt: skip
+
+
 def _training(args: tuple, kwargs: dict | None) -> bool:
     """A dropout call's ``training`` argument (third, or by keyword; true by default)."""
     if kwargs and "training" in kwargs:
@@ -125,6 +165,11 @@ def _training(args: tuple, kwargs: dict | None) -> bool:
     if kwargs and "train" in kwargs:  # torch.dropout(input, p, train)
         return bool(kwargs["train"])
     return bool(args[2]) if len(args) > 2 else True
+
+
+def _label(name: str, count: int, n: int, k: int) -> str:
+    """The label ``tl.trace`` gives output ``k`` of call ``count`` of ``name`` (of ``n``)."""
+    return f"{name}_{count}" if n == 1 else f"{name}_{count}:{k}"
 
 
 class CulpritOp(OpView):
@@ -151,30 +196,42 @@ class Culprit:
 
 class NonFiniteMode(RecordMode):
     """``tl.record``'s mode halting after the first output holding a NaN (or, with ``inf``,
-    an infinity); the halt is ``stop_after=``'s, so the RNG state and the model's buffers
-    are put back by :meth:`~torchlens.capture.controls.Controls.halting`.
+    an infinity) by raising ``stop_after=``'s halt; the caller puts the RNG state and the
+    model's buffers back as :meth:`~torchlens.capture.controls.Controls.halting` does.
 
     Args:
         model: the model being run (its parameters and buffers name parents).
         args: its positional arguments, ``kwargs`` its keyword arguments (they name inputs).
         inf: also halt at infinities.
+        modules: the model's :func:`~torchlens.capture.walk.named_modules`, when walked.
         copy_at: the index of the call whose in-place targets are copied before it writes
             (a rerun, when the first run's culprit was written in place; copying every
             target would cost every in-place call a copy).
     """
 
     def __init__(
-        self, model: Any, args: tuple, kwargs: dict, inf: bool = True, copy_at: int = -1
+        self,
+        model: Any,
+        args: tuple,
+        kwargs: dict,
+        inf: bool = True,
+        copy_at: int = -1,
+        modules: list[tuple[str, nn.Module]] | None = None,
     ) -> None:
-        super().__init__(Controls(stop_after=where(_never)))
+        super().__init__(Controls())  # no rule: the halt is this mode's own
         self.inf = inf
         self.culprit: Culprit | None = None
         self.copy_at = copy_at  # the index of a call whose targets are copied before it
         self.needs_copy = False  # the culprit was written in place, uncopied: run again
         self.model, self.args, self.kwargs = model, args, kwargs
+        # the model's submodules, walked once per call (None: not a module)
+        self.modules = modules
+        if modules is None and isinstance(model, nn.Module):
+            self.modules = named_modules(model)
         self.output: Any = None  # what the model returned, when it ran to its end
-        # id(output) -> (weak reference, label, version when proven finite or None)
-        self._seen: dict[int, tuple[weakref.ref, str, int | None]] = {}
+        # id(output) -> (weak reference, function name, count, outputs of the call, index
+        # among them, version when proven finite or None): its label, made only if needed
+        self._seen: dict[int, tuple[weakref.ref, str, int, int, int, int | None]] = {}
         # the call about to write in place: (its args, _clean_args before the write,
         # [(target, its copy or None)])
         self._before: tuple[tuple, Any, list[tuple[Tensor, Tensor | None]]] | None = None
@@ -182,11 +239,14 @@ class NonFiniteMode(RecordMode):
         self._copy_all = False  # set once something outside was written: copy every target
         self._aliases = {_NO_STORAGE: []}  # never empty: in-place calls reach _protect
 
-    def _plan_for(self, name: str) -> int:
+    @property
+    def halted_at(self) -> str | None:
+        """The culprit's label once the forward halted there."""
+        return self.controls.halted_at
+
+    def _plan_for(self, name: str) -> Any:
         """Not ``None``: every function name reaches :meth:`_act`."""
-        if name in _KEEPS_FINITE:
-            return _KEEPS
-        return _KEEPS_IN_EVAL if name in _DROPOUTS else _CHECK
+        return _KEEPS if name in _KEEPS_FINITE else _KEEPS_WHEN.get(name, _CHECK)
 
     def _protect(self, inplace: bool, args: tuple, kwargs: dict) -> None:
         """Before a call writes into tensors: note whether its arguments were proven finite
@@ -207,34 +267,43 @@ class NonFiniteMode(RecordMode):
         copies = [(t, t.detach().clone() if copy else None) for t in targets]
         self._before = (args, self._clean_args(args, kwargs), copies)
 
-    def _act(self, plan: int, name: str, count: int, index: int, n: int, call, result):
-        inplace, args, kwargs = call
+    def _act(self, plan: Any, name: str, count: int, index: int, n: int, call, result):
         if n == 1 and isinstance(result, Tensor):
             tensors: Any = (result,)
         else:
             special = SPECIAL_OUTPUTS.get(name)
+            args = call[1]
             tensors = [t for _, t in (special(args, result) if special else flatten(result)[0])]
-        proven = None  # the dtype of the arguments proven finite, when they all were
-        if plan == _KEEPS or (plan == _KEEPS_IN_EVAL and not _training(args, kwargs)):
-            before = self._before
-            written = before is not None and before[0] is args
-            proven = before[1] if written else self._clean_args(args, kwargs)
-        seen, inf = self._seen, self.inf
+        proven = None if plan is _CHECK else self._proven(plan, call)
+        seen = self._seen
         for k, tensor in enumerate(tensors):
-            label = f"{name}_{count}" if n == 1 else f"{name}_{count}:{k}"
+            dtype = tensor.dtype
             version = None  # proven finite at this version; None: not proven (or not checked)
-            if tensor.dtype in _CHECKED:
-                wholly = True
-                if tensor.dtype is not proven:
-                    passes, wholly = _finite(tensor, inf)
-                    if not passes:
-                        self._halt(label, name, index + k, k, tensor, call)
-                if wholly:
+            if dtype in _CHECKED:
+                if dtype is proven:
                     version = version_of(tensor)
-            seen[id(tensor)] = (weakref.ref(tensor), label, version)
-        if self._before is not None and self._before[0] is args:
+                else:
+                    passes, wholly = _finite(tensor, self.inf)
+                    if not passes:
+                        self._halt(_label(name, count, n, k), name, index + k, k, tensor, call)
+                    if wholly:
+                        version = version_of(tensor)
+            seen[id(tensor)] = (weakref.ref(tensor), name, count, n, k, version)
+        if self._before is not None and self._before[0] is call[1]:
             self._before = None  # its copies are no longer needed
         return result
+
+    def _proven(self, plan: Any, call: tuple) -> torch.dtype | None:
+        """For a call that keeps finite values finite (``plan``: :data:`_KEEPS`, or a test
+        of the call from :data:`_KEEPS_WHEN`, such as a dropout's not training):
+        :meth:`_clean_args` of its arguments (as they were before it wrote into any)."""
+        _, args, kwargs = call
+        if plan is not _KEEPS and not plan(args, kwargs):
+            return None
+        before = self._before
+        if before is not None and before[0] is args:
+            return before[1]
+        return self._clean_args(args, kwargs)
 
     def _clean_args(self, args: tuple, kwargs: dict | None) -> torch.dtype | None:
         """The dtype of the floating tensor arguments when each is an op output proven
@@ -256,9 +325,9 @@ class NonFiniteMode(RecordMode):
             for item in items:
                 if isinstance(item, Tensor) and item.dtype in _CHECKED:
                     entry = seen.get(id(item))
-                    if entry is None or entry[0]() is not item or entry[2] is None:
+                    if entry is None or entry[0]() is not item or entry[5] is None:
                         return None
-                    if entry[2] != version_of(item) or proven not in (None, item.dtype):
+                    if entry[5] != version_of(item) or proven not in (None, item.dtype):
                         return None
                     proven = item.dtype
         return proven
@@ -277,7 +346,7 @@ class NonFiniteMode(RecordMode):
         for _, arg in flatten((args, kwargs or {}))[0]:
             entry = self._seen.get(id(arg))
             if entry is not None and entry[0]() is arg:
-                parent = entry[1]
+                parent = _label(*entry[1:5])
             else:
                 sources = self._sources() if sources is None else sources
                 parent = sources.get(id(arg)) or self._constant(sources, arg)
@@ -303,8 +372,9 @@ class NonFiniteMode(RecordMode):
         """Storages of the inputs, parameters and buffers: a forward that writes into one
         of them cannot be run again to the same values."""
         tensors = [t for _, t in flatten((self.args, self.kwargs))[0]]
-        if isinstance(self.model, nn.Module):
-            tensors += [*self.model.parameters(), *self.model.buffers()]
+        for _, module in self.modules or ():
+            tensors += [t for t in module._parameters.values() if t is not None]
+            tensors += [t for t in module._buffers.values() if t is not None]
         self._outside = {storage_key(t) for t in tensors} - {None}
         return self._outside
 
@@ -316,10 +386,8 @@ class NonFiniteMode(RecordMode):
         for _, tensor in flatten(self.args)[0] + flatten(self.kwargs)[0]:
             if id(tensor) not in labels:
                 labels[id(tensor)] = f"input_{len(labels) + 1}"
-        owned: dict[int, str] = {}
-        if isinstance(self.model, nn.Module):
-            walk = owned_tensors(named_modules(self.model))
-            owned = {key: address for key, (_, address, _) in walk.items()}
+        walk = owned_tensors(self.modules or [])
+        owned = {key: address for key, (_, address, _) in walk.items()}
         return {**owned, **labels}  # an input that is also a parameter is an input
 
     @staticmethod

@@ -18,11 +18,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from torchlens._source import SourceLine
+from torchlens.capture import rng
 from torchlens.capture.api import normalize_call
+from torchlens.capture.controls import _Halt, _restore_buffers
 from torchlens.capture.record import _recording
 from torchlens.capture.refusals import check_traceable
+from torchlens.capture.walk import named_modules
 from torchlens.debug._nonfinite_pass import CulpritOp, NonFiniteMode, is_nonfinite
 from torchlens.errors import InvalidArgumentError
 from torchlens.recording import Recording
@@ -178,16 +182,17 @@ def find_nonfinite(
     """
     if isinstance(target, Trace):
         return _scan(target, inf)
-    check_traceable(target)
+    modules = named_modules(target) if isinstance(target, nn.Module) else None
+    check_traceable(target, modules)
     args, kwargs = normalize_call(args, kwargs, target)
-    mode = _run(NonFiniteMode(target, args, kwargs, inf))
+    mode = _run(NonFiniteMode(target, args, kwargs, inf, modules=modules))
     culprit = mode.culprit
     if culprit is not None and mode.needs_copy:  # made in place: its target's old value
         first = culprit.op.index - culprit.op.output_index
-        again = _run(NonFiniteMode(target, args, kwargs, inf, copy_at=first))
+        again = _run(NonFiniteMode(target, args, kwargs, inf, copy_at=first, modules=modules))
         if again.culprit is not None and again.culprit.op.label == culprit.op.label:
             mode, culprit = again, again.culprit  # else the forward is not repeatable
-    meta = {"n_ops": mode.n_ops, **mode.controls.meta()}
+    meta = {"n_ops": mode.n_ops, "halted": culprit is not None, "halted_at": mode.halted_at}
     if culprit is None:
         recording = Recording([], mode.store, mode.output, meta)
         return NonFiniteReport(recording, None, mode.n_ops, inf)
@@ -197,17 +202,29 @@ def find_nonfinite(
 
 
 def _run(mode: NonFiniteMode) -> NonFiniteMode:
-    """Run the model under ``mode``; a halt puts its buffers and the RNG state back.
+    """Run the model under ``mode``; a halt puts its buffers and the RNG state back, as
+    ``stop_after=`` does (:meth:`~torchlens.capture.controls.Controls.halting`), the
+    buffers found from the modules walked once for the whole call.
 
     Python's cyclic garbage collector is paused meanwhile, as ``tl.trace`` pauses it: the
     few objects the pass keeps per op would otherwise trigger collections that walk every
     object torch holds. Reference counting still frees everything acyclic at once.
     """
+    state = rng.snapshot()
+    buffers = [
+        (module._buffers, name, buffer, buffer.detach().clone())
+        for _, module in mode.modules or ()
+        for name, buffer in module._buffers.items()
+        if buffer is not None
+    ]
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        with mode.controls.halting(mode.model), _recording(mode.model, mode):
+        with _recording(mode.model, mode, mode.modules):
             mode.output = mode.model(*mode.args, **mode.kwargs)
+    except _Halt:
+        rng.restore(state)
+        _restore_buffers(buffers)
     finally:
         if was_enabled:
             gc.enable()
