@@ -33,6 +33,7 @@ __all__ = ["TraceBuilder", "REFRESH_FUNC_NAME"]
 
 Tensor = torch.Tensor
 REFRESH_FUNC_NAME = "refresh"  # a value changed by a write the capture could not attribute
+_ASK: Any = object()  # an argument the callee reads itself (a version counter not read yet)
 
 
 def _geometry(tensor: Tensor) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
@@ -162,9 +163,10 @@ class TraceBuilder:
         return source
 
     # -- identity -------------------------------------------------------------------------
-    def _remember(self, tensor: Tensor, label: str) -> None:
+    def _remember(self, tensor: Tensor, label: str, version: Any = _ASK) -> None:
         key = id(tensor)
-        version = version_of(tensor)
+        if version is _ASK:
+            version = version_of(tensor)
         if self.observers:
             before = self._live.get(key)
             same = before is not None and before[0]() is tensor and before[2] == version
@@ -244,13 +246,10 @@ class TraceBuilder:
         rng_state: dict[str, Tensor] | None = None,
     ) -> list[Op]:
         """Record the outputs of one function call as ops; returns them."""
-        self._call_count += 1
         if len(outputs) == 1 and not inplace:  # the common case, without the loop
-            op = self._new_op(
-                name, func, args_template, kwargs_template, parent_args, outputs[0], 0, False
-            )
-            op.rng_state = rng_state
-            return [op]
+            return [self.record_one(name, func, args_template, kwargs_template, parent_args,
+                                    outputs[0], rng_state)]  # fmt: skip
+        self._call_count += 1
         multi = len(outputs) > 1
         base = self._new_label(name)
         ops = []
@@ -269,6 +268,23 @@ class TraceBuilder:
             ops.append(op)
         return ops
 
+    def record_one(
+        self,
+        name: str,
+        func: Callable[..., Any],
+        args_template: tuple,
+        kwargs_template: dict,
+        parent_args: list[ArgRef],
+        output: Tensor,
+        rng_state: dict[str, Tensor] | None,
+    ) -> Op:
+        """Record a call that returned one tensor and wrote into none (most calls)."""
+        self._call_count += 1
+        return self._new_op(
+            name, func, args_template, kwargs_template, parent_args, output, 0, False,
+            None, rng_state,
+        )  # fmt: skip
+
     def _new_op(
         self,
         name: str,
@@ -280,6 +296,7 @@ class TraceBuilder:
         output_index: int,
         inplace: bool,
         label: str | None = None,
+        rng_state: dict[str, Tensor] | None = None,
     ) -> Op:
         label = label or self._new_label(name)
         if len(parent_args) == 1:
@@ -287,27 +304,29 @@ class TraceBuilder:
         else:
             parents = tuple(dict.fromkeys([ref[0] for ref in parent_args]))
         frames = self._frames
+        requires_grad = tensor.requires_grad
         # positional, in field order: the per-op path, where keywords cost measurably
         op = Op(
             label, len(self.ops), name, self._call_count, output_index, parents,
             tuple(parent_args), frames[-1][0] if frames else "", frames, tuple(tensor.shape),
-            tensor.dtype, tensor.device, tensor.requires_grad, inplace, [], "", func,
-            args_template, kwargs_template, None, {}, (), self.store,
+            tensor.dtype, tensor.device, requires_grad, inplace, [], "", func,
+            args_template, kwargs_template, rng_state, {}, (), self.store,
         )  # fmt: skip
         records = self._records
         for parent in parents:
             records[parent].children.append(label)
         self.ops.append(op)
         records[label] = op
+        version = version_of(tensor)
         if self.save_payloads:
             if self.payload_filter is None or self.payload_filter(op):
-                self._save(label, tensor, copy=False)
+                self._save(label, tensor, False, version, requires_grad)
             else:
                 self.store.mark_missing(
                     label, "not_saved", f"{label!r} was not selected by save=; trace again "
                     "with a selector that matches it to keep its value",
                 )  # fmt: skip
-        self._remember(tensor, label)
+        self._remember(tensor, label, version)
         return op
 
     def replace_output(self, op: Op, tensor: Tensor) -> None:
@@ -324,20 +343,34 @@ class TraceBuilder:
         if self.save_payloads:
             self._save(key, value, copy=False)
 
-    def _save(self, label: str, tensor: Tensor, copy: bool) -> None:
+    def _save(
+        self,
+        label: str,
+        tensor: Tensor,
+        copy: bool,
+        version: Any = _ASK,
+        requires_grad: bool | None = None,
+    ) -> None:
+        """Keep ``tensor``'s value under ``label``: an alias, copied before anything writes
+        into it (see :meth:`protect`), or a copy now (``copy``). ``version`` and
+        ``requires_grad`` are passed where the caller has read them already."""
         if self.sink is not None:  # written now, so later in-place writes cannot reach it
             self.sink.put(label, tensor.detach())
             return
+        if requires_grad is None:
+            requires_grad = tensor.requires_grad
         # the tensor itself where it holds no autograd graph (no_grad, integer values):
         # detaching makes an alias object, the dearest step of keeping a value
-        plain = type(tensor) is Tensor and not tensor.requires_grad
-        value = tensor if plain else tensor.detach()
+        value = tensor if not requires_grad and type(tensor) is Tensor else tensor.detach()
         key = None if copy else storage_key(value)
         if key is None:
             value = value.clone()
+            version = version_of(value)
         else:
             self._aliases[key].append(label)
-        self.store.set(label, value, version_of(value))
+            if version is _ASK:  # an alias shares the tensor's version counter
+                version = version_of(value)
+        self.store.set(label, value, version)
 
     def _new_label(self, name: str) -> str:
         self._name_counts[name] += 1
