@@ -143,3 +143,27 @@ def test_save_conflicts_with_structure_only():
     with pytest.raises(InvalidArgumentError) as err:
         tl.trace(Stack(), torch.randn(2, 4), structure_only=True, save=tl.func("relu"))
     assert err.value.code == "conflicting_options"
+
+
+def test_call_labels_fact():
+    """The calls a selector can match at all: ``tl.record`` skips every other call of a
+    matching function without building a view of it."""
+    assert tl.label("linear_3", "split_1:0").call_labels == {"linear_3", "split_1"}
+    assert (tl.label("linear_1", "relu_2") & tl.func("linear")).call_labels == {
+        "linear_1",
+        "relu_2",
+    }
+    assert (tl.label("linear_1") | tl.label("relu_1")).call_labels == {"linear_1", "relu_1"}
+    assert (tl.label("linear_1") | tl.func("relu")).call_labels is None
+    assert (~tl.label("linear_1")).call_labels is None
+    assert tl.func("linear").call_labels is None
+
+
+def test_record_by_label_keeps_exactly_the_named_outputs():
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4), nn.ReLU())
+    x = torch.randn(2, 4)
+    rec = tl.record(model, x, save=tl.label("linear_2", "relu_1"))
+    trace = tl.trace(model, x)
+    assert rec.labels == ["relu_1", "linear_2"]
+    for label in rec.labels:
+        assert torch.equal(rec[label].out, trace[label].out)

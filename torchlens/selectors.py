@@ -5,10 +5,11 @@ with ``label``, ``func_name``, ``module``, ``module_stack``, ``shape``, ``dtype`
 (a full :class:`~torchlens.trace.Op` inside ``tl.trace``, a small
 :class:`~torchlens.recording.OpView` inside ``tl.record``).
 
-Two facts let sparse recording skip most ops without asking: :attr:`Selector.func_names` (the
-function names a selector can match at all; ``None`` for any) and :attr:`Selector.static`
-(the answer depends only on the function name and the module addresses, so it can be
-remembered per module path).
+Three facts let sparse recording skip most ops without asking: :attr:`Selector.func_names`
+(the function names a selector can match at all; ``None`` for any),
+:attr:`Selector.call_labels` (likewise the labels of the calls it can match) and
+:attr:`Selector.static` (the answer depends only on the function name and the module
+addresses, so it can be remembered per module path).
 
 Example:
     >>> import torch, torchlens as tl
@@ -50,6 +51,7 @@ class Selector:
 
     static: bool = False  # the answer depends only on func_name and module addresses
     func_names: frozenset[str] | None = None  # the only function names it can match
+    call_labels: frozenset[str] | None = None  # the only call labels ("split_1") it can match
     at_exit: bool = False  # asks what a module call returned: answered when the call ends
 
     def matches(self, op: Any) -> bool:
@@ -201,8 +203,9 @@ class _Label(Selector):
 
     def __post_init__(self) -> None:
         # "split_1" selects every output of that call; "linear_2" can only be a linear op
-        names = frozenset(lab.partition(":")[0].rpartition("_")[0] for lab in self.labels)
-        object.__setattr__(self, "func_names", names)
+        calls = frozenset(lab.partition(":")[0] for lab in self.labels)
+        object.__setattr__(self, "call_labels", calls)
+        object.__setattr__(self, "func_names", frozenset(c.rpartition("_")[0] for c in calls))
 
     def matches(self, op: Any) -> bool:
         label = op.label
@@ -236,6 +239,9 @@ class _And(Selector):
         a, b = self.left.func_names, self.right.func_names
         names = a if b is None else b if a is None else a & b
         object.__setattr__(self, "func_names", names)
+        a, b = self.left.call_labels, self.right.call_labels
+        calls = a if b is None else b if a is None else a & b
+        object.__setattr__(self, "call_labels", calls)
         object.__setattr__(self, "static", self.left.static and self.right.static)
         object.__setattr__(self, "at_exit", self.left.at_exit or self.right.at_exit)
 
@@ -257,6 +263,8 @@ class _Or(Selector):
     def __post_init__(self) -> None:
         a, b = self.left.func_names, self.right.func_names
         object.__setattr__(self, "func_names", None if a is None or b is None else a | b)
+        a, b = self.left.call_labels, self.right.call_labels
+        object.__setattr__(self, "call_labels", None if a is None or b is None else a | b)
         object.__setattr__(self, "static", self.left.static and self.right.static)
         object.__setattr__(self, "at_exit", self.left.at_exit or self.right.at_exit)
 

@@ -48,7 +48,7 @@ class _Plan:
     """The rules that may match one function name: save, edits and stop, and whether their
     answers depend only on the name and the module path."""
 
-    __slots__ = ("save", "edits", "stop", "static")
+    __slots__ = ("save", "edits", "stop", "static", "call_labels")
 
     def __init__(
         self,
@@ -59,6 +59,8 @@ class _Plan:
         self.save, self.edits, self.stop = save, edits, stop
         rules = [s for s in (save, stop) if s is not None] + [s for _, s, _ in edits]
         self.static = all(s.static for s in rules)
+        calls = [s.call_labels for s in rules]  # the calls any rule can match; None: any
+        self.call_labels = None if None in calls else frozenset().union(*calls)
 
     def decide(self, view: OpView) -> tuple[bool, tuple[int, ...], bool] | None:
         """``(save, edit indices, stop)`` for one op, or ``None`` when nothing applies."""
@@ -150,6 +152,8 @@ class RecordMode(TorchFunctionMode):
 
     def _act(self, plan: _Plan, name: str, count: int, index: int, n: int, call, result):
         """A call whose name some rule may match: ask, then save, edit or halt."""
+        if plan.call_labels is not None and f"{name}_{count}" not in plan.call_labels:
+            return result  # rules by label that name other calls (tl.label("linear_3"))
         if plan.static:
             key = (name, self._path)
             decision = self._memo.get(key, _UNSEEN)
