@@ -381,12 +381,19 @@ class TraceBuilder:
         return label
 
     # -- module calls ---------------------------------------------------------------------
-    def enter_module(self, module: nn.Module, address: str, inputs: Iterable[Tensor]) -> None:
-        """A module's forward starts: push it on the module stack."""
+    def enter_module(
+        self,
+        module: nn.Module,
+        address: str,
+        inputs: Iterable[Tensor],
+        type_name: str | None = None,
+    ) -> None:
+        """A module's forward starts: push it on the module stack (``type_name``: its class
+        name, when the caller knows it already)."""
         counts = self._module_call_counts
         call_index = counts[id(module)] = counts.get(id(module), 0) + 1
         labels = tuple([self.label_of(t) for t in inputs])
-        self._push(ModuleCall(address, call_index, type(module).__name__, labels))
+        self._push(ModuleCall(address, call_index, type_name or type(module).__name__, labels))
 
     def _push(self, call: ModuleCall) -> None:
         self.module_stack.append((call.address, call.call_index))

@@ -116,7 +116,7 @@ class _ModuleCalls:
     def traced_forward(
         self, module: nn.Module, address: str, forward: Callable[..., Any]
     ) -> Callable[..., Any]:
-        builder, thread = self.builder, self.thread
+        builder, thread, type_name = self.builder, self.thread, type(module).__name__
 
         def forward_traced(*args: Any, **kwargs: Any) -> Any:
             if builder.paused or _thread_id() != thread:
@@ -125,14 +125,19 @@ class _ModuleCalls:
                 inputs = _tensors_in(args)
                 if kwargs:
                     inputs += _tensors_in(kwargs)
-                builder.enter_module(module, address, inputs)
+                builder.enter_module(module, address, inputs, type_name)
             try:
                 output = forward(*args, **kwargs)
             except BaseException:
                 with _no_torch_function():
                     builder.exit_module(())
                 raise
-            new = self._exit(output)
+            with _no_torch_function():
+                tensors = _tensors_in(output)
+                call = builder.exit_module(tensors)
+                if call is None or not builder.exit_hooks:
+                    return output
+                new = run_exit_hooks(builder, call, output, tensors)
             return output if new is None else new
 
         return forward_traced
