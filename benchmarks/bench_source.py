@@ -7,13 +7,18 @@ For each benchmark model, measured in the same run, runs interleaved, medians ov
 * ``find_nonfinite``: ``tl.find_nonfinite(model, x, inf=False)`` on a healthy model (it checks
   every op and finds nothing, its worst case; ``inf=False`` because the GPT's causal mask
   holds ``-inf`` on purpose) against ``tl.trace`` and against ``tl.record``. It runs
-  ``tl.record``'s lean pass plus one sum per output (``torchlens/debug/_nonfinite_pass.py``),
-  so find/record is what those sums and the per-op bookkeeping cost;
+  ``tl.record``'s lean pass plus one sum per output that may hold a new NaN or infinity
+  (``torchlens/debug/_nonfinite_pass.py``), so find/record is what those sums and the
+  per-op bookkeeping cost;
 * ``record``: ``tl.record(model, x)`` (nothing kept) against the plain forward, for scale.
 
 Run: ``python benchmarks/bench_source.py [--repeats N] [--models a,b]``. Torch runs on one
 thread and each run is timed by this thread's CPU time, which keeps the numbers steady on a
-shared machine.
+shared machine. Every timed run follows an untimed plain forward: a run that follows a full
+trace pays for the memory that trace gave back (page faults, cold caches), about 15% on the
+GPT, which measured the order of the runs rather than the function (``find_nonfinite``,
+timed right after ``source``, read 1.12-1.17 times ``record``; timed right after ``record``
+instead, 1.00).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -29,7 +35,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from models import BENCH_MODELS  # noqa: E402
-from timing import interleaved_times  # noqa: E402
 
 import torchlens as tl  # noqa: E402
 import torchlens.capture.api as capture_api  # noqa: E402
@@ -63,6 +68,25 @@ def hook_seconds_per_op(model, args, rounds: int = 5) -> float:
     return spent[0] / calls[0]
 
 
+def settled_times(
+    fns: dict[str, Callable[[], object]], settle: Callable[[], object], repeats: int
+) -> dict[str, list[float]]:
+    """Each function's thread CPU time, one per round, runs interleaved as in
+    ``timing.interleaved_times``, each right after an untimed ``settle()``: what ran before
+    a timed run is then the same for every function."""
+    for _ in range(2):  # warm-up
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            settle()
+            start = time.thread_time()
+            fn()
+            times[name].append(time.thread_time() - start)
+    return times
+
+
 def measure(name: str, repeats: int) -> dict[str, float]:
     model, args = BENCH_MODELS[name]()
     n_ops = len(tl.trace(model, args, structure_only=True))
@@ -74,7 +98,7 @@ def measure(name: str, repeats: int) -> dict[str, float]:
         "find_nonfinite": lambda: tl.find_nonfinite(model, args, inf=False),
     }
     with torch.no_grad():
-        times = interleaved_times(fns, repeats=repeats, warmup=2, clock=time.thread_time)
+        times = settled_times(fns, fns["forward"], repeats)
     med = {k: statistics.median(v) for k, v in times.items()}
 
     def ratio(a: str, b: str) -> float:
