@@ -122,3 +122,22 @@ def test_capture_inside_record_is_refused():
     with pytest.raises(ReentrantCaptureError):
         tl.record(TracesInside(), torch.randn(2), save=tl.func("relu"))
     assert not _get_current_function_mode_stack()
+
+
+def test_garbage_collector_is_paused_during_a_recording_and_restored_after():
+    import gc
+
+    seen = []
+
+    def probe(x):
+        seen.append(gc.isenabled())
+        return x * 2
+
+    def fails(x):
+        raise ValueError("boom")
+
+    assert gc.isenabled()
+    tl.record(probe, torch.randn(2))
+    with pytest.raises(ValueError, match="boom"):
+        tl.record(fails, torch.randn(2))
+    assert seen == [False] and gc.isenabled()

@@ -107,7 +107,9 @@ class _RecordSession:
 def _recording(
     model: Any, mode: RecordMode, modules: list[tuple[str, nn.Module]] | None = None
 ) -> Iterator[None]:
-    """Run a block with ``mode`` recording ``model`` (its walked ``modules`` when known)."""
+    """Run a block with ``mode`` recording ``model`` (its walked ``modules`` when known),
+    Python's cyclic garbage collector paused as in ``tl.trace``
+    (:func:`~torchlens.capture.session.collector_paused`)."""
     if _session.active_session() is not None:
         raise ReentrantCaptureError(
             "tl.record was called from inside a forward that is already being captured; "
@@ -116,6 +118,7 @@ def _recording(
     with ExitStack() as stack:
         _session._local.session = _RecordSession(mode)
         stack.callback(_session._clear_session)
+        stack.enter_context(_session.collector_paused())
         stack.callback(_session.remove_all, mode.install_hooks(model, modules))
         stack.enter_context(mode)
         try:

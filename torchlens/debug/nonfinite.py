@@ -12,7 +12,6 @@ up, an input or a parameter), the module call and the source line.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -204,11 +203,8 @@ def find_nonfinite(
 def _run(mode: NonFiniteMode) -> NonFiniteMode:
     """Run the model under ``mode``; a halt puts its buffers and the RNG state back, as
     ``stop_after=`` does (:meth:`~torchlens.capture.controls.Controls.halting`), the
-    buffers found from the modules walked once for the whole call.
-
-    Python's cyclic garbage collector is paused meanwhile, as ``tl.trace`` pauses it: the
-    few objects the pass keeps per op would otherwise trigger collections that walk every
-    object torch holds. Reference counting still frees everything acyclic at once.
+    buffers found from the modules walked once for the whole call. (The recording pauses
+    Python's cyclic garbage collector, as every capture does.)
     """
     state = rng.snapshot()
     buffers = [
@@ -217,17 +213,12 @@ def _run(mode: NonFiniteMode) -> NonFiniteMode:
         for name, buffer in module._buffers.items()
         if buffer is not None
     ]
-    was_enabled = gc.isenabled()
-    gc.disable()
     try:
         with _recording(mode.model, mode, mode.modules):
             mode.output = mode.model(*mode.args, **mode.kwargs)
     except _Halt:
         rng.restore(state)
         _restore_buffers(buffers)
-    finally:
-        if was_enabled:
-            gc.enable()
     return mode
 
 
