@@ -124,6 +124,29 @@ def test_threads_tracing_at_once_do_not_mix():
     for thread in threads:
         thread.join()
     assert errors == []
+    for model in models:  # every capture's forward wrappers are gone, whatever the order
+        assert all("forward" not in module.__dict__ for module in model.modules())
+
+
+def test_wrappers_of_two_captures_of_one_model_unwind_in_either_order():
+    """Two captures of one model in flight (as in two threads): the one that ends first
+    leaves the other's wrapper in place, and the model ends with no wrapper at all."""
+    from torchlens.capture.hooks import ForwardWrap
+
+    for first, second in ((0, 1), (1, 0)):
+        module = nn.Linear(2, 2)
+
+        def factory(module, address, forward):
+            def wrapped(*args, **kwargs):
+                return forward(*args, **kwargs)
+
+            return wrapped
+
+        wraps = [ForwardWrap(module, factory, "fc"), ForwardWrap(module, factory, "fc")]
+        assert module.__dict__["forward"] is wraps[1].wrapper
+        wraps[first].remove()
+        wraps[second].remove()
+        assert "forward" not in module.__dict__
 
 
 # -- inputs that escape the usual path ---------------------------------------------------------

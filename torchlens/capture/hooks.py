@@ -39,7 +39,12 @@ ForwardFactory = Callable[[nn.Module, str, Callable[..., Any]], Callable[..., An
 
 
 class ForwardWrap:
-    """A module's ``forward`` wrapped for one capture; :meth:`remove` puts it back."""
+    """A module's ``forward`` wrapped for one capture; :meth:`remove` puts it back.
+
+    Two threads capturing the same model at once wrap one module twice, and may finish in
+    either order: a wrapper removed while another lies above it is only marked removed,
+    and the one above, when removed, puts back what lay below both.
+    """
 
     __slots__ = ("module", "wrapper", "before")
 
@@ -47,18 +52,25 @@ class ForwardWrap:
         self.module = module
         self.before = module.__dict__.get("forward")  # an instance forward of its own, if any
         forward = module.forward
-        self.wrapper = factory(module, address, forward)
-        self.wrapper.__wrapped__ = forward  # inspect.signature sees the real one
-        module.__dict__["forward"] = self.wrapper
+        wrapper = self.wrapper = factory(module, address, forward)
+        wrapper.__wrapped__ = forward  # inspect.signature sees the real one
+        # for the unwinding (attributes of the function: no reference cycle to the module)
+        wrapper._torchlens_below, wrapper._torchlens_removed = self.before, False
+        module.__dict__["forward"] = wrapper
 
     def remove(self) -> None:
+        self.wrapper._torchlens_removed = True
         attributes = self.module.__dict__
         if attributes.get("forward") is not self.wrapper:
-            return  # replaced during the capture by someone else: theirs stays
-        if self.before is None:
+            return  # another capture's wrapper lies above (it unwinds past this one later),
+            # or the model assigned a forward of its own meanwhile: that one stays
+        below = self.before
+        while getattr(below, "_torchlens_removed", False):
+            below = below._torchlens_below
+        if below is None:
             del attributes["forward"]
         else:
-            attributes["forward"] = self.before
+            attributes["forward"] = below
 
 
 def wrap_forwards(

@@ -118,6 +118,7 @@ def _recording(
     with ExitStack() as stack:
         _session._local.session = _RecordSession(mode)
         stack.callback(_session._clear_session)
+        stack.callback(setattr, mode, "paused", True)  # its wrappers pass calls through after
         stack.enter_context(_session.collector_paused())
         stack.callback(_session.remove_all, mode.install_hooks(model, modules))
         stack.enter_context(mode)

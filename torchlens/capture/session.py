@@ -72,7 +72,10 @@ class CaptureSession:
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         trim_torchlens_frames(exc)  # a model's error then ends at the model's line
-        self._stack.close()
+        try:
+            self._stack.close()
+        finally:  # a wrapper of this capture still called (below another thread's) passes
+            self.builder.paused = True
 
 
 @contextmanager
