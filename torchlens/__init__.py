@@ -3,7 +3,7 @@
 The flow of data is the layout of the package::
 
     model, args, kwargs
-       -> capture session   (torchlens.capture: a TorchFunctionMode + module hooks,
+       -> capture session   (torchlens.capture: a TorchFunctionMode + module wrappers,
                              active only inside the call)
        -> Trace             (torchlens.trace: ordered Ops, graph edges, module calls,
                              payloads, RNG snapshots)

@@ -43,7 +43,7 @@ class TorchBackend:
         """``model(*args, **kwargs)`` with this thread's capture switched off.
 
         Called from inside a forward being traced, the run adds nothing to that trace and
-        its module hooks stay quiet. Nothing global is touched: RNG state advances exactly as
+        its module wrappers stay quiet. Nothing global is touched: RNG state advances exactly as
         a plain call would advance it.
 
         Args:

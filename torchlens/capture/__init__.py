@@ -1,4 +1,4 @@
-"""The capture session: a torch function mode plus module hooks that build a Trace.
+"""The capture session: a torch function mode plus wrapped module forwards that build a Trace.
 
 Layers: ``naming`` (what a call is), ``tree`` (tensors inside arguments), ``builder`` (the
 mutable recording), ``mode`` and ``hooks`` (what sees the calls), ``session`` (install and

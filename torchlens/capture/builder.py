@@ -1,6 +1,6 @@
 """The mutable recorder behind a capture: ops, sources, module calls and payloads.
 
-The capture mode and module hooks feed a :class:`TraceBuilder`; :meth:`TraceBuilder.finish`
+The capture mode and module wrappers feed a :class:`TraceBuilder`; :meth:`TraceBuilder.finish`
 freezes what was recorded into a :class:`~torchlens.trace.Trace`. The builder is the only
 place that knows which live tensor is which record:
 

@@ -1,4 +1,4 @@
-"""A capture session: the function mode plus module hooks, alive only inside ``with``.
+"""A capture session: the function mode plus module wrappers, alive only inside ``with``.
 
 Everything a session installs is removed in ``__exit__``, whatever the forward did. A
 thread-local marker refuses a second capture started from inside a running one, and
