@@ -218,10 +218,15 @@ class Controls:
         return payload_filter
 
     @property
+    def rules(self) -> list[Selector]:
+        """Every selector given: ``save=``, ``stop_after=``, then each edit's."""
+        given = [self.save, self.stop, *(sel for sel, _ in self.edits)]
+        return [rule for rule in given if rule is not None]
+
+    @property
     def at_exit(self) -> bool:
         """Whether a rule asks what a module call returned (``tl.module(...).output``)."""
-        rules = [self.save, self.stop, *(sel for sel, _ in self.edits)]
-        return any(rule is not None and rule.at_exit for rule in rules)
+        return any(rule.at_exit for rule in self.rules)
 
     def hooks(self, builder: Any) -> tuple[Callable[[Any, Tensor], Tensor], ...]:
         """The capture mode's op hooks: none unless ``intervene=`` or ``stop_after=``; the

@@ -95,6 +95,7 @@ class RecordMode(TorchFunctionMode):
         self._types: list[str] = [""]  # class names along the stack; the root's first
         self._frames: tuple[tuple[str, int], ...] = ()
         self._path = 0  # id of the current module address path, for the memo
+        self._paths_needed = any(rule.static for rule in controls.rules)  # any memo at all
         self._paths: dict[tuple[int, str], int] = {}
         self._path_trail: list[int] = []
         self._calls: dict[int | str, int] = {}  # module ids; addresses of opened groups
@@ -310,8 +311,9 @@ class RecordMode(TorchFunctionMode):
         self._stack.append((address, call))
         self._types.append(type_name)
         self._frames = tuple(self._stack)
-        self._path_trail.append(self._path)
-        self._path = self._paths.setdefault((self._path, address), len(self._paths) + 1)
+        if self._paths_needed:
+            self._path_trail.append(self._path)
+            self._path = self._paths.setdefault((self._path, address), len(self._paths) + 1)
 
     def _exit(self, module: nn.Module | None, args: Any, output: Any) -> Any:
         if self.paused or _thread_id() != self._thread or not self._stack:
@@ -319,7 +321,8 @@ class RecordMode(TorchFunctionMode):
         frame = self._stack.pop()
         type_name = self._types.pop()
         self._frames = tuple(self._stack)
-        self._path = self._path_trail.pop()
+        if self._paths_needed:
+            self._path = self._path_trail.pop()
         if self.exits is not None and output is not None:
             return self.exits.on_exit(frame, type_name, output)
         return None
