@@ -9,8 +9,9 @@ place that knows which live tensor is which record:
 * a tensor whose version counter moved without the builder seeing the write (a view written
   in place, a buffer updated inside ``batch_norm``) gets a ``refresh`` op, so no edge ever
   points at a stale value;
-* payloads are saved as detached aliases, and cloned only just before something writes into
-  their storage, so a saved value is always the value at the time it was produced.
+* payloads are saved as detached aliases (the tensor itself when it holds no autograd graph),
+  and cloned only just before something writes into their storage, so a saved value is
+  always the value at the time it was produced.
 """
 
 from __future__ import annotations
@@ -114,9 +115,9 @@ class TraceBuilder:
         self._live: dict[int, tuple] = {}
         self._owned: dict[int, tuple[str, str, Tensor]] = {}  # id -> (kind, address, tensor)
         self._name_counts: dict[str, int] = defaultdict(int)
-        self._aliases: dict[tuple[torch.device, int], list[str]] = defaultdict(list)
+        self._aliases: dict[int, list[str]] = defaultdict(list)
         # storage -> [(call count, label)] of the in-place writes into it, in order
-        self._writers: dict[tuple[torch.device, int], list[tuple[int, str]]] = defaultdict(list)
+        self._writers: dict[int, list[tuple[int, str]]] = defaultdict(list)
         self._call_count = 0
         self._module_call_counts: dict[int | str, int] = {}
         self._open_calls: list[ModuleCall] = []
