@@ -122,6 +122,7 @@ class TraceBuilder:
         self._module_call_counts: dict[int | str, int] = {}
         self._open_calls: list[ModuleCall] = []
         self._frames: tuple[tuple[str, int], ...] = ()  # module_stack as a tuple
+        self._frame_trail: list[tuple[tuple[str, int], ...]] = []  # the _frames pushes hid
 
     # -- sources --------------------------------------------------------------------------
     def register_model(
@@ -397,8 +398,10 @@ class TraceBuilder:
         self._push(ModuleCall(address, call_index, type_name or type(module).__name__, labels))
 
     def _push(self, call: ModuleCall) -> None:
-        self.module_stack.append((call.address, call.call_index))
-        self._frames = tuple(self.module_stack)
+        frame = (call.address, call.call_index)
+        self.module_stack.append(frame)
+        self._frame_trail.append(self._frames)
+        self._frames += (frame,)
         self.module_calls.append(call)
         self._open_calls.append(call)
 
@@ -408,7 +411,7 @@ class TraceBuilder:
             return None
         call = self._open_calls.pop()
         self.module_stack.pop()
-        self._frames = tuple(self.module_stack)
+        self._frames = self._frame_trail.pop()
         call.outputs = tuple([self.label_of(t) for t in outputs])
         return call
 

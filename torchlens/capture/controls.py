@@ -231,6 +231,8 @@ class Controls:
     def hooks(self, builder: Any) -> tuple[Callable[[Any, Tensor], Tensor], ...]:
         """The capture mode's op hooks: none unless ``intervene=`` or ``stop_after=``; the
         builder's module exit hook when a rule selects module outputs."""
+        if not self.active:
+            return ()  # nothing to ask per op: the module types are not needed either
         self._types.update((a, type(m).__name__) for a, m in builder.named_modules)
         if self.at_exit:
             builder.exit_hooks.append(self.exit_hook(builder))

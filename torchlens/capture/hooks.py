@@ -31,6 +31,7 @@ from torchlens.capture.tree import fill, flatten
 
 __all__ = ["ForwardWrap", "install_module_hooks", "run_exit_hooks", "wrap_forwards"]
 
+Tensor = torch.Tensor
 _thread_id = threading.get_ident
 _no_torch_function = torch._C.DisableTorchFunction
 
@@ -134,9 +135,10 @@ class _ModuleCalls:
             if builder.paused or _thread_id() != thread:
                 return forward(*args, **kwargs)
             with _no_torch_function():  # bookkeeping must not be recorded as ops
-                inputs = _tensors_in(args)
-                if kwargs:
-                    inputs += _tensors_in(kwargs)
+                if kwargs or len(args) != 1 or type(args[0]) is not Tensor:
+                    inputs = _tensors_in(args) + (_tensors_in(kwargs) if kwargs else [])
+                else:  # one plain tensor: most calls
+                    inputs = args
                 builder.enter_module(module, address, inputs, type_name)
             try:
                 output = forward(*args, **kwargs)
@@ -145,7 +147,7 @@ class _ModuleCalls:
                     builder.exit_module(())
                 raise
             with _no_torch_function():
-                tensors = _tensors_in(output)
+                tensors = [output] if type(output) is Tensor else _tensors_in(output)
                 call = builder.exit_module(tensors)
                 if call is None or not builder.exit_hooks:
                     return output
