@@ -103,7 +103,6 @@ class TraceBuilder:
         # called as observe(record, live tensor, alias_of) each time a record takes a tensor;
         # alias_of is the label the tensor held with the same value (an op returned its input)
         self.observers: list[Callable[[Op | Source, Tensor, str | None], None]] = []
-        self.module_stack: list[tuple[str, int]] = []
         # called as hook(call, output tensors) when a module call (or group) ends; may return
         # replacement tensors (edits of what the call returned, tl.module(...).output)
         self.exit_hooks: list[Callable[[ModuleCall, list[Tensor]], list[Tensor] | None]] = []
@@ -121,8 +120,15 @@ class TraceBuilder:
         self._call_count = 0
         self._module_call_counts: dict[int | str, int] = {}
         self._open_calls: list[ModuleCall] = []
-        self._frames: tuple[tuple[str, int], ...] = ()  # module_stack as a tuple
-        self._frame_trail: list[tuple[tuple[str, int], ...]] = []  # the _frames pushes hid
+        # the open module calls as (address, call number), outermost first: one tuple, shared
+        # by every op recorded meanwhile; the tuples the open calls replaced, to pop back to
+        self._frames: tuple[tuple[str, int], ...] = ()
+        self._frame_trail: list[tuple[tuple[str, int], ...]] = []
+
+    @property
+    def module_stack(self) -> tuple[tuple[str, int], ...]:
+        """The open module calls as ``(address, call number)``, outermost first."""
+        return self._frames
 
     # -- sources --------------------------------------------------------------------------
     def register_model(
@@ -248,10 +254,10 @@ class TraceBuilder:
         rng_state: dict[str, Tensor] | None = None,
     ) -> list[Op]:
         """Record the outputs of one function call as ops; returns them."""
-        if len(outputs) == 1 and not inplace:  # the common case, without the loop
-            return [self.record_one(name, func, args_template, kwargs_template, parent_args,
-                                    outputs[0], rng_state)]  # fmt: skip
         self._call_count += 1
+        if len(outputs) == 1 and not inplace:  # the common case, without the loop
+            return [self._new_op(name, func, args_template, kwargs_template, parent_args,
+                                 outputs[0], 0, False, None, rng_state)]  # fmt: skip
         multi = len(outputs) > 1
         base = self._new_label(name)
         ops = []
@@ -259,9 +265,8 @@ class TraceBuilder:
             label = f"{base}:{output_index}" if multi else base
             op = self._new_op(
                 name, func, args_template, kwargs_template, parent_args, tensor,
-                output_index, inplace, label=label,
+                output_index, inplace, label, rng_state,
             )  # fmt: skip
-            op.rng_state = rng_state
             if inplace:
                 key = storage_key(tensor)
                 if key is not None:
@@ -269,23 +274,6 @@ class TraceBuilder:
                     op.meta["geometry"] = _geometry(tensor)  # where it wrote, for replay
             ops.append(op)
         return ops
-
-    def record_one(
-        self,
-        name: str,
-        func: Callable[..., Any],
-        args_template: tuple,
-        kwargs_template: dict,
-        parent_args: list[ArgRef],
-        output: Tensor,
-        rng_state: dict[str, Tensor] | None,
-    ) -> Op:
-        """Record a call that returned one tensor and wrote into none (most calls)."""
-        self._call_count += 1
-        return self._new_op(
-            name, func, args_template, kwargs_template, parent_args, output, 0, False,
-            None, rng_state,
-        )  # fmt: skip
 
     def _new_op(
         self,
@@ -398,10 +386,8 @@ class TraceBuilder:
         self._push(ModuleCall(address, call_index, type_name or type(module).__name__, labels))
 
     def _push(self, call: ModuleCall) -> None:
-        frame = (call.address, call.call_index)
-        self.module_stack.append(frame)
         self._frame_trail.append(self._frames)
-        self._frames += (frame,)
+        self._frames += ((call.address, call.call_index),)
         self.module_calls.append(call)
         self._open_calls.append(call)
 
@@ -410,7 +396,6 @@ class TraceBuilder:
         if not self._open_calls:
             return None
         call = self._open_calls.pop()
-        self.module_stack.pop()
         self._frames = self._frame_trail.pop()
         call.outputs = tuple([self.label_of(t) for t in outputs])
         return call
@@ -422,7 +407,7 @@ class TraceBuilder:
     def enter_group(self, name: str, inputs: Iterable[Tensor]) -> None:
         """An opened composite function starts (``capture/composite.py``): a call like a
         module's, at the enclosing module's address plus ``"." + name``."""
-        parent = self.module_stack[-1][0] if self.module_stack else ""
+        parent = self._frames[-1][0] if self._frames else ""
         address = group_address(parent, name)
         counts = self._module_call_counts  # str keys: apart from modules' ids
         call_index = counts[address] = counts.get(address, 0) + 1

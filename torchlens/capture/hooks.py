@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -31,7 +32,6 @@ from torchlens.capture.tree import fill, flatten
 
 __all__ = ["ForwardWrap", "install_module_hooks", "run_exit_hooks", "wrap_forwards"]
 
-Tensor = torch.Tensor
 _thread_id = threading.get_ident
 _no_torch_function = torch._C.DisableTorchFunction
 
@@ -83,15 +83,17 @@ def wrap_forwards(
     with_kwargs: bool,
 ) -> list[ForwardWrap | RemovableHandle]:
     """Follow the calls of ``modules`` (a walk, the root first and skipped); returns what
-    to remove. A module with hooks of its own gets ``enter_own``/``exit_own`` as hooks
-    (see the module docstring); every other one a forward made by ``factory``."""
+    to remove. A module with hooks of its own gets ``enter_own`` (called with its address
+    first) and ``exit_own`` as hooks (see the module docstring); every other one a forward
+    made by ``factory``."""
     done: list[ForwardWrap | RemovableHandle] = []
     try:
         for address, module in modules:
             if not address:  # the root's own call is the capture itself
                 continue
             if module._forward_pre_hooks or module._forward_hooks:
-                done.append(module.register_forward_pre_hook(enter_own, with_kwargs=with_kwargs))
+                enter = partial(enter_own, address)
+                done.append(module.register_forward_pre_hook(enter, with_kwargs=with_kwargs))
                 done.append(
                     module.register_forward_hook(
                         exit_own, with_kwargs=with_kwargs, always_call=True
@@ -124,7 +126,6 @@ class _ModuleCalls:
     def __init__(self, builder: TraceBuilder) -> None:
         self.builder = builder
         self.thread = _thread_id()
-        self.own_addresses = {id(m): a for a, m in builder.named_modules}
 
     def traced_forward(
         self, module: nn.Module, address: str, forward: Callable[..., Any]
@@ -135,23 +136,14 @@ class _ModuleCalls:
             if builder.paused or _thread_id() != thread:
                 return forward(*args, **kwargs)
             with _no_torch_function():  # bookkeeping must not be recorded as ops
-                if kwargs or len(args) != 1 or type(args[0]) is not Tensor:
-                    inputs = _tensors_in(args) + (_tensors_in(kwargs) if kwargs else [])
-                else:  # one plain tensor: most calls
-                    inputs = args
-                builder.enter_module(module, address, inputs, type_name)
+                builder.enter_module(module, address, _call_inputs(args, kwargs), type_name)
             try:
                 output = forward(*args, **kwargs)
             except BaseException:
                 with _no_torch_function():
                     builder.exit_module(())
                 raise
-            with _no_torch_function():
-                tensors = [output] if type(output) is Tensor else _tensors_in(output)
-                call = builder.exit_module(tensors)
-                if call is None or not builder.exit_hooks:
-                    return output
-                new = run_exit_hooks(builder, call, output, tensors)
+            new = self._exit(output)
             return output if new is None else new
 
         return forward_traced
@@ -159,11 +151,10 @@ class _ModuleCalls:
     def _active(self) -> bool:
         return not self.builder.paused and _thread_id() == self.thread
 
-    def enter_own(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+    def enter_own(self, address: str, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if self._active():
             with _no_torch_function():
-                inputs = _tensors_in(args) + _tensors_in(kwargs)
-                self.builder.enter_module(module, self.own_addresses[id(module)], inputs)
+                self.builder.enter_module(module, address, _call_inputs(args, kwargs))
 
     def exit_own(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
         return self._exit(output) if self._active() else None
@@ -189,6 +180,11 @@ def run_exit_hooks(builder: TraceBuilder, call: Any, output: Any, tensors: list)
     if isinstance(output, torch.Tensor):
         return new[0]
     return fill(flatten(output)[1], new)
+
+
+def _call_inputs(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensors a module call was given, positional first, then keyword."""
+    return _tensors_in(args) + _tensors_in(kwargs) if kwargs else _tensors_in(args)
 
 
 def _tensors_in(obj: Any) -> list[torch.Tensor]:

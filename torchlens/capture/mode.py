@@ -72,16 +72,6 @@ class CaptureMode(TorchFunctionMode):
             note_model_error(err, self.builder, info.name)
             raise
 
-        builder = self.builder
-        if type(result) is Tensor and not targets and info.name not in SPECIAL_OUTPUTS:
-            op = builder.record_one(  # one output, nothing written: most calls
-                info.name, func, args_template, kwargs_template, parent_args, result, rng_state
-            )
-            if autocast is not None:
-                op.meta["autocast"] = autocast
-            if self.op_hooks:
-                return self._run_hooks([op], [result], result)
-            return result
         if isinstance(result, Tensor) and info.name not in SPECIAL_OUTPUTS:
             tensors = [result]
         else:
@@ -90,7 +80,7 @@ class CaptureMode(TorchFunctionMode):
             if not outputs:
                 return result
             tensors = [t for _, t in outputs]
-        ops = builder.record_call(
+        ops = self.builder.record_call(
             info.name, func, args_template, kwargs_template, parent_args, tensors,
             inplace=bool(targets), rng_state=rng_state,
         )  # fmt: skip

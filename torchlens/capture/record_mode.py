@@ -99,7 +99,6 @@ class RecordMode(TorchFunctionMode):
         self._paths: dict[tuple[int, str], int] = {}
         self._path_trail: list[int] = []
         self._calls: dict[int | str, int] = {}  # module ids; addresses of opened groups
-        self._addresses: dict[int, str] = {}  # id(submodule) -> address, for own hooks
         self._thread = threading.get_ident()
         self.exits = ExitTracker(self) if controls.at_exit else None
 
@@ -258,7 +257,6 @@ class RecordMode(TorchFunctionMode):
         if not isinstance(model, nn.Module):
             return []
         walked = named_modules(model) if modules is None else modules
-        self._addresses = {id(m): a for a, m in walked}
         return wrap_forwards(walked, self._recorded_forward, self._enter, self._exit,
                              with_kwargs=False)  # fmt: skip
 
@@ -266,13 +264,11 @@ class RecordMode(TorchFunctionMode):
         self, module: nn.Module, address: str, forward: Callable[..., Any]
     ) -> Callable[..., Any]:
         thread, type_name = self._thread, type(module).__name__
-        calls = self._calls
 
         def forward_recorded(*args: Any, **kwargs: Any) -> Any:
             if self.paused or _thread_id() != thread:
                 return forward(*args, **kwargs)
-            calls[id(module)] = calls.get(id(module), 0) + 1
-            self._push_frame(address, calls[id(module)], type_name)
+            self._push_call(module, address, type_name)
             try:
                 output = forward(*args, **kwargs)
             except BaseException:
@@ -283,11 +279,14 @@ class RecordMode(TorchFunctionMode):
 
         return forward_recorded
 
-    def _enter(self, module: nn.Module, args: Any) -> None:
-        if self.paused or _thread_id() != self._thread:
-            return
+    def _enter(self, address: str, module: nn.Module, args: Any) -> None:
+        """The pre-hook of a submodule with hooks of its own."""
+        if not self.paused and _thread_id() == self._thread:
+            self._push_call(module, address, type(module).__name__)
+
+    def _push_call(self, module: nn.Module, address: str, type_name: str) -> None:
         call = self._calls[id(module)] = self._calls.get(id(module), 0) + 1
-        self._push_frame(self._addresses[id(module)], call, type(module).__name__)
+        self._push_frame(address, call, type_name)
 
     def _open(self, name: str, func: Any, args: tuple, kwargs: dict) -> Any:
         """A composite function's body, run with this mode on inside a group frame, as
