@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -333,7 +333,7 @@ class Controls:
             yield
             return
         state = rng.snapshot()
-        buffers = _snapshot_buffers(model)
+        buffers = _snapshot_buffers(model.modules() if isinstance(model, nn.Module) else ())
         try:
             yield
         except _Halt:
@@ -402,11 +402,11 @@ def trace_candidates(trace: Any) -> Candidates:
     )
 
 
-def _snapshot_buffers(model: Any) -> list[tuple[dict, str, Tensor, Tensor]]:
-    if not isinstance(model, nn.Module):
-        return []
+def _snapshot_buffers(modules: Iterable[nn.Module]) -> list[tuple[dict, str, Tensor, Tensor]]:
+    """A copy of every buffer of ``modules``, with where it lives, for
+    :func:`_restore_buffers`."""
     saved = []
-    for module in model.modules():
+    for module in modules:
         for name, buffer in module._buffers.items():
             if buffer is not None:
                 saved.append((module._buffers, name, buffer, buffer.detach().clone()))

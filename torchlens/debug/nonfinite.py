@@ -22,7 +22,7 @@ from torch import nn
 from torchlens._source import SourceLine
 from torchlens.capture import rng
 from torchlens.capture.api import normalize_call
-from torchlens.capture.controls import _Halt, _restore_buffers
+from torchlens.capture.controls import _Halt, _restore_buffers, _snapshot_buffers
 from torchlens.capture.record import _recording
 from torchlens.capture.refusals import check_traceable
 from torchlens.capture.walk import named_modules
@@ -207,12 +207,7 @@ def _run(mode: NonFiniteMode) -> NonFiniteMode:
     Python's cyclic garbage collector, as every capture does.)
     """
     state = rng.snapshot()
-    buffers = [
-        (module._buffers, name, buffer, buffer.detach().clone())
-        for _, module in mode.modules or ()
-        for name, buffer in module._buffers.items()
-        if buffer is not None
-    ]
+    buffers = _snapshot_buffers(module for _, module in mode.modules or ())
     try:
         with _recording(mode.model, mode, mode.modules):
             mode.output = mode.model(*mode.args, **mode.kwargs)
