@@ -64,8 +64,8 @@ class Interpreter:
 
     def __init__(self, trace: Any) -> None:
         self.trace = trace
-        # id(op) -> (op, its argument fillers); holding the op keeps its id from being reused
-        self._fillers: dict[int, tuple[Any, Filler, Filler]] = {}
+        # id(op) -> (op, its call runner); holding the op keeps its id from being reused
+        self._runners: dict[int, tuple[Any, Callable[[list[Tensor]], list[Tensor]]]] = {}
 
     def run(self) -> None:
         """Visit every recorded call in execution order."""
@@ -102,24 +102,27 @@ class Interpreter:
         return self.execute_call(op, values)
 
     def execute_call(self, op: Any, values: list[Tensor]) -> list[Tensor]:
-        args, kwargs = self.arguments(op, values)
-        result = op.func(*args, **kwargs)
-        special = SPECIAL_OUTPUTS.get(op.func_name)
-        if special is None and type(result) is Tensor:  # the common case, without a walk
-            return [result]
-        outputs = special(args, result) if special else flatten(result)[0]
-        return [tensor for _, tensor in outputs]
+        return self.call_runner(op)(values)
 
-    def arguments(self, op: Any, values: list[Tensor]) -> tuple[Any, dict]:
-        """The call's positional and keyword arguments, ``values`` in the tensor slots."""
-        known = self._fillers.get(id(op))
-        if known is None:  # worked out once per op: most calls are re-run several times
-            known = self._fillers[id(op)] = (
-                op,
-                _filler(op.args_template),
-                _filler(op.kwargs_template),
-            )
-        return known[1](values), known[2](values)
+    def call_runner(self, op: Any) -> Callable[[list[Tensor]], list[Tensor]]:
+        """``op``'s call as a function of its tensor values, made once per op (argument
+        fillers, special outputs): most calls are re-run several times."""
+        known = self._runners.get(id(op))
+        if known is not None:
+            return known[1]
+        func, special = op.func, SPECIAL_OUTPUTS.get(op.func_name)
+        fill_args, fill_kwargs = _filler(op.args_template), _filler(op.kwargs_template)
+
+        def run(values: list[Tensor]) -> list[Tensor]:
+            args = fill_args(values)
+            result = func(*args, **fill_kwargs(values))
+            if special is None and type(result) is Tensor:  # the common case, without a walk
+                return [result]
+            outputs = special(args, result) if special else flatten(result)[0]
+            return [tensor for _, tensor in outputs]
+
+        self._runners[id(op)] = (op, run)
+        return run
 
     def execute_stochastic(self, op: Any, values: list[Tensor]) -> list[Tensor]:
         with rng.restored(op.rng_state), _own_generator(op):
@@ -215,7 +218,7 @@ class Checker(Interpreter):
         self.edges = EdgeProver(self)
         # whether any op was edited by intervene= (reapply has nothing to do otherwise)
         self._edited = any(op.meta.get("intervened") for op in trace.ops)
-        # id(op) -> (op, how run_call runs it, the closure running a plain call)
+        # id(op) -> (op, how run_call runs it, its call runner when that is all it takes)
         self._kinds: dict[int, tuple[Any, str, Any]] = {}
 
     def run(self) -> None:
@@ -230,7 +233,7 @@ class Checker(Interpreter):
         known = self._kinds.get(id(op))
         if known is None:  # the op is held, so its id is not reused while this runs
             kind = _call_kind(op)
-            plain = self._plain_call(op) if kind == "plain" else None
+            plain = self.call_runner(op) if kind == "plain" else None
             known = self._kinds[id(op)] = (op, kind, plain)
         plain = known[2]
         if plain is not None:  # most calls: straight to the function
@@ -239,26 +242,6 @@ class Checker(Interpreter):
         if kind == "copies":
             values = [v if i in skip else v.clone() for i, v in enumerate(values)]
         return self.execute(op, values)
-
-    def _plain_call(self, op: Any) -> Callable[[list[Tensor]], list[Tensor]]:
-        """:meth:`execute_call` of one op as a closure, its per-op lookups made once: the
-        perturbation arm runs most calls several times."""
-        func, special = op.func, SPECIAL_OUTPUTS.get(op.func_name)
-        _, fill_args, fill_kwargs = self._fillers.get(id(op)) or (
-            op,
-            _filler(op.args_template),
-            _filler(op.kwargs_template),
-        )
-
-        def run(values: list[Tensor]) -> list[Tensor]:
-            args = fill_args(values)
-            result = func(*args, **fill_kwargs(values))
-            if special is None and type(result) is Tensor:  # the common case, without a walk
-                return [result]
-            outputs = special(args, result) if special else flatten(result)[0]
-            return [tensor for _, tensor in outputs]
-
-        return run
 
     def execute_stochastic(self, op: Any, values: list[Tensor]) -> list[Tensor]:
         rng.restore(op.rng_state)  # no need to save the state between calls: see run()

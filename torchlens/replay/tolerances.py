@@ -114,20 +114,8 @@ def equal(a: torch.Tensor, b: torch.Tensor) -> bool:
         >>> equal(torch.ones(2), torch.ones(2)), equal(torch.ones(2), torch.zeros(2))
         (True, False)
     """
-    if (
-        a.numel() >= _NUMPY_MIN_ELEMENTS
-        and type(a) in _PLAIN
-        and type(b) in _PLAIN
-        and a.layout == torch.strided
-        and b.layout == torch.strided
-        and a.shape == b.shape
-        and a.dtype == b.dtype
-        and a.dtype in _NUMPY_EQUAL
-        and a.device.type == "cpu"
-        and b.device.type == "cpu"
-        and not (a.requires_grad or b.requires_grad or a.is_neg() or b.is_neg())
-    ):
-        return bool((a.numpy() == b.numpy()).all())
+    if _plain_cpu(a) and _plain_cpu(b) and a.shape == b.shape and a.dtype == b.dtype:
+        return _equal_plain(a, b)
     return torch.equal(a, b)
 
 
