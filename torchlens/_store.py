@@ -50,6 +50,8 @@ class MemoryPayloadStore:
                 "clone the model's outputs before editing them, or trace again",
                 code="payload_overwritten",
             )
+        if value.requires_grad or type(value) is not torch.Tensor:  # kept undetached
+            value = self.values[label] = value.detach()
         return value
 
     def has(self, label: str) -> bool:

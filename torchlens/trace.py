@@ -236,7 +236,7 @@ class Trace:
         self.meta: dict[str, Any] = dict(meta or {})
         self.grad_session: Any = None  # set by tl.trace(save_grads=True); runs backward
         self._by_label: dict[str, Record] = {s.label: s for s in sources}
-        self._by_label.update((op.label, op) for op in ops)
+        self._by_label.update({op.label: op for op in ops})
         types = module_types(self.modules)
         for op in ops:
             if not op.module_type:

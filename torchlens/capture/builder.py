@@ -24,9 +24,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchlens._tensors import geometry_end, storage_key, version_of
+from torchlens._tensors import _storage_address, geometry_end, storage_key, version_of
 from torchlens.capture.composite import group_address
 from torchlens.capture.sinks import PayloadSink
+from torchlens.capture.tree import _POSITIONS, _SLOTS, ATOMS, flatten_call
 from torchlens.capture.walk import named_modules, owned_tensors
 from torchlens.trace import ArgRef, MemoryPayloadStore, ModuleCall, Op, Source, Trace
 
@@ -34,7 +35,10 @@ __all__ = ["TraceBuilder", "REFRESH_FUNC_NAME"]
 
 Tensor = torch.Tensor
 REFRESH_FUNC_NAME = "refresh"  # a value changed by a write the capture could not attribute
+_KEPT_AS_IS = frozenset({Tensor, nn.Parameter})  # saved undetached; see _save
 _ASK: Any = object()  # an argument the callee reads itself (a version counter not read yet)
+_Parameter = nn.Parameter
+_arg_ref = tuple.__new__  # ArgRef(label, position) without the Python-level __new__
 
 
 def _geometry(tensor: Tensor) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
@@ -114,12 +118,16 @@ class TraceBuilder:
         self._live: dict[int, tuple] = {}
         self._owned: dict[int, tuple[str, str, Tensor]] = {}  # id -> (kind, address, tensor)
         self._name_counts: dict[str, int] = defaultdict(int)
-        self._aliases: dict[int, list[str]] = defaultdict(list)
+        self._aliases: dict[int, list[str]] = {}
         # storage -> [(call count, label)] of the in-place writes into it, in order
         self._writers: dict[int, list[tuple[int, str]]] = defaultdict(list)
         self._call_count = 0
         self._module_call_counts: dict[int | str, int] = {}
-        self._open_calls: list[ModuleCall] = []
+        # the open calls, innermost last, each with its index in module_calls
+        self._open_calls: list[tuple[ModuleCall, int]] = []
+        # per module call, the ops recorded while it was open: ops[start:end] (end None
+        # while open); ops are only appended, so a call's ops are one run of them
+        self._spans: list[list[Any]] = []
         # the open module calls as (address, call number), outermost first: one tuple, shared
         # by every op recorded meanwhile; the tuples the open calls replaced, to pop back to
         self._frames: tuple[tuple[str, int], ...] = ()
@@ -191,10 +199,12 @@ class TraceBuilder:
         (parameter, buffer or constant) or a ``refresh`` op when needed."""
         entry = self._live.get(id(tensor))
         if entry is not None and entry[0]() is tensor:
-            label = entry[1]
-            if entry[2] == version_of(tensor):
-                return label
-            return self._refresh(tensor, label, entry[3])
+            try:  # version_of inline: this runs for every tensor argument of every call
+                if entry[2] == tensor._version:
+                    return entry[1]
+            except RuntimeError:  # an inference tensor: no version counter, no refresh
+                return entry[1]
+            return self._refresh(tensor, entry[1], entry[3])
         owned = self._owned.get(id(tensor))
         if owned is not None and owned[2] is tensor:
             kind, address, _ = owned
@@ -204,6 +214,41 @@ class TraceBuilder:
         label = self._new_label("constant")
         self._add_source(label, "constant", "closure", tensor)
         return label
+
+    def arguments(self, args: tuple, kwargs: dict) -> tuple[list[ArgRef], tuple, dict]:
+        """A call's tensor arguments as :class:`ArgRef` (each labelled as :meth:`label_of`
+        does), and its argument templates (:func:`~torchlens.capture.tree.flatten_call`).
+
+        The common call, tensors and atoms side by side, is walked here in one pass with
+        the identity check of :meth:`label_of` inline: this runs for every call.
+        """
+        if not kwargs and len(args) <= len(_SLOTS):
+            refs: list[ArgRef] = []
+            template: list[Any] = []
+            live = self._live
+            try:
+                for i, arg in enumerate(args):
+                    kind = type(arg)
+                    if kind is Tensor or kind is _Parameter:
+                        entry = live.get(id(arg))
+                        if entry is not None and entry[0]() is arg and entry[2] == arg._version:
+                            label = entry[1]
+                        else:
+                            label = self.label_of(arg)
+                        template.append(_SLOTS[len(refs)])
+                        refs.append(_arg_ref(ArgRef, (label, _POSITIONS[i])))
+                    elif kind in ATOMS:
+                        template.append(arg)
+                    else:
+                        break  # nested: walked below
+                else:
+                    return refs, tuple(template), {}
+            except RuntimeError:  # an inference tensor has no version: label_of knows
+                pass
+        leaves, args_template, kwargs_template = flatten_call(args, kwargs)
+        label_of = self.label_of
+        refs = [_arg_ref(ArgRef, (label_of(t), pos)) for pos, t in leaves]
+        return refs, args_template, kwargs_template
 
     def _refresh(self, tensor: Tensor, stale_label: str, since: int) -> str:
         """Record that ``tensor`` changed behind the capture's back (see module docstring).
@@ -238,7 +283,7 @@ class TraceBuilder:
         for label in self._aliases.pop(key, ()):
             value = self.store.values.get(label)
             if value is not None:
-                copy = value.clone()
+                copy = value.detach().clone()
                 self.store.set(label, copy, version_of(copy))
 
     def record_call(
@@ -307,10 +352,13 @@ class TraceBuilder:
             records[parent].children.append(label)
         self.ops.append(op)
         records[label] = op
-        version = version_of(tensor)
+        try:  # version_of inline (the per-op path)
+            version = tensor._version
+        except RuntimeError:  # inference tensors have none
+            version = None
         if self.save_payloads:
             if self.payload_filter is None or self.payload_filter(op):
-                self._save(label, tensor, False, version, requires_grad)
+                self._save(label, tensor, False, version)
             else:
                 self.store.mark_missing(
                     label, "not_saved", f"{label!r} was not selected by save=; trace again "
@@ -333,31 +381,32 @@ class TraceBuilder:
         if self.save_payloads:
             self._save(key, value, copy=False)
 
-    def _save(
-        self,
-        label: str,
-        tensor: Tensor,
-        copy: bool,
-        version: Any = _ASK,
-        requires_grad: bool | None = None,
-    ) -> None:
+    def _save(self, label: str, tensor: Tensor, copy: bool, version: Any = _ASK) -> None:
         """Keep ``tensor``'s value under ``label``: an alias, copied before anything writes
-        into it (see :meth:`protect`), or a copy now (``copy``). ``version`` and
-        ``requires_grad`` are passed where the caller has read them already."""
+        into it (see :meth:`protect`), or a copy now (``copy``). ``version`` is passed
+        where the caller has read it already."""
         if self.sink is not None:  # written now, so later in-place writes cannot reach it
             self.sink.put(label, tensor.detach())
             return
-        if requires_grad is None:
-            requires_grad = tensor.requires_grad
-        # the tensor itself where it holds no autograd graph (no_grad, integer values):
-        # detaching makes an alias object, the dearest step of keeping a value
-        value = tensor if not requires_grad and type(tensor) is Tensor else tensor.detach()
-        key = None if copy else storage_key(value)
+        # the tensor itself, detached when first read (MemoryPayloadStore.get): detaching
+        # makes an alias object, the dearest step of keeping a value, and a graph the
+        # tensor holds is held by the model's output anyway
+        value = tensor if type(tensor) in _KEPT_AS_IS else tensor.detach()
+        key = None
+        if not copy:
+            try:  # storage_key inline (the per-op path)
+                key = _storage_address(value)
+            except (RuntimeError, NotImplementedError):  # no plain storage: copied
+                pass
         if key is None:
-            value = value.clone()
+            value = value.detach().clone()
             version = version_of(value)
         else:
-            self._aliases[key].append(label)
+            aliases = self._aliases.get(key)
+            if aliases is None:
+                self._aliases[key] = [label]
+            else:
+                aliases.append(label)
             if version is _ASK:  # an alias shares the tensor's version counter
                 version = version_of(value)
         self.store.set(label, value, version)
@@ -388,14 +437,16 @@ class TraceBuilder:
     def _push(self, call: ModuleCall) -> None:
         self._frame_trail.append(self._frames)
         self._frames += ((call.address, call.call_index),)
+        self._open_calls.append((call, len(self.module_calls)))
         self.module_calls.append(call)
-        self._open_calls.append(call)
+        self._spans.append([len(self.ops), None])
 
     def exit_module(self, outputs: Iterable[Tensor]) -> ModuleCall | None:
         """A module's forward returned: pop it and note what it returned; returns the call."""
         if not self._open_calls:
             return None
-        call = self._open_calls.pop()
+        call, index = self._open_calls.pop()
+        self._spans[index][1] = len(self.ops)
         self._frames = self._frame_trail.pop()
         call.outputs = tuple([self.label_of(t) for t in outputs])
         return call
@@ -438,13 +489,9 @@ class TraceBuilder:
             self.protect(tensor)
         root = ModuleCall("", 1, root_type, tuple(self.input_labels), tuple(output_labels))
         calls = [root, *self.module_calls]
-        by_frame = {(c.address, c.call_index): [] for c in self.module_calls}
-        for op in self.ops:
-            for frame in op.module_stack:
-                by_frame.setdefault(frame, []).append(op.label)
-        root.ops = tuple(op.label for op in self.ops)
-        for call in self.module_calls:
-            call.ops = tuple(by_frame[(call.address, call.call_index)])
+        labels = root.ops = tuple([op.label for op in self.ops])
+        for call, (start, end) in zip(self.module_calls, self._spans):
+            call.ops = labels[start:end]  # a call still open (halted inside) runs to the end
         trace = Trace(
             ops=self.ops,
             sources=self.sources,

@@ -135,8 +135,12 @@ class _ModuleCalls:
         def forward_traced(*args: Any, **kwargs: Any) -> Any:
             if builder.paused or _thread_id() != thread:
                 return forward(*args, **kwargs)
+            if len(args) == 1 and not kwargs and isinstance(args[0], torch.Tensor):
+                inputs = args  # the common one-tensor call, without the walk
+            else:
+                inputs = _call_inputs(args, kwargs)
             with _no_torch_function():  # bookkeeping must not be recorded as ops
-                builder.enter_module(module, address, _call_inputs(args, kwargs), type_name)
+                builder.enter_module(module, address, inputs, type_name)
             try:
                 output = forward(*args, **kwargs)
             except BaseException:

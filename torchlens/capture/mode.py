@@ -23,12 +23,11 @@ from torchlens.capture.hooks import run_exit_hooks
 from torchlens.capture.naming import FUNC_INFOS, func_info
 from torchlens.capture.special import SPECIAL_OUTPUTS
 from torchlens.capture.tree import fill, flatten, flatten_call
-from torchlens.trace import ArgRef, Op
+from torchlens.trace import Op
 
 __all__ = ["CaptureMode", "OpHook"]
 
 Tensor = torch.Tensor
-_arg_ref = tuple.__new__  # ArgRef(label, position) without the Python-level __new__
 
 # Called after each recorded op with the op and its live output; may return a replacement
 # tensor (interventions) or raise to halt the forward (stop_after).
@@ -55,9 +54,7 @@ class CaptureMode(TorchFunctionMode):
             return self._open(info.name, func, args, kwargs)
         if info.inplace and not args and kwargs:  # torch.nn.init passes tensor=...
             args, kwargs = _target_first(args, kwargs)
-        leaves, args_template, kwargs_template = flatten_call(args, kwargs)
-        label_of = self.builder.label_of
-        parent_args = [_arg_ref(ArgRef, (label_of(t), pos)) for pos, t in leaves]
+        parent_args, args_template, kwargs_template = self.builder.arguments(args, kwargs)
         targets = _inplace_targets(info.inplace, args, kwargs) if info.inplace or kwargs else ()
         for target in targets:
             self.builder.protect(target)
