@@ -96,6 +96,7 @@ class TraceBuilder:
                 "values; trace again without structure_only to read activations",
             )
         )
+        self._values, self._versions = self.store.values, self.store.versions
         self.sink = sink  # when given, values go to it as produced instead of memory
         if sink is not None:
             self.store = sink.attach(self.store)
@@ -409,7 +410,9 @@ class TraceBuilder:
                 aliases.append(label)
             if version is _ASK:  # an alias shares the tensor's version counter
                 version = version_of(value)
-        self.store.set(label, value, version)
+        self._values[label] = value  # MemoryPayloadStore.set inline (the per-op path)
+        if version is not None:
+            self._versions[label] = version
 
     def _new_label(self, name: str) -> str:
         self._name_counts[name] += 1

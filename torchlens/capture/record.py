@@ -9,6 +9,7 @@ from typing import Any
 
 from torch import nn
 
+from torchlens._tensors import storage_key
 from torchlens.capture import session as _session
 from torchlens.capture.api import normalize_call
 from torchlens.capture.controls import Controls
@@ -89,9 +90,10 @@ def _protect_kept(
         return  # nothing kept, or only copies
     for _, tensor in flatten((args, kwargs, output))[0]:
         mode.protect(tensor)
+    aliased = mode.aliased_storages  # live: protect() removes what it copied
     for _, module in modules:
         for tensor in itertools.chain(module._parameters.values(), module._buffers.values()):
-            if tensor is not None:
+            if tensor is not None and storage_key(tensor) in aliased:
                 mode.protect(tensor)
 
 

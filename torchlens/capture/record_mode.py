@@ -14,7 +14,7 @@ only the rest build an :class:`~torchlens.recording.OpView` to ask.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -93,7 +93,8 @@ class RecordMode(TorchFunctionMode):
         self._aliases: dict[Any, list[str]] = {}
         self._stack: list[tuple[str, int]] = []
         self._types: list[str] = [""]  # class names along the stack; the root's first
-        self._frames: tuple[tuple[str, int], ...] = ()
+        self._frames: tuple[tuple[str, int], ...] = ()  # self._stack as a tuple
+        self._frame_trail: list[tuple[tuple[str, int], ...]] = []  # the tuples to pop back to
         self._path = 0  # id of the current module address path, for the memo
         self._paths_needed = any(rule.static for rule in controls.rules)  # any memo at all
         self._paths: dict[tuple[int, str], int] = {}
@@ -230,6 +231,11 @@ class RecordMode(TorchFunctionMode):
             self.protect(target)
 
     @property
+    def aliased_storages(self) -> Mapping[Any, list[str]]:
+        """Storage key -> labels of the kept values aliasing that storage (not copies)."""
+        return self._aliases
+
+    @property
     def has_aliases(self) -> bool:
         """Whether a kept value is an alias of a live tensor (not a copy)."""
         return bool(self._aliases)
@@ -272,9 +278,9 @@ class RecordMode(TorchFunctionMode):
             try:
                 output = forward(*args, **kwargs)
             except BaseException:
-                self._exit(None, None, None)
+                self._pop_frame(None)
                 raise
-            new = self._exit(module, args, output)
+            new = self._pop_frame(output)
             return output if new is None else new
 
         return forward_recorded
@@ -300,26 +306,33 @@ class RecordMode(TorchFunctionMode):
             result = opened_body(func)(*args, **kwargs)
         except BaseException:
             torch._C._pop_torch_function_stack()
-            self._exit(None, None, None)
+            self._pop_frame(None)
             raise
         torch._C._pop_torch_function_stack()
-        new = self._exit(None, None, result)
+        new = self._pop_frame(result)
         return result if new is None else new
 
     def _push_frame(self, address: str, call: int, type_name: str) -> None:
         self._stack.append((address, call))
         self._types.append(type_name)
-        self._frames = tuple(self._stack)
+        self._frame_trail.append(self._frames)
+        self._frames += ((address, call),)
         if self._paths_needed:
             self._path_trail.append(self._path)
             self._path = self._paths.setdefault((self._path, address), len(self._paths) + 1)
 
-    def _exit(self, module: nn.Module | None, args: Any, output: Any) -> Any:
+    def _exit(self, module: nn.Module, args: Any, output: Any) -> Any:
+        """The forward hook of a submodule with hooks of its own."""
         if self.paused or _thread_id() != self._thread or not self._stack:
             return None
+        return self._pop_frame(output)
+
+    def _pop_frame(self, output: Any) -> Any:
+        """The innermost call returned ``output`` (``None``: it raised); returns a
+        replacement for the output, or ``None`` to keep it."""
         frame = self._stack.pop()
         type_name = self._types.pop()
-        self._frames = tuple(self._stack)
+        self._frames = self._frame_trail.pop()
         if self._paths_needed:
             self._path = self._path_trail.pop()
         if self.exits is not None and output is not None:
