@@ -119,7 +119,8 @@ class TraceBuilder:
         self._live: dict[int, tuple] = {}
         self._owned: dict[int, tuple[str, str, Tensor]] = {}  # id -> (kind, address, tensor)
         self._name_counts: dict[str, int] = defaultdict(int)
-        self._aliases: dict[int, list[str]] = {}
+        # storage -> the labels of the saved values aliasing it: one label, or a list of them
+        self._aliases: dict[int, str | list[str]] = {}
         # storage -> [(call count, label)] of the in-place writes into it, in order
         self._writers: dict[int, list[tuple[int, str]]] = defaultdict(list)
         self._call_count = 0
@@ -128,7 +129,8 @@ class TraceBuilder:
         self._open_calls: list[tuple[ModuleCall, int]] = []
         # per module call, the ops recorded while it was open: ops[start:end] (end None
         # while open); ops are only appended, so a call's ops are one run of them
-        self._spans: list[list[Any]] = []
+        self._starts: list[int] = []
+        self._ends: list[int | None] = []
         # the open module calls as (address, call number), outermost first: one tuple, shared
         # by every op recorded meanwhile; the tuples the open calls replaced, to pop back to
         self._frames: tuple[tuple[str, int], ...] = ()
@@ -281,7 +283,8 @@ class TraceBuilder:
         key = storage_key(target)
         if key is None:
             return
-        for label in self._aliases.pop(key, ()):
+        aliases = self._aliases.pop(key, ())
+        for label in (aliases,) if type(aliases) is str else aliases:
             value = self.store.values.get(label)
             if value is not None:
                 copy = value.detach().clone()
@@ -404,8 +407,10 @@ class TraceBuilder:
             version = version_of(value)
         else:
             aliases = self._aliases.get(key)
-            if aliases is None:
-                self._aliases[key] = [label]
+            if aliases is None:  # the common case: a fresh storage, no list made for it
+                self._aliases[key] = label
+            elif type(aliases) is str:
+                self._aliases[key] = [aliases, label]
             else:
                 aliases.append(label)
             if version is _ASK:  # an alias shares the tensor's version counter
@@ -442,14 +447,15 @@ class TraceBuilder:
         self._frames += ((call.address, call.call_index),)
         self._open_calls.append((call, len(self.module_calls)))
         self.module_calls.append(call)
-        self._spans.append([len(self.ops), None])
+        self._starts.append(len(self.ops))
+        self._ends.append(None)
 
     def exit_module(self, outputs: Iterable[Tensor]) -> ModuleCall | None:
         """A module's forward returned: pop it and note what it returned; returns the call."""
         if not self._open_calls:
             return None
         call, index = self._open_calls.pop()
-        self._spans[index][1] = len(self.ops)
+        self._ends[index] = len(self.ops)
         self._frames = self._frame_trail.pop()
         call.outputs = tuple([self.label_of(t) for t in outputs])
         return call
@@ -493,7 +499,7 @@ class TraceBuilder:
         root = ModuleCall("", 1, root_type, tuple(self.input_labels), tuple(output_labels))
         calls = [root, *self.module_calls]
         labels = root.ops = tuple([op.label for op in self.ops])
-        for call, (start, end) in zip(self.module_calls, self._spans):
+        for call, start, end in zip(self.module_calls, self._starts, self._ends):
             call.ops = labels[start:end]  # a call still open (halted inside) runs to the end
         trace = Trace(
             ops=self.ops,
