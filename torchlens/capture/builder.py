@@ -9,13 +9,14 @@ place that knows which live tensor is which record:
 * a tensor whose version counter moved without the builder seeing the write (a view written
   in place, a buffer updated inside ``batch_norm``) gets a ``refresh`` op, so no edge ever
   points at a stale value;
-* payloads are saved as detached aliases (the tensor itself when it holds no autograd graph),
-  and cloned only just before something writes into their storage, so a saved value is
-  always the value at the time it was produced.
+* payloads are saved as aliases (the tensor itself, detached when first read), and cloned
+  only just before something writes into their storage, so a saved value is always the
+  value at the time it was produced.
 """
 
 from __future__ import annotations
 
+import operator
 import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -39,6 +40,8 @@ _KEPT_AS_IS = frozenset({Tensor, nn.Parameter})  # saved undetached; see _save
 _ASK: Any = object()  # an argument the callee reads itself (a version counter not read yet)
 _Parameter = nn.Parameter
 _arg_ref = tuple.__new__  # ArgRef(label, position) without the Python-level __new__
+_first = operator.itemgetter(0)  # (the per-op path: map with these runs no Python frame)
+_label = operator.attrgetter("label")
 
 
 def _geometry(tensor: Tensor) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
@@ -222,10 +225,17 @@ class TraceBuilder:
         """A call's tensor arguments as :class:`ArgRef` (each labelled as :meth:`label_of`
         does), and its argument templates (:func:`~torchlens.capture.tree.flatten_call`).
 
-        The common call, tensors and atoms side by side, is walked here in one pass with
-        the identity check of :meth:`label_of` inline: this runs for every call.
+        The common call, tensors and atoms side by side (keywords, if any, all atoms such as
+        ``dim=-1``), is walked here in one pass with the identity check of :meth:`label_of`
+        inline: this runs for every call.
         """
-        if not kwargs and len(args) <= len(_SLOTS):
+        flat = len(args) <= len(_SLOTS)
+        if flat and kwargs:
+            for value in kwargs.values():
+                if type(value) not in ATOMS:
+                    flat = False
+                    break
+        if flat:
             refs: list[ArgRef] = []
             template: list[Any] = []
             live = self._live
@@ -245,7 +255,7 @@ class TraceBuilder:
                     else:
                         break  # nested: walked below
                 else:
-                    return refs, tuple(template), {}
+                    return refs, tuple(template), dict(kwargs) if kwargs else {}
             except RuntimeError:  # an inference tensor has no version: label_of knows
                 pass
         leaves, args_template, kwargs_template = flatten_call(args, kwargs)
@@ -341,7 +351,7 @@ class TraceBuilder:
         if len(parent_args) == 1:
             parents: tuple[str, ...] = (parent_args[0][0],)
         else:
-            parents = tuple(dict.fromkeys([ref[0] for ref in parent_args]))
+            parents = tuple(dict.fromkeys(map(_first, parent_args)))
         frames = self._frames
         requires_grad = tensor.requires_grad
         # positional, in field order: the per-op path, where keywords cost measurably
@@ -368,7 +378,10 @@ class TraceBuilder:
                     label, "not_saved", f"{label!r} was not selected by save=; trace again "
                     "with a selector that matches it to keep its value",
                 )  # fmt: skip
-        self._remember(tensor, label, version)
+        if self.observers:
+            self._remember(tensor, label, version)
+        else:  # _remember inline (the per-op path)
+            self._live[id(tensor)] = (weakref.ref(tensor), label, version, self._call_count)
         return op
 
     def replace_output(self, op: Op, tensor: Tensor) -> None:
@@ -439,7 +452,7 @@ class TraceBuilder:
         name, when the caller knows it already)."""
         counts = self._module_call_counts
         call_index = counts[id(module)] = counts.get(id(module), 0) + 1
-        labels = tuple([self.label_of(t) for t in inputs])
+        labels = tuple(map(self.label_of, inputs))
         self._push(ModuleCall(address, call_index, type_name or type(module).__name__, labels))
 
     def _push(self, call: ModuleCall) -> None:
@@ -457,7 +470,7 @@ class TraceBuilder:
         call, index = self._open_calls.pop()
         self._ends[index] = len(self.ops)
         self._frames = self._frame_trail.pop()
-        call.outputs = tuple([self.label_of(t) for t in outputs])
+        call.outputs = tuple(map(self.label_of, outputs))
         return call
 
     def record(self, label: str) -> Op | Source | None:
@@ -471,7 +484,7 @@ class TraceBuilder:
         address = group_address(parent, name)
         counts = self._module_call_counts  # str keys: apart from modules' ids
         call_index = counts[address] = counts.get(address, 0) + 1
-        labels = tuple([self.label_of(t) for t in inputs])
+        labels = tuple(map(self.label_of, inputs))
         self._push(ModuleCall(address, call_index, name, labels))
 
     def exit_group(self, outputs: Iterable[Tensor]) -> ModuleCall | None:
@@ -498,7 +511,7 @@ class TraceBuilder:
             self.protect(tensor)
         root = ModuleCall("", 1, root_type, tuple(self.input_labels), tuple(output_labels))
         calls = [root, *self.module_calls]
-        labels = root.ops = tuple([op.label for op in self.ops])
+        labels = root.ops = tuple(map(_label, self.ops))
         for call, start, end in zip(self.module_calls, self._starts, self._ends):
             call.ops = labels[start:end]  # a call still open (halted inside) runs to the end
         trace = Trace(
