@@ -757,3 +757,34 @@ def test_owned_tensors_are_named_as_named_parameters_and_named_buffers_name_them
     expected.update({id(t): ("buffer", a) for a, t in model.named_buffers()})
     assert {k: v[:2] for k, v in owned.items()} == expected
     assert all(v[2] is t for v, t in ((owned[id(t)], t) for t in model.parameters()))
+
+
+def test_saved_values_are_served_detached_and_faithful():
+    """Values are kept undetached during capture (see builder._save) and detached when
+    first read: what a reader gets holds no autograd graph and equals the value computed."""
+    model = tutorial_model()  # parameters require grad: every op's output has a graph
+    x = torch.randn(2, 4)
+    trace = tl.trace(model, x)
+    hidden = model[1](model[0](x)).detach()
+    for op in trace:
+        out = op.out
+        assert not out.requires_grad and out.grad_fn is None
+        assert out is op.out  # detached once, then served as is
+    assert torch.equal(trace["relu_1"].out, hidden)
+    weight = trace["0.weight"].out
+    assert type(weight) is torch.Tensor and not weight.requires_grad
+    assert torch.equal(weight, model[0].weight.detach())
+    assert trace.output.requires_grad  # what the model returned is left as it was
+
+
+@pytest.mark.parametrize("read_first", [True, False])
+def test_parameter_edited_after_capture_is_refused_read_or_not(read_first):
+    model = tutorial_model()
+    trace = tl.trace(model, torch.randn(2, 4))
+    if read_first:
+        trace["0.weight"].out
+    with torch.no_grad():
+        model[0].weight.add_(1.0)  # an optimizer step, after capture
+    with pytest.raises(PayloadUnavailableError) as caught:
+        trace["0.weight"].out
+    assert caught.value.code == "payload_overwritten"
