@@ -113,7 +113,9 @@ class RecordMode(TorchFunctionMode):
             return func(*args, **kwargs) if kwargs else func(*args)
         if info.opens:
             return self._open(info.name, func, args, kwargs or {})
-        if self._aliases and (info.inplace or kwargs):
+        if self._aliases and (
+            info.inplace or kwargs and ("out" in kwargs or kwargs.get("inplace") is True)
+        ):  # a call that may write into a kept value (see _inplace_targets)
             self._protect(info.inplace, args, kwargs or {})
         try:
             result = func(*args, **kwargs) if kwargs else func(*args)
@@ -274,7 +276,7 @@ class RecordMode(TorchFunctionMode):
         def forward_recorded(*args: Any, **kwargs: Any) -> Any:
             if self.paused or _thread_id() != thread:
                 return forward(*args, **kwargs)
-            self._push_call(module, address, type_name)
+            self._push_frame(id(module), address, type_name)
             try:
                 output = forward(*args, **kwargs)
             except BaseException:
@@ -288,19 +290,14 @@ class RecordMode(TorchFunctionMode):
     def _enter(self, address: str, module: nn.Module, args: Any) -> None:
         """The pre-hook of a submodule with hooks of its own."""
         if not self.paused and _thread_id() == self._thread:
-            self._push_call(module, address, type(module).__name__)
-
-    def _push_call(self, module: nn.Module, address: str, type_name: str) -> None:
-        call = self._calls[id(module)] = self._calls.get(id(module), 0) + 1
-        self._push_frame(address, call, type_name)
+            self._push_frame(id(module), address, type(module).__name__)
 
     def _open(self, name: str, func: Any, args: tuple, kwargs: dict) -> Any:
         """A composite function's body, run with this mode on inside a group frame, as
         the full capture records it (``capture/composite.py``)."""
         parent = self._stack[-1][0] if self._stack else ""
         address = group_address(parent, name)
-        call = self._calls[address] = self._calls.get(address, 0) + 1
-        self._push_frame(address, call, name)
+        self._push_frame(address, address, name)
         torch._C._push_on_torch_function_stack(self)
         try:
             result = opened_body(func)(*args, **kwargs)
@@ -312,7 +309,9 @@ class RecordMode(TorchFunctionMode):
         new = self._pop_frame(result)
         return result if new is None else new
 
-    def _push_frame(self, address: str, call: int, type_name: str) -> None:
+    def _push_frame(self, key: int | str, address: str, type_name: str) -> None:
+        """A call starts: ``key`` counts its calls (a module's id; a group's address)."""
+        call = self._calls[key] = self._calls.get(key, 0) + 1
         self._stack.append((address, call))
         self._types.append(type_name)
         self._frame_trail.append(self._frames)
