@@ -166,7 +166,7 @@ class _ModuleCalls:
     def _exit(self, output: Any) -> Any:
         builder = self.builder
         with _no_torch_function():
-            tensors = _tensors_in(output)
+            tensors = [output] if isinstance(output, torch.Tensor) else _tensors_in(output)
             call = builder.exit_module(tensors)
             if call is not None and builder.exit_hooks:
                 return run_exit_hooks(builder, call, output, tensors)
