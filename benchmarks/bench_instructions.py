@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
+import os
 import re
 import shutil
 import subprocess
@@ -86,6 +87,7 @@ def _instructions(arm: str, runs: int) -> int:
                 sys.executable, __file__, "--count", arm, "--runs", str(runs),
             ],
             capture_output=True, text=True, check=False,
+            env={**os.environ, "PYTHONHASHSEED": "0"},  # dict layouts, so counts, repeat
         )  # fmt: skip
     found = re.search(r"Collected\s*:\s*(\d+)", done.stderr)
     if done.returncode != 0 or found is None:
