@@ -416,7 +416,7 @@ class TraceBuilder:
             except (RuntimeError, NotImplementedError):  # no plain storage: copied
                 pass
         if key is None:
-            value = value.detach().clone()
+            value = tensor.detach().clone()
             version = version_of(value)
         else:
             aliases = self._aliases.get(key)

@@ -11,6 +11,7 @@ model's call itself; a bug inside torchlens keeps its full traceback.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -40,12 +41,14 @@ def note_model_error(err: BaseException, builder: Any, func_name: str) -> None:
     _note(err, label, builder.module_stack)
 
 
-def note_record_error(err: BaseException, counts: dict[str, int], stack: list, name: str) -> None:
+def note_record_error(
+    err: BaseException, counts: dict[str, int], stack: Sequence[tuple[str, int]], name: str
+) -> None:
     """:func:`note_model_error` for ``tl.record``, which counts labels itself."""
     _note(err, f"{name}_{counts.get(name, 0) + 1}", stack)
 
 
-def _note(err: BaseException, label: str, stack: list[tuple[str, int]]) -> None:
+def _note(err: BaseException, label: str, stack: Sequence[tuple[str, int]]) -> None:
     if getattr(err, _MARK, None) is not None or isinstance(err, TorchLensError):
         return
     where = "the traced model's own forward"

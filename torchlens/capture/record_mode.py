@@ -91,10 +91,11 @@ class RecordMode(TorchFunctionMode):
         self._plans: dict[str, _Plan | None] = {}
         self._memo: dict[tuple[str, int], Any] = {}
         self._aliases: dict[Any, list[str]] = {}
-        self._stack: list[tuple[str, int]] = []
         self._types: list[str] = [""]  # class names along the stack; the root's first
-        self._frames: tuple[tuple[str, int], ...] = ()  # self._stack as a tuple
-        self._frame_trail: list[tuple[tuple[str, int], ...]] = []  # the tuples to pop back to
+        # the open calls as (address, call number), outermost first, and the tuples they
+        # replaced, to pop back to
+        self._frames: tuple[tuple[str, int], ...] = ()
+        self._frame_trail: list[tuple[tuple[str, int], ...]] = []
         self._path = 0  # id of the current module address path, for the memo
         self._paths_needed = any(rule.static for rule in controls.rules)  # any memo at all
         self._paths: dict[tuple[int, str], int] = {}
@@ -120,7 +121,7 @@ class RecordMode(TorchFunctionMode):
         try:
             result = func(*args, **kwargs) if kwargs else func(*args)
         except Exception as err:  # the model's own error: noted, never wrapped
-            note_record_error(err, self.counts, self._stack, info.name)
+            note_record_error(err, self.counts, self._frames, info.name)
             raise
         name = info.name
         if isinstance(result, Tensor):
@@ -295,7 +296,7 @@ class RecordMode(TorchFunctionMode):
     def _open(self, name: str, func: Any, args: tuple, kwargs: dict) -> Any:
         """A composite function's body, run with this mode on inside a group frame, as
         the full capture records it (``capture/composite.py``)."""
-        parent = self._stack[-1][0] if self._stack else ""
+        parent = self._frames[-1][0] if self._frames else ""
         address = group_address(parent, name)
         self._push_frame(address, address, name)
         torch._C._push_on_torch_function_stack(self)
@@ -312,7 +313,6 @@ class RecordMode(TorchFunctionMode):
     def _push_frame(self, key: int | str, address: str, type_name: str) -> None:
         """A call starts: ``key`` counts its calls (a module's id; a group's address)."""
         call = self._calls[key] = self._calls.get(key, 0) + 1
-        self._stack.append((address, call))
         self._types.append(type_name)
         self._frame_trail.append(self._frames)
         self._frames += ((address, call),)
@@ -322,14 +322,14 @@ class RecordMode(TorchFunctionMode):
 
     def _exit(self, module: nn.Module, args: Any, output: Any) -> Any:
         """The forward hook of a submodule with hooks of its own."""
-        if self.paused or _thread_id() != self._thread or not self._stack:
+        if self.paused or _thread_id() != self._thread or not self._frames:
             return None
         return self._pop_frame(output)
 
     def _pop_frame(self, output: Any) -> Any:
         """The innermost call returned ``output`` (``None``: it raised); returns a
         replacement for the output, or ``None`` to keep it."""
-        frame = self._stack.pop()
+        frame = self._frames[-1]
         type_name = self._types.pop()
         self._frames = self._frame_trail.pop()
         if self._paths_needed:

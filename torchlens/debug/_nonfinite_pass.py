@@ -252,10 +252,8 @@ class NonFiniteMode(RecordMode):
         """Before a call writes into tensors: note whether its arguments were proven finite
         (a ReLU in place keeps them so), and copy the targets when their values could not
         be had again by running the forward up to this call: when it writes into an input,
-        a parameter or a buffer, or did so before (or when this is the call to copy)."""
-        if not (inplace or "out" in kwargs or kwargs.get("inplace") is True):
-            self._before = None  # a call with keywords that writes nothing (the usual one)
-            return
+        a parameter or a buffer, or did so before (or when this is the call to copy).
+        :class:`RecordMode` calls it only for a call that may write."""
         targets = _inplace_targets(inplace, args, kwargs)
         if not targets:
             self._before = None
