@@ -7,9 +7,11 @@ import torch.nn.functional as F
 
 import torchlens as tl
 from torchlens.capture.autocast import any_autocast, autocast_state
-from torchlens.replay.exemptions import may_write_arguments
+from torchlens.capture.tree import ArgSlot, slots_in_order
+from torchlens.replay import check_trace
+from torchlens.replay.exemptions import exempt_reason, may_write_arguments, maybe_exempt
 from torchlens.replay.perturb import SLICE_MIN_ELEMENTS, cut, large_enough, slice_plan, sliced
-from torchlens.replay.tolerances import equal
+from torchlens.replay.tolerances import comparable, equal
 
 
 def test_equal_agrees_with_torch_equal_on_large_and_small_values():
@@ -66,3 +68,53 @@ def test_any_autocast_answers_inside_and_outside_a_region():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert any_autocast()
         assert autocast_state() == [["cpu", "bfloat16"]]
+
+
+def test_slots_in_order_only_for_flat_calls_in_slot_order():
+    s0, s1 = ArgSlot(0), ArgSlot(1)
+    assert slots_in_order((s0, s1), {}, 2)
+    assert slots_in_order((s0, 2.0, (2, -1), None), {"dim": -1, "size": (3, slice(0, 2))}, 1)
+    assert slots_in_order((1, 2), {}, 0)  # a factory call: atoms only
+    assert not slots_in_order((s1, s0), {}, 2)  # swapped
+    assert not slots_in_order((s0,), {}, 2)  # fewer slots than tensors
+    assert not slots_in_order((s0, s1), {}, 1)  # a slot after the first n
+    assert not slots_in_order((s0, 2.0), {"weight": s1}, 2)  # a tensor keyword
+    assert not slots_in_order(([s0, s1],), {}, 2)  # nested: cat([a, b])
+    assert not slots_in_order((s0, [2, 3]), {}, 1)  # a list is mutable: filled afresh
+    assert not slots_in_order([s0], {}, 1)  # not a tuple template
+
+
+def test_maybe_exempt_is_false_only_where_exempt_reason_is_none():
+    x = torch.randn(3, 4)
+    trace = tl.trace(lambda a: torch.zeros_like(a) + a.sum(), x)
+    for op in trace.ops:
+        for ref in op.parent_args:
+            if not maybe_exempt(op, ref.position):
+                assert exempt_reason(op, [ref.position]) is None
+    zeros = trace["zeros_like_1"]
+    assert maybe_exempt(zeros, "0") and exempt_reason(zeros, ["0"])
+
+
+def test_comparable_keeps_a_plain_value_and_detaches_the_rest():
+    plain = torch.randn(3)
+    assert comparable(plain) is plain
+    tracked = torch.randn(3, requires_grad=True)
+    assert not comparable(tracked).requires_grad
+    assert comparable(tracked).data_ptr() == tracked.data_ptr()
+    complex_value = torch.randn(3, dtype=torch.complex64)
+    assert comparable(complex_value).shape == (3, 2)  # a real view
+    assert comparable(torch.randn(3, 3).to_sparse()).layout == torch.strided
+
+
+def test_a_saved_value_edited_after_capture_is_not_replayed_against():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
+    trace = tl.trace(model, torch.randn(2, 4))
+    trace["linear_1"].out.mul_(2)  # edits the saved value in place
+    status = check_trace(trace)
+    assert status.state == "unverified"
+    assert {(gap.label, gap.arm) for gap in status.unchecked} >= {("linear_1", "replay")}
+    assert all(
+        "payload_overwritten" in gap.reason or "modified in place" in gap.reason
+        for gap in status.unchecked
+        if gap.label == "linear_1"
+    )

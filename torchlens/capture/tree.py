@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ATOMS", "ArgSlot", "flatten", "flatten_call", "fill"]
+__all__ = ["ATOMS", "ArgSlot", "flatten", "flatten_call", "fill", "slots_in_order"]
 
 Tensor = torch.Tensor
 Parameter = torch.nn.Parameter
@@ -43,6 +43,42 @@ _SLOTS = tuple(ArgSlot(i) for i in range(16))  # shared: a slot is never changed
 
 def _slot(index: int) -> ArgSlot:
     return _SLOTS[index] if index < 16 else ArgSlot(index)
+
+
+def slots_in_order(args: Any, kwargs: Any, n: int) -> bool:
+    """Whether a call's templates are the usual flat call: the first ``n`` positional items
+    are ``ArgSlot(0) .. ArgSlot(n - 1)``, in order, and every other item is an atom or a
+    tuple of atoms (a size, an index: immutable, so it can be passed as it is). Such a
+    call is ``func(*tensors, *args[n:], **kwargs)``: no filling, no walk. False says only
+    that the templates are not that simple.
+
+    Example:
+        >>> slots_in_order((ArgSlot(0), ArgSlot(1), 2.0), {"dim": -1}, 2)
+        True
+        >>> slots_in_order((ArgSlot(1), ArgSlot(0)), {}, 2)
+        False
+    """
+    if type(args) is not tuple or type(kwargs) is not dict:
+        return False
+    i = 0
+    for item in args:
+        if i < n:
+            if type(item) is not ArgSlot or item.index != i:
+                return False
+            i += 1
+        elif type(item) not in ATOMS and not _atoms_tuple(item):
+            return False
+    if i != n:
+        return False
+    for item in kwargs.values():
+        if type(item) not in ATOMS and not _atoms_tuple(item):
+            return False
+    return True
+
+
+def _atoms_tuple(item: Any) -> bool:
+    """A tuple of atoms (a size, an index of slices): a constant argument, like an atom."""
+    return type(item) is tuple and ATOMS.issuperset(map(type, item))
 
 
 def flatten(obj: Any, prefix: str = "") -> tuple[list[tuple[str, Tensor]], Any]:

@@ -29,6 +29,7 @@ from torchlens.capture.tree import fill
 from torchlens.replay.exemptions import (
     SILENT_OUTPUT,
     exempt_reason,
+    maybe_exempt,
     parent_kind_reason,
     unchanged_reason,
     unread_reason,
@@ -84,23 +85,25 @@ class EdgeProver:
         head = ops[0]
         slots: dict[str, list[int]] = {}
         for i, ref in enumerate(head.parent_args):
-            slots.setdefault(ref.label, []).append(i)
-        empty = all(out.numel() == 0 for out in outputs)
-        decided = {
-            label: verdict
-            for label, indices in slots.items()
-            if (verdict := self._without_calls(head, label, indices, values, outputs, empty))
-        }
-        pending = [(label, indices) for label, indices in slots.items() if label not in decided]
+            slots.setdefault(ref[0], []).append(i)
+        empty = not any(map(Tensor.numel, outputs))
+        verdicts: dict[str, Verdict | None] = dict.fromkeys(slots)  # in argument order
+        pending: list[tuple[str, list[int]]] = []
+        for label, indices in slots.items():
+            verdict = self._without_calls(head, label, indices, values, outputs, empty)
+            if verdict is None:
+                pending.append((label, indices))
+            else:
+                verdicts[label] = verdict
         if not pending:
-            self._record(ops, [decided[label] for label in slots])
+            self._record(ops, list(verdicts.values()))
             return
         points = _Points(self, head, values, outputs)
         if points.sliceable:
             points.release()
-            self._later.append((ops, decided, pending, points))
+            self._later.append((ops, verdicts, pending, points))
         else:
-            self._settle(ops, decided, pending, points)
+            self._settle(ops, verdicts, pending, points)
 
     def finish(self) -> None:
         """Prove the calls kept for later."""
@@ -108,10 +111,12 @@ class EdgeProver:
             self._settle(*job)
         self._later.clear()
 
-    def _settle(self, ops, decided: dict, pending: list, points: _Points) -> None:
+    def _settle(self, ops, verdicts: dict, pending: list, points: _Points) -> None:
+        """Probe the ``pending`` edges, then record every verdict of the call."""
         head = ops[0]
-        proved = {label: self._perturb(head, label, indices, points) for label, indices in pending}
-        self._record(ops, [decided.get(label) or proved[label] for label in _labels(head)])
+        for label, indices in pending:
+            verdicts[label] = self._perturb(head, label, indices, points)
+        self._record(ops, list(verdicts.values()))
 
     def _record(self, ops: list[Any], verdicts: list[Verdict]) -> None:
         for op in ops:
@@ -120,15 +125,17 @@ class EdgeProver:
     def _without_calls(self, head, label, indices, values, outputs, empty) -> Verdict | None:
         """The verdict when no call is needed: an exemption, nothing in the output
         (``empty``), or an output that is the parent's own memory, reordered at most."""
-        positions = [head.parent_args[i].position for i in indices]
         parent = values[indices[0]]
-        reason = parent_kind_reason(parent) or exempt_reason(head, positions)
+        reason = parent_kind_reason(parent)
+        if reason is None and maybe_exempt(head, head.parent_args[indices[0]][1]):
+            reason = exempt_reason(head, [head.parent_args[i][1] for i in indices])
         if reason:
             return "exempt", f"{label}: {reason}"
         if empty:
             return "exempt", f"{label}: the output has zero elements"
-        if any(same_elements(out, parent) for out in outputs):
-            return "verified", label
+        for out in outputs:
+            if same_elements(out, parent):
+                return "verified", label
         return None
 
     def _perturb(self, head, label, indices, points: _Points) -> Verdict:
@@ -207,10 +214,6 @@ class _Trial:
         self.errors: list[str] = []
         self.ran = False
         self.skip = frozenset(indices)  # the probed slots: fresh values, not copied again
-
-
-def _labels(head: Any) -> list[str]:
-    return list(dict.fromkeys(ref.label for ref in head.parent_args))
 
 
 class _Points:

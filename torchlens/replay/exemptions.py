@@ -49,6 +49,7 @@ __all__ = [
     "MUTATES_ARGUMENTS",
     "may_write_arguments",
     "exempt_reason",
+    "maybe_exempt",
     "unread_reason",
     "unchanged_reason",
     "parent_kind_reason",
@@ -328,6 +329,13 @@ def exempt_reason(op: Any, positions: list[str]) -> str | None:
     if covered is None or all(p in covered for p in positions):
         return entry.reason
     return None
+
+
+def maybe_exempt(op: Any, position: str) -> bool:
+    """False when :func:`exempt_reason` is surely None for a parent fed first at
+    ``position``: no table entry for the function, and not an ``out=`` target (the
+    cheap test asked first of every edge)."""
+    return op.func_name in PERTURBATION_EXEMPT or position.startswith("out")
 
 
 def unread_reason(op: Any, positions: list[str], args: tuple, kwargs: dict) -> str | None:

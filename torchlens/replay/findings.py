@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Any
 
 from torchlens.replay.status import ReplayFailure, ReplayStatus
 
 __all__ = ["Findings"]
+
+_first = itemgetter(0)
+_VERIFIED = {"verified"}
 
 
 class Findings:
@@ -35,7 +39,10 @@ class Findings:
         """Record the per-parent verdicts of one op: ``verified``, ``exempt`` (a table, no
         call needed), ``unread`` (no probe showed it; a rule says why), ``failed`` or
         ``unchecked``."""
-        kinds = {verdict for verdict, _ in verdicts}
+        kinds = set(map(_first, verdicts))
+        if kinds == _VERIFIED:  # every edge proved: the usual op
+            self._verified.add(label)
+            return
         for verdict, reason in verdicts:
             if verdict == "failed":
                 self.fail(label, "perturbation", reason)

@@ -15,6 +15,7 @@ per-op replay from saved parent values, each call then handed to the perturbatio
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from operator import itemgetter
 from typing import Any
 
 import torch
@@ -24,7 +25,7 @@ from torchlens.capture import rng
 from torchlens.capture.autocast import autocast_applied
 from torchlens.capture.controls import reapply
 from torchlens.capture.special import SPECIAL_OUTPUTS
-from torchlens.capture.tree import ATOMS, ArgSlot, fill, flatten
+from torchlens.capture.tree import ATOMS, ArgSlot, fill, flatten, slots_in_order
 from torchlens.errors import PayloadUnavailableError
 from torchlens.replay.edges import EdgeProver
 from torchlens.replay.exemptions import VALUE_EXEMPT, may_write_arguments
@@ -111,15 +112,20 @@ class Interpreter:
         if known is not None:
             return known[1]
         func, special = op.func, SPECIAL_OUTPUTS.get(op.func_name)
-        fill_args, fill_kwargs = _filler(op.args_template), _filler(op.kwargs_template)
+        args_template, kwargs_template = op.args_template, op.kwargs_template
+        n = len(op.parent_args)
+        if special is None and slots_in_order(args_template, kwargs_template, n):
+            run = _flat_runner(func, args_template[n:], kwargs_template)
+            self._runners[id(op)] = (op, run)
+            return run
+        fill_args, fill_kwargs = _filler(args_template), _filler(kwargs_template)
 
         def run(values: list[Tensor]) -> list[Tensor]:
             args = fill_args(values)
             result = func(*args, **fill_kwargs(values))
-            if special is None and type(result) is Tensor:  # the common case, without a walk
-                return [result]
-            outputs = special(args, result) if special else flatten(result)[0]
-            return [tensor for _, tensor in outputs]
+            if special is None:
+                return [result] if type(result) is Tensor else _tensors_of(result)
+            return [tensor for _, tensor in special(args, result)]
 
         self._runners[id(op)] = (op, run)
         return run
@@ -143,7 +149,28 @@ class Interpreter:
         return [write_through(stale, list(zip(written, regions)), base)]
 
 
+def _flat_runner(func: Callable[..., Any], rest: tuple, kwargs: dict) -> Callable:
+    """The call runner of a flat call (see :func:`~torchlens.capture.tree.slots_in_order`):
+    the tensors go in as the first positional arguments, nothing is filled."""
+
+    def run(values: list[Tensor]) -> list[Tensor]:
+        result = func(*values, *rest, **kwargs)
+        return [result] if type(result) is Tensor else _tensors_of(result)
+
+    def run_bare(values: list[Tensor]) -> list[Tensor]:
+        result = func(*values)
+        return [result] if type(result) is Tensor else _tensors_of(result)
+
+    return run if rest or kwargs else run_bare
+
+
+def _tensors_of(result: Any) -> list[Tensor]:
+    """The output tensors of a call that did not return one plain tensor."""
+    return [tensor for _, tensor in flatten(result)[0]]
+
+
 Filler = Callable[[list[Tensor]], Any]
+_first = itemgetter(0)  # an ArgRef's label
 
 
 def _filler(template: Any) -> Filler:
@@ -220,6 +247,10 @@ class Checker(Interpreter):
         self._edited = any(op.meta.get("intervened") for op in trace.ops)
         # id(op) -> (op, how run_call runs it, its call runner when that is all it takes)
         self._kinds: dict[int, tuple[Any, str, Any]] = {}
+        # label -> saved value, read once: an op's value is read to compare its replay, then
+        # again as a parent of each child (the store checks its version at every read, and
+        # nothing writes into saved values while this runs: see run_call)
+        self._saved: dict[str, Tensor] = {}
 
     def run(self) -> None:
         """Check every call; the caller's RNG state is put back once, at the end."""
@@ -242,6 +273,17 @@ class Checker(Interpreter):
         if kind == "copies":
             values = [v if i in skip else v.clone() for i, v in enumerate(values)]
         return self.execute(op, values)
+
+    def parent_values(self, op: Any) -> list[Tensor]:
+        saved = self._saved
+        try:
+            return list(map(saved.__getitem__, map(_first, op.parent_args)))
+        except KeyError:  # not read yet: a source, or a parent whose replay did not run
+            pass
+        for label in map(_first, op.parent_args):
+            if label not in saved:
+                saved[label] = self.trace[label].out
+        return list(map(saved.__getitem__, map(_first, op.parent_args)))
 
     def execute_stochastic(self, op: Any, values: list[Tensor]) -> list[Tensor]:
         rng.restore(op.rng_state)  # no need to save the state between calls: see run()
@@ -279,7 +321,7 @@ class Checker(Interpreter):
             problem = problem if problem and "values" not in problem else None
         else:
             try:
-                expected = op.out
+                expected = self._saved[op.label] = op.out
             except PayloadUnavailableError as err:
                 self.findings.unchecked(op.label, "replay", f"no saved value: {err}")
                 return

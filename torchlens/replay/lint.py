@@ -8,9 +8,10 @@ every backend's traces, so its messages are the shared vocabulary for "this grap
 from __future__ import annotations
 
 from collections import Counter
+from operator import attrgetter
 from typing import Any
 
-from torchlens.capture.tree import ATOMS, ArgSlot
+from torchlens.capture.tree import ATOMS, ArgSlot, slots_in_order
 
 __all__ = ["lint"]
 
@@ -43,6 +44,71 @@ def lint(trace: Any) -> list[str]:
         >>> lint(trace)
         ["linear_1: child 'ghost_1' is not in the trace"]
     """
+    return [] if _sound(trace) else _problems(trace)
+
+
+_label = attrgetter("label")
+_children = attrgetter("children")
+_parents = attrgetter("parents")
+
+
+def _sound(trace: Any) -> bool:
+    """Whether :func:`_problems` would find nothing, decided in one lean pass (validation
+    lints every trace it checks); False only means "look closer", never a problem itself.
+
+    Edge symmetry is counted rather than walked: each op's parents are checked to list it
+    as a child, so the (parent, child) pairs the ``parents`` name are among those the
+    ``children`` name; with labels and parents unique, equal totals leave no other pair
+    and no repeated child.
+    """
+    ops, sources = trace.ops, trace.sources
+    labels = [*map(_label, sources), *map(_label, ops)]
+    records = dict(zip(labels, (*sources, *ops)))
+    if len(records) != len(labels):
+        return False  # a label used twice
+    seen: dict[str, Any] = dict(zip(map(_label, sources), sources))  # what may be a parent
+    calls: set[int] = set()
+    previous = None
+    for position, op in enumerate(ops):
+        label, refs, parents = op.label, op.parent_args, op.parents
+        if op.index != position or type(parents) is not tuple:
+            return False
+        if refs:
+            ref_labels, positions = zip(*refs)
+            if parents != tuple(dict.fromkeys(ref_labels)) or len(set(positions)) != len(refs):
+                return False
+            for parent in parents:
+                record = seen.get(parent)
+                if record is None or label not in record.children:
+                    return False  # unknown, later, itself, or not listing the op back
+        elif parents:
+            return False
+        if op.func is not None and not slots_in_order(
+            op.args_template, op.kwargs_template, len(refs)
+        ):
+            if _call_slots(op.args_template, op.kwargs_template) != list(range(len(refs))):
+                return False
+        call = op.call_index
+        if previous is not None and call == previous.call_index:
+            if op.func_name != previous.func_name or refs != previous.parent_args:
+                return False
+        elif call in calls:
+            return False
+        calls.add(call)
+        previous = seen[label] = op
+    if sum(map(len, map(_children, records.values()))) != sum(map(len, map(_parents, ops))):
+        return False  # a child listed that does not list its parent back, or listed twice
+    if not all(
+        getattr(records.get(label), "kind", None) == "input" for label in trace.input_labels
+    ):
+        return False
+    if not seen.keys() >= set(trace.output_labels):
+        return False
+    return all(seen.keys() >= {*call.inputs, *call.outputs, *call.ops} for call in trace.modules)
+
+
+def _problems(trace: Any) -> list[str]:
+    """Every problem of the trace, each with its message (see :func:`lint`)."""
     problems: list[str] = []
     records: dict[str, Any] = {}
     counts = Counter([s.label for s in trace.sources] + [op.label for op in trace.ops])

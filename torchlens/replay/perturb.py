@@ -196,7 +196,7 @@ def sliced(
 
 def large_enough(values: list[Tensor], shapes: list[tuple[int, ...]]) -> bool:
     """Whether a call's arguments and outputs hold enough elements to be worth slicing."""
-    total = sum(t.numel() for t in values) + sum(math.prod(shape) for shape in shapes)
+    total = sum(map(Tensor.numel, values)) + sum(map(math.prod, shapes))
     return total >= SLICE_MIN_ELEMENTS
 
 

@@ -58,8 +58,18 @@ def mismatch(
         return f"shape {tuple(actual.shape)} but recorded {tuple(expected.shape)}"
     if actual.dtype != expected.dtype:
         return f"dtype {actual.dtype} but recorded {expected.dtype}"
-    if _plain_cpu(actual) and _plain_cpu(expected):  # the usual values: fewer checks
-        if _same_memory(actual, expected) or _equal_plain(actual, expected):
+    if (  # the usual values (both _plain_cpu, shape and dtype alike): fewer checks
+        type(actual) in _PLAIN
+        and type(expected) in _PLAIN
+        and actual.dtype in _NUMPY_EQUAL
+        and actual.is_cpu
+        and expected.is_cpu
+        and actual.layout == _STRIDED
+        and expected.layout == _STRIDED
+    ):
+        if actual.data_ptr() == expected.data_ptr() and _same_memory(actual, expected):
+            return None
+        if _equal_plain(actual, expected):
             return None
         a, e = actual.detach(), expected.detach()  # what comparable() makes of them
     else:
@@ -105,6 +115,7 @@ _NUMPY_EQUAL = frozenset({
 })  # fmt: skip
 _NUMPY_MIN_ELEMENTS = 1 << 12  # below this the conversion costs about what it saves
 _PLAIN = (torch.Tensor, torch.nn.Parameter)  # subclasses keep their own torch.equal
+_STRIDED = torch.strided
 
 
 def equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -122,7 +133,7 @@ def equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _plain_cpu(t: torch.Tensor) -> bool:
     """A dense CPU tensor of a plain class and a dtype :func:`equal` may hand to numpy
     (none complex or quantized): :func:`comparable` would only detach it."""
-    return type(t) in _PLAIN and t.is_cpu and t.dtype in _NUMPY_EQUAL and t.layout == torch.strided
+    return type(t) in _PLAIN and t.is_cpu and t.dtype in _NUMPY_EQUAL and t.layout == _STRIDED
 
 
 def _equal_plain(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -148,7 +159,16 @@ def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def comparable(t: torch.Tensor) -> torch.Tensor:
-    """A dense, real view of ``t`` that elementwise comparison understands."""
+    """A dense, real view of ``t`` that elementwise comparison understands (``t`` itself
+    when it is one already: a plain dense real tensor outside autograd)."""
+    if (
+        type(t) is torch.Tensor
+        and not t.requires_grad
+        and t.layout == _STRIDED
+        and not t.is_quantized
+        and not t.is_complex()
+    ):
+        return t
     t = t.detach()
     if t.layout != torch.strided:
         t = t.to_dense()
