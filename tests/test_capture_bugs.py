@@ -339,3 +339,81 @@ def test_a_call_with_its_own_generator_replays_its_draws():
     assert status.state == "passed", str(status)
     noise_from(x, plain.manual_seed(3))
     assert torch.equal(generator.get_state(), plain.get_state())  # as one plain forward
+
+
+# -- torch.vmap inside the forward ------------------------------------------------------------
+
+
+class VmappedMask(nn.Module):
+    """Hugging Face's ``masking_utils`` builds a mask this way when given mask functions
+    (T5Gemma2's sliding window, Gemma 3 with images)."""
+
+    def forward(self, x):
+        positions = torch.arange(x.shape[0])
+        mask = torch.vmap(lambda i: (i >= 1).to(i.device))(positions)
+        return x * mask[:, None] + 1
+
+
+def test_calls_inside_vmap_are_not_ops_and_its_result_is_a_constant():
+    x = torch.randn(4, 3)
+    trace = tl.trace(VmappedMask(), x)
+    assert [op.label for op in trace.ops] == ["arange_1", "getitem_1", "mul_1", "add_1"]
+    assert all(op.out.untyped_storage() is not None for op in trace.ops)  # no batched value
+    constant = trace["constant_1"]
+    assert constant.kind == "constant" and constant.children == ["getitem_1"]
+    assert torch.equal(constant.out, torch.tensor([False, True, True, True]))
+    assert trace["arange_1"].children == []
+    assert tl.validate(VmappedMask(), x)
+
+
+def test_record_and_nonfinite_count_ops_as_trace_does_around_vmap():
+    x = torch.randn(4, 3)
+    recording = tl.record(VmappedMask(), x, save=tl.label("add_1"))
+    assert recording.meta["n_ops"] == 4 and recording.labels == ["add_1"]
+    assert torch.equal(recording["add_1"].out, VmappedMask()(x))
+    report = tl.find_nonfinite(VmappedMask(), x)
+    assert not report and report.checked == 4
+
+
+# -- torch.inference_mode(): tensors without version counters ----------------------------------
+
+
+class PadThenConv(nn.Module):
+    """torchvision's detection transform batches images this way: a write into a view."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        buf = x.new_full((2, 3, 8, 8), 0.0)
+        buf[:, :, :6, :6].copy_(x)
+        return self.conv(buf)
+
+
+def _structure(trace):
+    return [(op.label, list(op.parents)) for op in trace.ops]
+
+
+def test_a_write_through_a_view_is_followed_under_inference_mode():
+    model, x = PadThenConv().eval(), torch.randn(2, 3, 6, 6)
+    plain = tl.trace(model, x)
+    with torch.inference_mode():
+        trace = tl.trace(model, x)
+        status = tl.replay(model, x)
+    assert _structure(trace) == _structure(plain)
+    assert trace["refresh_1"].parents == ("new_full_1", "copy__1")
+    assert not trace["new_full_1"].out.any()  # the value before the write
+    assert torch.equal(trace["refresh_1"].out, plain["refresh_1"].out)
+    assert status.state == "passed", status
+
+
+def test_values_copied_before_a_write_are_served_under_inference_mode():
+    model = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3), nn.ReLU()).train()
+    x = torch.randn(5, 4)  # made outside: the capture copies it, without a version counter
+    with torch.inference_mode():
+        trace = tl.trace(model, x)
+        status = tl.replay(model, x)
+    assert torch.equal(trace["input_1"].out, x)
+    assert status.state == "passed", (status.unchecked, status.failures)

@@ -20,6 +20,7 @@ import torchlens as tl
 from torchlens.capture.composite import close_function, open_function
 from torchlens.capture.tree import fill, flatten_call
 from torchlens.replay import check_trace
+from torchlens.replay.exemptions import value_exempt
 from torchlens.replay.perturb import BATTERY, Baseline, Perturber
 
 
@@ -353,3 +354,108 @@ def test_functional_writes_that_cover_their_target_are_unread():
     _, status = traced(covered, torch.randn(4, 3), torch.randn(4, 3))
     assert status.state == "passed", status
     assert unread_edges(status) == {"slice_scatter_1", "put__1"}
+
+
+# Uninitialized memory: Reformer's LSH attention undoes its bucket sort into
+# ``sorted_bucket_idx.new(*sizes)`` and fills it with ``scatter_``. Replay checks such an
+# output's shape and dtype only; everything computed from it is still checked in full.
+def _undo_sort(x):
+    idx = torch.argsort(x, dim=-1)
+    undo = idx.new(*idx.size())
+    undo.scatter_(-1, idx, torch.arange(x.shape[-1]).expand_as(idx))
+    return undo
+
+
+UNINITIALIZED = {
+    "new(*sizes)": _undo_sort,
+    "new(size)": lambda x: x.new(x.size()).copy_(x) * 2,
+    "empty_permuted": lambda x: torch.empty_permuted((4, 64), (1, 0)).copy_(x) * 2,
+    "resize_ growing": lambda x: x.clone().resize_(8, 64).fill_(1.0) + x.sum(),
+}
+
+
+@pytest.mark.parametrize("name", UNINITIALIZED)
+def test_uninitialized_memory_is_checked_by_shape_only(name):
+    x = torch.randn(4, 64)
+    status = tl.replay(UNINITIALIZED[name], (x,))
+    assert status.state == "passed", status.failures
+    assert status.replayed == status.ops
+
+
+def test_new_given_data_reads_its_tensor_only_for_dtype_and_device():
+    x = torch.randn(4, 64)
+    status = tl.replay(lambda x: x.new([1.0, 2.0]).sum() * x, (x,))
+    assert status.state == "passed", status.failures
+
+
+def test_value_exempt_only_where_memory_is_uninitialized():
+    x = torch.randn(4, 6)
+    trace = tl.trace(
+        lambda x: (x.new(2, 3), x.new(torch.Size([2])), x.new([1.0]), x.new((2, 3))), (x,)
+    )
+    news = [op for op in trace.ops if op.func_name == "new"]
+    assert [value_exempt(op, [x], op.out) for op in news] == [True, True, False, False]
+    grow, shrink = torch.zeros(8), torch.zeros(2)
+    trace = tl.trace(lambda x: x.clone().resize_(2, 4), (torch.randn(4),))
+    resize = trace["resize__1"]
+    assert value_exempt(resize, [torch.zeros(4)], grow)
+    assert not value_exempt(resize, [torch.zeros(4)], shrink)
+
+
+def test_a_corrupted_value_after_uninitialized_memory_still_fails_replay():
+    trace = tl.trace(_undo_sort, (torch.randn(4, 64),))
+    assert check_trace(trace).state == "passed"
+    bad = trace["scatter__1"].out.clone()
+    bad[0, 0] += 1
+    trace.store.set("scatter__1", bad, bad._version)
+    assert ("scatter__1", "replay") in {(f.label, f.arm) for f in check_trace(trace).failures}
+
+
+def _fill_where_masked(score, mask):
+    """CPM-Ant's attention: the fill value is a tensor, and an unpadded batch masks
+    nothing."""
+    return torch.masked_fill(score, mask == torch.tensor(False), torch.scalar_tensor(-1e9))
+
+
+def test_fill_value_of_a_mask_false_everywhere_is_unread_by_rule():
+    score, mask = torch.randn(2, 4, 8, 8), torch.ones(2, 1, 8, 8, dtype=torch.bool)
+    _, status = traced(_fill_where_masked, score, mask)
+    assert status.state == "passed", status.failures
+    assert unread_edges(status) == {"masked_fill_1"}
+    assert "the fill value is never read" in status.unread[0].reason
+
+
+def test_fill_value_is_proved_where_the_mask_is_false_somewhere_else():
+    score, mask = torch.randn(2, 4, 8, 8), torch.ones(2, 1, 8, 8, dtype=torch.bool)
+    mask[1, 0, 0, 0] = False
+    _, status = traced(_fill_where_masked, score, mask)
+    assert status.state == "passed" and not unread_edges(status)
+
+
+class WritesThroughAMask(nn.Module):
+    """T5Gemma2 writes an embedding where a token id matches (``x[ids == eoi] = e``): an
+    input without that token writes nothing."""
+
+    def forward(self, x, ids, e, source):
+        x = x * 1.0
+        x[ids == 95] = e * 2
+        y = x * 1.0
+        y[ids == 95, :] = e * 3
+        return y.masked_scatter(ids[..., None] == 95, source * 2)
+
+
+def test_values_written_through_a_mask_selecting_nothing_are_unread_by_rule():
+    args = (torch.randn(2, 8, 4), torch.zeros(2, 8, dtype=torch.long), torch.randn(4),
+            torch.randn(2, 8, 4))  # fmt: skip
+    _, status = traced(WritesThroughAMask(), *args)
+    assert status.state == "passed", status.failures
+    assert unread_edges(status) == {"setitem_1", "setitem_2", "masked_scatter_1"}
+    assert all("nothing is written" in u.reason for u in status.unread)
+
+
+def test_values_written_through_a_mask_selecting_something_are_proved():
+    ids = torch.zeros(2, 8, dtype=torch.long)
+    ids[0, 3] = 95
+    args = (torch.randn(2, 8, 4), ids, torch.randn(4), torch.randn(2, 8, 4))
+    _, status = traced(WritesThroughAMask(), *args)
+    assert status.state == "passed" and not unread_edges(status), status.unread

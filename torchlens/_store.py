@@ -58,9 +58,13 @@ class MemoryPayloadStore:
         return label in self.values
 
     def set(self, label: str, value: torch.Tensor, version: int | None) -> None:
+        """Keep ``value`` under ``label``; ``version`` is its version counter now, or None
+        for a tensor without one (an inference tensor), which is then served unchecked."""
         self.values[label] = value
         if version is not None:
             self.versions[label] = version
+        else:
+            self.versions.pop(label, None)
 
     def mark_missing(self, label: str, code: str, message: str) -> None:
         self.values.pop(label, None)

@@ -207,6 +207,39 @@ def _encoder(
 _BERT_LIKE = dict(**_TEXT, intermediate_size=64, max_position_embeddings=64)
 
 
+def _t5gemma2():
+    """T5Gemma2: its encoder's sliding-window mask is built under ``torch.vmap``, and it
+    writes an embedding through a token mask that selects nothing in this input."""
+    import transformers
+
+    text = dict(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=64, head_dim=8, max_position_embeddings=64,
+        sliding_window=4, layer_types=["sliding_attention", "full_attention"],
+    )  # fmt: skip
+    vision = dict(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        image_size=16, patch_size=4,
+    )  # fmt: skip
+    torch.manual_seed(SEED)
+    encoder = transformers.T5Gemma2EncoderConfig(
+        text_config=text, vision_config=vision, mm_tokens_per_image=4
+    )
+    cfg = transformers.T5Gemma2Config(
+        encoder=encoder, decoder=transformers.T5Gemma2DecoderConfig(**text), vocab_size=VOCAB,
+        image_token_index=VOCAB - 1, boi_token_index=VOCAB - 2, eoi_token_index=VOCAB - 3,
+        attn_implementation="eager",
+    )  # fmt: skip
+    model = transformers.T5Gemma2ForConditionalGeneration(cfg).eval()
+    torch.manual_seed(SEED + 1)
+    kwargs = {
+        "input_ids": torch.randint(3, VOCAB - 3, (BATCH, SEQ)),
+        "attention_mask": _padded_mask(),
+        "decoder_input_ids": _ids(seq=5),
+    }
+    return model, (), kwargs
+
+
 def _seq2seq(model_class: str, config_class: str, decoder_start: int = 0, **config):
     def build():
         model = _hf_model(model_class, config_class, **config)
@@ -1066,6 +1099,27 @@ CASES: list[RealCase] = [
         tags={"kwargs", "mask"},
     ),
     _c(
+        "reformer_lsh",  # LSH attention undoes its bucket sort into x.new(*sizes) memory
+        "hf_encoder",
+        _encoder(
+            "ReformerModel",
+            "ReformerConfig",
+            attn=None,
+            vocab_size=VOCAB,
+            hidden_size=32,
+            num_attention_heads=4,
+            attention_head_size=8,
+            attn_layers=["local", "lsh"],
+            feed_forward_size=64,
+            axial_pos_embds=False,
+            max_position_embeddings=64,
+            local_attn_chunk_length=4,
+            lsh_attn_chunk_length=4,
+            num_buckets=2,
+        ),
+        tags={"kwargs", "mask"},
+    ),
+    _c(
         "canine",
         "hf_encoder",
         _encoder(
@@ -1097,6 +1151,7 @@ CASES: list[RealCase] = [
         ),
         tags={"kwargs", "mask"},
     ),
+    _c("t5gemma2", "hf_encdec", _t5gemma2, tags={"kwargs", "mask"}),
     _c(
         "bart",
         "hf_encdec",

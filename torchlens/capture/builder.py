@@ -208,8 +208,8 @@ class TraceBuilder:
             try:  # version_of inline: this runs for every tensor argument of every call
                 if entry[2] == tensor._version:
                     return entry[1]
-            except RuntimeError:  # an inference tensor: no version counter, no refresh
-                return entry[1]
+            except RuntimeError:  # an inference tensor: no version counter
+                return self._unversioned(tensor, entry[1], entry[3])
             return self._refresh(tensor, entry[1], entry[3])
         owned = self._owned.get(id(tensor))
         if owned is not None and owned[2] is tensor:
@@ -262,6 +262,16 @@ class TraceBuilder:
         label_of = self.label_of
         refs = [_arg_ref(ArgRef, (label_of(t), pos)) for pos, t in leaves]
         return refs, args_template, kwargs_template
+
+    def _unversioned(self, tensor: Tensor, label: str, since: int) -> str:
+        """:meth:`label_of` for an inference tensor, which has no version counter (under
+        ``torch.inference_mode()``): a recorded write into its storage since its value was
+        taken (call count ``since``) is what a moved version would have said."""
+        key = storage_key(tensor)
+        writes = self._writers.get(key) if key is not None else None
+        if writes and writes[-1][0] > since:
+            return self._refresh(tensor, label, since)
+        return label
 
     def _refresh(self, tensor: Tensor, stale_label: str, since: int) -> str:
         """Record that ``tensor`` changed behind the capture's back (see module docstring).
@@ -431,6 +441,8 @@ class TraceBuilder:
         self._values[label] = value  # MemoryPayloadStore.set inline (the per-op path)
         if version is not None:
             self._versions[label] = version
+        elif label in self._versions:  # a copy without a version replaced a versioned alias
+            del self._versions[label]
 
     def _new_label(self, name: str) -> str:
         self._name_counts[name] += 1

@@ -25,9 +25,13 @@ from torchlens.capture.special import SPECIAL_OUTPUTS
 from torchlens.capture.tree import fill, flatten, flatten_call
 from torchlens.trace import Op
 
-__all__ = ["CaptureMode", "OpHook"]
+__all__ = ["CaptureMode", "OpHook", "functorch_level"]
 
 Tensor = torch.Tensor
+# The torch.func transform level (None outside vmap, grad, jvp...). Inside a transform every
+# tensor is a per-sample view of a batched one, without storage of its own: such calls are
+# not recorded, and what the transform returns enters the record as the value it is.
+functorch_level = torch._C._functorch.maybe_current_level
 
 # Called after each recorded op with the op and its live output; may return a replacement
 # tensor (interventions) or raise to halt the forward (stop_after).
@@ -41,13 +45,14 @@ class CaptureMode(TorchFunctionMode):
         super().__init__()
         self.builder = builder
         self.op_hooks = op_hooks
+        self._level = functorch_level()  # calls at a deeper level run unrecorded
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         try:
             info = FUNC_INFOS[func]
         except (KeyError, TypeError):
             info = func_info(func)
-        if info.never_tensor:
+        if info.never_tensor or functorch_level() != self._level:
             return func(*args, **kwargs) if kwargs else func(*args)
         kwargs = kwargs or {}
         if info.opens:

@@ -27,7 +27,7 @@ from torchlens.capture.composite import group_address, opened_body
 from torchlens.capture.controls import Controls, Intervention, _Halt, apply_edit, original_key
 from torchlens.capture.failures import note_record_error
 from torchlens.capture.hooks import ForwardWrap, wrap_forwards
-from torchlens.capture.mode import _inplace_targets
+from torchlens.capture.mode import _inplace_targets, functorch_level
 from torchlens.capture.naming import FUNC_INFOS, func_info
 from torchlens.capture.record_exit import ExitTracker
 from torchlens.capture.special import SPECIAL_OUTPUTS
@@ -103,6 +103,7 @@ class RecordMode(TorchFunctionMode):
         self._calls: dict[int | str, int] = {}  # module ids; addresses of opened groups
         self._thread = threading.get_ident()
         self.exits = ExitTracker(self) if controls.at_exit else None
+        self._level = functorch_level()  # as CaptureMode: torch.func transforms unrecorded
 
     # -- the per-op path ------------------------------------------------------------------
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -110,7 +111,7 @@ class RecordMode(TorchFunctionMode):
             info = FUNC_INFOS[func]
         except (KeyError, TypeError):  # not seen yet, or unhashable
             info = func_info(func)
-        if info.never_tensor:
+        if info.never_tensor or functorch_level() != self._level:
             return func(*args, **kwargs) if kwargs else func(*args)
         if info.opens:
             return self._open(info.name, func, args, kwargs or {})

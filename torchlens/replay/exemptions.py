@@ -22,7 +22,8 @@ Kinds of entry, each with its reason:
 * :data:`SILENT_OUTPUT`: an output that is NaN in every element shows no change to any
   argument: its edges are exempt, since nothing can be observed.
 * :data:`VALUE_EXEMPT`: functions whose output values are undefined (uninitialized memory):
-  replay checks their shape and dtype only.
+  replay checks their shape and dtype only. So do :func:`value_exempt` calls of two more
+  functions: ``Tensor.new`` given sizes (not data), and ``resize_`` growing its target.
 * Parent kinds, applied to every function: integer and boolean parents (indices, masks,
   counts: no small "nearby" value exists, and most changes make the call invalid), and
   parents with zero elements (nothing to change).
@@ -46,6 +47,8 @@ __all__ = [
     "SILENT_OUTPUT",
     "OUT_TARGET",
     "VALUE_EXEMPT",
+    "MAY_BE_UNINITIALIZED",
+    "value_exempt",
     "MUTATES_ARGUMENTS",
     "may_write_arguments",
     "exempt_reason",
@@ -110,6 +113,7 @@ PERTURBATION_EXEMPT: dict[str, Exemption] = {
         ["new_zeros", "new_ones", "new_full", "new_empty", "new_empty_strided", "new_tensor"],
         _NEW_FACTORY,
     ),
+    "new": Exemption("Tensor.new: reads only the dtype and device of its tensor", _pos("0")),
     **dict.fromkeys(["expand_as", "view_as", "reshape_as", "type_as"], _OTHER_SHAPE),
     **dict.fromkeys(
         ["fill_", "zero_", "copy_", "normal_", "uniform_", "random_", "exponential_",
@@ -213,6 +217,16 @@ def _all_false(mask: Any) -> bool:
     return isinstance(mask, torch.Tensor) and mask.numel() > 0 and not bool(mask.any())
 
 
+def _selects_nothing(index: Any) -> bool:
+    """An index holding a boolean mask that is false everywhere (``x[mask] = v``,
+    ``x[mask, :] = v``): it selects no element."""
+    parts = index if type(index) is tuple else (index,)
+    return any(
+        isinstance(part, torch.Tensor) and part.dtype == torch.bool and _all_false(part)
+        for part in parts
+    )
+
+
 def _covers_target(get: Callable[[int, str, Any], Any]) -> bool:
     """``scatter_reduce(..., include_self=False)`` whose index reaches every element."""
     if get(5, "include_self", True):
@@ -273,6 +287,17 @@ UNREAD: dict[str, tuple[Unread, ...]] = {
     **dict.fromkeys(["masked_fill", "masked_fill_"], (
         Unread("the mask is true everywhere: every element of the target is replaced",
                _TARGET, lambda get: _all_true(get(1, "mask", None))),
+        Unread("the mask is false everywhere: the fill value is never read",
+               _pos("2", "value"), lambda get: _all_false(get(1, "mask", None))),
+    )),
+    "setitem": (
+        Unread("the index is a boolean mask false everywhere: nothing is written, so the "
+               "value is never read", _pos("2"),
+               lambda get: _selects_nothing(get(1, "index", None))),
+    ),
+    **dict.fromkeys(["masked_scatter", "masked_scatter_"], (
+        Unread("the mask is false everywhere: nothing is written, so the source is never "
+               "read", _pos("2", "source"), lambda get: _all_false(get(1, "mask", None))),
     )),
     **dict.fromkeys(["scatter_reduce", "scatter_reduce_"], (
         Unread("include_self=False and the index reaches every element: the target's "
@@ -286,9 +311,36 @@ UNREAD: dict[str, tuple[Unread, ...]] = {
 }  # fmt: skip
 
 VALUE_EXEMPT: dict[str, str] = dict.fromkeys(
-    ["empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"],
+    ["empty", "empty_like", "empty_strided", "empty_permuted", "new_empty",
+     "new_empty_strided"],
     "uninitialized memory: values are not determined by the call",
-)
+)  # fmt: skip
+# functions whose output is uninitialized memory at some calls only (see value_exempt)
+MAY_BE_UNINITIALIZED = frozenset(VALUE_EXEMPT) | {"new", "resize_"}
+
+
+def value_exempt(op: Any, parents: list[torch.Tensor], output: torch.Tensor) -> bool:
+    """Whether ``op``'s output values are not determined by its call, so replay checks
+    only its shape and dtype: :data:`VALUE_EXEMPT`, ``x.new(2, 3)`` or ``x.new(size)``
+    (sizes give uninitialized memory; data, ``x.new([2., 3.])``, does not), and
+    ``resize_`` growing its target (the new elements are uninitialized). ``parents`` are
+    the call's tensor arguments, ``output`` its replayed output."""
+    name = op.func_name
+    if name in VALUE_EXEMPT:
+        return True
+    if name == "new":
+        sizes = op.args_template[1:]
+        if len(sizes) == 1 and type(sizes[0]) is torch.Size:
+            return True
+        return (
+            bool(sizes)
+            and not op.kwargs_template.keys() - {"dtype", "device"}
+            and all(type(size) is int for size in sizes)
+        )
+    if name == "resize_":
+        return bool(parents) and output.numel() > parents[0].numel()
+    return False
+
 
 # Functions that write into arguments other than an out=/inplace target: replay passes them
 # copies so saved values are never modified.

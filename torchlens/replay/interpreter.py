@@ -28,7 +28,7 @@ from torchlens.capture.special import SPECIAL_OUTPUTS
 from torchlens.capture.tree import ATOMS, ArgSlot, fill, flatten, slots_in_order
 from torchlens.errors import PayloadUnavailableError
 from torchlens.replay.edges import EdgeProver
-from torchlens.replay.exemptions import VALUE_EXEMPT, may_write_arguments
+from torchlens.replay.exemptions import MAY_BE_UNINITIALIZED, may_write_arguments, value_exempt
 from torchlens.replay.tolerances import mismatch
 
 __all__ = ["Interpreter", "Checker", "Unreplayable", "calls", "AUTOGRAD_REASON"]
@@ -307,16 +307,16 @@ class Checker(Interpreter):
                 record.fail(op.label, "replay", f"replaying raised {type(err).__name__}: {err}")
             return
         for op in ops:
-            self._compare(op, edited)
+            self._compare(op, edited, values)
         self.edges.prove(ops, values, baseline)
 
     # -- arm 2: per-op replay -------------------------------------------------------------
-    def _compare(self, op: Any, outputs: list[Tensor]) -> None:
+    def _compare(self, op: Any, outputs: list[Tensor], parents: list[Tensor]) -> None:
         if op.output_index >= len(outputs):
             self.findings.fail(op.label, "replay", f"the call gave {len(outputs)} outputs")
             return
         actual = outputs[op.output_index]
-        if op.func_name in VALUE_EXEMPT:
+        if op.func_name in MAY_BE_UNINITIALIZED and value_exempt(op, parents, actual):
             problem = mismatch(actual, actual.new_zeros(op.shape), 0.0, 0.0)
             problem = problem if problem and "values" not in problem else None
         else:

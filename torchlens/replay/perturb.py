@@ -30,6 +30,7 @@ __all__ = [
 ]
 
 Tensor = torch.Tensor
+_STRIDED = torch.strided
 
 # Calls whose arguments and outputs hold fewer elements than this together are perturbed at
 # full size only: below it the cost of a call is Python overhead, which slicing cannot cut.
@@ -244,11 +245,11 @@ def same_elements(a: Tensor, b: Tensor) -> bool:
     to order (a permutation). Every change to ``b`` then changes ``a``: such an edge (a
     transpose, a view, dropout in eval mode returning its input) is proved without a call.
     """
-    if a.layout != torch.strided or b.layout != torch.strided or a.is_quantized:
+    if a.layout != _STRIDED or b.layout != _STRIDED or a.is_quantized:
         return False
-    if a.dtype != b.dtype or a.numel() == 0 or a.numel() != b.numel():
+    if a.data_ptr() != b.data_ptr():  # the usual answer, asked first
         return False
-    if a.data_ptr() != b.data_ptr() or a.device != b.device:  # the cheaper test first
+    if a.dtype != b.dtype or a.numel() == 0 or a.numel() != b.numel() or a.device != b.device:
         return False
     if a.is_contiguous() and b.is_contiguous():
         return True
