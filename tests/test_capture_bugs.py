@@ -417,3 +417,34 @@ def test_values_copied_before_a_write_are_served_under_inference_mode():
         status = tl.replay(model, x)
     assert torch.equal(trace["input_1"].out, x)
     assert status.state == "passed", (status.unchecked, status.failures)
+
+
+class InPlaceMix(nn.Module):
+    """In-place activations, writes through chunks and slices, and a residual add_."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = nn.Linear(6, 6)
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        h = self.act(self.fc(x))
+        a, b = h.chunk(2, dim=1)
+        a.mul_(2.0)
+        h[:, :1] += 1.0
+        out = h * b.sum()
+        out.add_(x)
+        return out
+
+
+def test_inference_mode_records_what_a_plain_capture_records():
+    model, x = InPlaceMix().eval(), torch.randn(4, 6)
+    with torch.no_grad():
+        plain = tl.trace(model, x)
+    with torch.inference_mode():
+        trace = tl.trace(model, x)
+        assert tl.validate(model, x)
+    assert _structure(trace) == _structure(plain)
+    for op in plain.ops:
+        assert torch.equal(trace[op.label].out, op.out), op.label

@@ -104,6 +104,9 @@ class TraceBuilder:
         if sink is not None:
             self.store = sink.attach(self.store)
         self.save_payloads = save_payloads
+        # under torch.inference_mode() most new tensors are inference tensors, which raise
+        # when asked for a version: they are told apart first
+        self._inference = torch.is_inference_mode_enabled()
         self.payload_filter = payload_filter
         self.paused = False  # set while capture is suspended (reference runs)
         self.named_modules: list[tuple[str, nn.Module]] = []  # filled by register_model
@@ -205,11 +208,10 @@ class TraceBuilder:
         (parameter, buffer or constant) or a ``refresh`` op when needed."""
         entry = self._live.get(id(tensor))
         if entry is not None and entry[0]() is tensor:
-            try:  # version_of inline: this runs for every tensor argument of every call
-                if entry[2] == tensor._version:
-                    return entry[1]
-            except RuntimeError:  # an inference tensor: no version counter
+            if entry[2] is None:  # an inference tensor: no version counter
                 return self._unversioned(tensor, entry[1], entry[3])
+            if entry[2] == tensor._version:  # version_of inline: every tensor argument
+                return entry[1]
             return self._refresh(tensor, entry[1], entry[3])
         owned = self._owned.get(id(tensor))
         if owned is not None and owned[2] is tensor:
@@ -244,7 +246,12 @@ class TraceBuilder:
                     kind = type(arg)
                     if kind is Tensor or kind is _Parameter:
                         entry = live.get(id(arg))
-                        if entry is not None and entry[0]() is arg and entry[2] == arg._version:
+                        if (
+                            entry is not None
+                            and entry[0]() is arg
+                            and entry[2] is not None  # an inference tensor: label_of asks
+                            and entry[2] == arg._version
+                        ):
                             label = entry[1]
                         else:
                             label = self.label_of(arg)
@@ -376,10 +383,13 @@ class TraceBuilder:
             records[parent].children.append(label)
         self.ops.append(op)
         records[label] = op
-        try:  # version_of inline (the per-op path)
-            version = tensor._version
-        except RuntimeError:  # inference tensors have none
+        if self._inference and tensor.is_inference():  # no version counter: no raise
             version = None
+        else:
+            try:  # version_of inline (the per-op path)
+                version = tensor._version
+            except RuntimeError:  # an inference tensor made under a mode the model entered
+                version = None
         if self.save_payloads:
             if self.payload_filter is None or self.payload_filter(op):
                 self._save(label, tensor, False, version)
