@@ -160,6 +160,29 @@ def _llama_use_cache():
     return model, (), {"input_ids": _ids(), "attention_mask": _padded_mask(), "use_cache": True}
 
 
+def _llama_cache_with_grad():
+    """Llama's second step on the cache of a first step run with grad (no ``no_grad``): the
+    cached tensors carry autograd history, which ``copy.deepcopy`` refuses."""
+    model = _hf_model("LlamaForCausalLM", "LlamaConfig", **_LLAMA_LIKE)
+    torch.manual_seed(SEED + 1)
+    first = model(input_ids=_ids(seq=5), use_cache=True)
+    cache = first["cache"] if "cache" in first else first["past_key_values"]
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    mask = torch.ones(BATCH, 6, dtype=torch.long)
+    return model, (), {"input_ids": _ids(seq=1), name: cache, "attention_mask": mask}
+
+
+def _wav2vec2_ctc_specaugment():
+    """A CTC training step with SpecAugment: its time masks are drawn from ``np.random``."""
+    import numpy as np
+
+    config = {**_WAV2VEC2_LIKE, "mask_time_prob": 0.5, "mask_time_length": 2, "layerdrop": 0.0}
+    model = _train(_hf_model("Wav2Vec2ForCTC", "Wav2Vec2Config", pad_token_id=0, **config))
+    torch.manual_seed(SEED + 1)
+    np.random.seed(SEED)
+    return model, (torch.randn(BATCH, 400),), {"labels": torch.randint(1, VOCAB, (BATCH, 4))}
+
+
 def _gpt2_train(checkpointing: bool):
     def build():
         model = _hf_model(
@@ -647,6 +670,12 @@ CASES: list[RealCase] = [
         tags={"kwargs", "mask"},
     ),
     _c("llama_use_cache", "hf_decoder", _llama_use_cache, tags={"kwargs", "mask", "cache"}),
+    _c(
+        "llama_cache_with_grad",
+        "hf_decoder",
+        _llama_cache_with_grad,
+        tags={"kwargs", "cache", "mutates_input"},
+    ),
     _c(
         "llama_grad_checkpointing",
         "hf_decoder",
@@ -1352,6 +1381,7 @@ CASES: list[RealCase] = [
         _audio("Wav2Vec2Model", "Wav2Vec2Config", **_WAV2VEC2_LIKE),
         tags={"kwargs", "mask"},
     ),
+    _c("wav2vec2_ctc_specaugment", "hf_audio", _wav2vec2_ctc_specaugment, tags={"train"}),
     _c(
         "hubert",
         "hf_audio",

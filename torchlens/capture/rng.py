@@ -5,10 +5,18 @@ of every CUDA generator. :func:`restored` puts a snapshot in place for the durat
 and then gives the caller back exactly the state it had before. A call handed its own
 ``torch.Generator`` (``torch.rand(3, generator=g)``) also keeps that generator's state, under
 ``"generator"``, and :func:`generator_restored` puts it back on the generator it names.
+
+``snapshot(host=True)`` also keeps the state of Python's ``random`` and, once NumPy is
+imported, of ``numpy.random``'s global generator, under ``"python"`` and ``"numpy"``: a
+forward may draw from them (SpecAugment's time masks in ``transformers`` come from
+``np.random``, LayerDrop from ``random``). Validation runs a model twice, and both runs must
+draw the same. A trace's own ``rng_state`` holds the torch generators only.
 """
 
 from __future__ import annotations
 
+import random
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -24,15 +32,26 @@ __all__ = [
     "generator_restored",
 ]
 
-RngSnapshot = dict[str, torch.Tensor]
+RngSnapshot = dict[str, Any]  # generator -> state: tensors, save "python" and "numpy"
 
 
-def snapshot(include_cuda: bool = True) -> RngSnapshot:
-    """The current state of the CPU generator and, if initialised, the CUDA generators."""
+def snapshot(include_cuda: bool = True, host: bool = False) -> RngSnapshot:
+    """The current state of the CPU generator and, if initialised, the CUDA generators;
+    with ``host``, of Python's and NumPy's global generators too.
+
+    Example:
+        >>> sorted(snapshot(host=True))[-1], "python" in snapshot()
+        ('python', False)
+    """
     state: RngSnapshot = {"cpu": torch.get_rng_state()}
     if include_cuda and torch.cuda.is_available() and torch.cuda.is_initialized():
         for index in range(torch.cuda.device_count()):
             state[f"cuda:{index}"] = torch.cuda.get_rng_state(index)
+    if host:
+        state["python"] = random.getstate()
+        numpy = sys.modules.get("numpy")  # not imported for this: a forward drawing from
+        if numpy is not None:  # NumPy has imported it already
+            state["numpy"] = numpy.random.get_state()
     return state
 
 
@@ -43,15 +62,20 @@ def restore(state: RngSnapshot) -> None:
             torch.set_rng_state(value)
         elif key.startswith("cuda:") and torch.cuda.is_available():
             torch.cuda.set_rng_state(value, int(key.split(":", 1)[1]))
+        elif key == "python":
+            random.setstate(value)
+        elif key == "numpy" and "numpy" in sys.modules:
+            sys.modules["numpy"].random.set_state(value)
 
 
 @contextmanager
 def restored(state: RngSnapshot | None) -> Iterator[None]:
-    """Run a block with ``state`` in place; the caller's own state comes back afterwards."""
+    """Run a block with ``state`` in place; the caller's own state comes back afterwards
+    (Python's and NumPy's too when ``state`` holds theirs)."""
     if state is None:
         yield
         return
-    saved = snapshot()
+    saved = snapshot(host="python" in state)
     restore(state)
     try:
         yield

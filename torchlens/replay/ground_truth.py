@@ -11,6 +11,8 @@ every weight would add a full pass over the model to each validation.
 from __future__ import annotations
 
 import copy
+import types
+import weakref
 from typing import Any
 
 import torch
@@ -41,26 +43,76 @@ def copy_inputs(args: tuple, kwargs: dict, problems: list[str] | None = None) ->
 
     Tensors are cloned (same ``requires_grad``; one tensor passed twice stays one), and so is
     every object around them: a cache, list, dict or object the forward extends or edits
-    in place is copied too, so one forward cannot change what the other starts from. An
-    argument ``copy.deepcopy`` refuses (a lock, a tensor inside an object that is not a
-    leaf of autograd) leaves only the tensors the argument tree shows copied, and the
+    in place is copied too, so one forward cannot change what the other starts from.
+    ``copy.deepcopy`` refuses a tensor that is not a leaf of autograd: one the argument
+    tree does not show (a key-value cache from a forward run with grad holds them) is found
+    by walking the objects, and cloned like the rest. An argument ``copy.deepcopy`` still
+    refuses (a lock) leaves only the tensors the argument tree shows copied, and the
     reason is appended to ``problems``.
     """
     leaves, template = flatten((args, kwargs))
-    memo: dict[int, Any] = {}
-    for _, tensor in leaves:
-        if id(tensor) not in memo:
-            memo[id(tensor)] = tensor.detach().clone().requires_grad_(tensor.requires_grad)
+    tensors = [tensor for _, tensor in leaves]
+    try:
+        return copy.deepcopy((args, kwargs), _clones(tensors))
+    except Exception:  # any __deepcopy__/__reduce__ may raise anything
+        pass
+    memo = _clones(tensors + _tensors_within((args, kwargs)))
     try:
         return copy.deepcopy((args, kwargs), memo)
-    except Exception as err:  # any __deepcopy__/__reduce__ may raise anything
+    except Exception as err:
         if problems is not None:
             problems.append(
                 f"an input could not be copied ({type(err).__name__}: {err}), so if the "
                 "forward modifies it, the rerun and the capture did not start from the "
                 "same inputs"
             )
-        return fill(template, [memo[id(tensor)] for _, tensor in leaves])
+        return fill(template, [memo[id(tensor)] for tensor in tensors])
+
+
+def _clones(tensors: list[Tensor]) -> dict[int, Any]:
+    """A ``copy.deepcopy`` memo that copies each tensor as a detached clone (same
+    ``requires_grad``): deepcopy itself refuses tensors that are not leaves of autograd."""
+    memo: dict[int, Any] = {}
+    for tensor in tensors:
+        if id(tensor) not in memo:
+            memo[id(tensor)] = tensor.detach().clone().requires_grad_(tensor.requires_grad)
+    return memo
+
+
+# what copy.deepcopy does not copy (it keeps them as they are), or holds no tensor
+_ATOMS = (
+    str, bytes, int, float, complex, bool, type(None), type, torch.dtype, torch.device,
+    types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.ModuleType,
+    weakref.ref,
+)  # fmt: skip
+
+
+def _tensors_within(root: Any, limit: int = 100_000) -> list[Tensor]:
+    """The tensors ``root`` holds, found along the references ``copy.deepcopy`` follows
+    (containers, ``__dict__`` and ``__slots__``), visiting at most ``limit`` objects."""
+    found: list[Tensor] = []
+    seen: set[int] = set()
+    stack = [root]
+    while stack and len(seen) < limit:
+        obj = stack.pop()
+        if isinstance(obj, _ATOMS) or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, Tensor):
+            found.append(obj)
+        elif isinstance(obj, dict):
+            stack += [*obj.keys(), *obj.values()]
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            stack += obj
+        else:
+            attributes = getattr(obj, "__dict__", None)
+            stack += attributes.values() if isinstance(attributes, dict) else ()
+            for cls in type(obj).__mro__:
+                for slot in getattr(cls, "__slots__", ()):
+                    value = getattr(obj, slot, None) if isinstance(slot, str) else None
+                    if value is not None:
+                        stack.append(value)
+    return found
 
 
 def detached(obj: Any) -> Any:

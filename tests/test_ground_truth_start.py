@@ -1,0 +1,143 @@
+"""The ground-truth rerun and the capture start from the same inputs and the same random
+state, whatever holds them: a key-value cache of tensors that carry autograd history, or
+Python's and NumPy's global generators."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+from torch import nn
+
+import torchlens as tl
+from torchlens.capture import rng
+from torchlens.replay.ground_truth import copy_inputs
+
+
+class Cache:
+    """A key-value cache as ``transformers`` keeps one: layers of objects holding tensors."""
+
+    class Layer:
+        __slots__ = ("keys",)
+
+        def __init__(self, keys: torch.Tensor) -> None:
+            self.keys = keys
+
+    def __init__(self, keys: list[torch.Tensor]) -> None:
+        self.layers = [self.Layer(k) for k in keys]
+
+    def extend(self, i: int, new: torch.Tensor) -> torch.Tensor:
+        layer = self.layers[i]
+        layer.keys = torch.cat([layer.keys, new], dim=1)
+        return layer.keys
+
+
+class Decoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))
+
+    def forward(self, x: torch.Tensor, cache: Cache) -> torch.Tensor:
+        for i, proj in enumerate(self.proj):
+            keys = cache.extend(i, proj(x))
+            x = x + keys.softmax(dim=1).mean(dim=1, keepdim=True)
+        return x
+
+
+def _cache_made_with_grad(model: Decoder) -> Cache:
+    """A first step run with grad: the cached tensors are not leaves of autograd, which
+    ``copy.deepcopy`` refuses."""
+    cache = Cache([torch.zeros(1, 0, 4), torch.zeros(1, 0, 4)])
+    model(torch.randn(1, 3, 4), cache)
+    assert all(layer.keys.grad_fn is not None for layer in cache.layers)
+    return cache
+
+
+def test_copy_inputs_clones_tensors_hidden_in_objects_even_with_autograd_history():
+    torch.manual_seed(0)
+    cache = _cache_made_with_grad(Decoder())
+    x = torch.randn(1, 1, 4)
+    problems: list[str] = []
+    (x_copy, cache_copy), kwargs = copy_inputs((x, cache), {}, problems)
+    assert problems == [] and kwargs == {}
+    assert cache_copy is not cache and torch.equal(x_copy, x)
+    for layer, copied in zip(cache.layers, cache_copy.layers):
+        assert copied is not layer and torch.equal(copied.keys, layer.keys)
+        assert copied.keys.data_ptr() != layer.keys.data_ptr()
+        assert copied.keys.requires_grad and copied.keys.grad_fn is None
+
+
+def test_copy_inputs_names_an_argument_that_cannot_be_copied():
+    import threading
+
+    x = torch.randn(2)
+    problems: list[str] = []
+    (x_copy, lock), _ = copy_inputs((x, threading.Lock()), {}, problems)
+    assert torch.equal(x_copy, x) and x_copy is not x
+    assert len(problems) == 1 and "could not be copied (TypeError" in problems[0]
+
+
+def test_a_second_step_on_a_cache_made_with_grad_validates_and_extends_it_once():
+    torch.manual_seed(0)
+    model = Decoder().eval()
+    cache = _cache_made_with_grad(model)
+    status = tl.replay(model, (torch.randn(1, 1, 4), cache))
+    assert status.state == "passed", status
+    assert [layer.keys.shape[1] for layer in cache.layers] == [4, 4]  # one plain step: 3 + 1
+
+
+class DrawsOnTheHost(nn.Module):
+    """Masks drawn from NumPy (as SpecAugment in ``transformers``) and a layer dropped by
+    Python's ``random`` (as LayerDrop)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x * torch.from_numpy(np.random.rand(8) > 0.5)
+        for layer in self.layers:
+            if random.random() < 0.5:
+                x = torch.tanh(layer(x))
+        return x.sum()
+
+
+def test_a_forward_drawing_from_numpy_and_random_validates():
+    torch.manual_seed(0)
+    model = DrawsOnTheHost().eval()
+    x = torch.randn(2, 8)
+    for seed in range(5):
+        np.random.seed(seed)
+        random.seed(seed)
+        status = tl.replay(model, (x,))
+        assert status.state == "passed", status
+        after = (np.random.get_state()[1].copy(), random.getstate())
+        np.random.seed(seed)
+        random.seed(seed)
+        model(x)  # the host generators are left as one plain forward leaves them
+        assert np.array_equal(after[0], np.random.get_state()[1])
+        assert after[1] == random.getstate()
+
+
+def test_backward_validation_of_a_forward_drawing_from_numpy_and_random():
+    torch.manual_seed(0)
+    np.random.seed(3)
+    random.seed(3)
+    status = tl.replay(DrawsOnTheHost(), (torch.randn(2, 8),), scope="backward")
+    assert status.state == "passed", status
+
+
+def test_a_host_snapshot_restores_python_and_numpy_and_a_trace_keeps_torch_only():
+    state = rng.snapshot(host=True)
+    assert {"cpu", "python", "numpy"} <= set(state)
+    drawn = (random.random(), np.random.rand(), torch.rand(1))
+    caller = (random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state())
+    with rng.restored(state):
+        again = (random.random(), np.random.rand(), torch.rand(1))
+    assert drawn[:2] == again[:2] and torch.equal(drawn[2], again[2])
+    assert random.getstate() == caller[0]  # the caller's states come back after the block
+    assert np.array_equal(np.random.get_state()[1], caller[1])
+    assert torch.equal(torch.get_rng_state(), caller[2])
+    trace = tl.trace(nn.Linear(2, 2), torch.randn(1, 2))
+    assert set(trace.rng_state) == {"cpu"}
