@@ -26,7 +26,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     t = t.detach().resolve_conj().resolve_neg().cpu()
     if t.is_complex():
         t = torch.view_as_real(t)
-    return t.contiguous().reshape(-1).view(torch.uint8)
+    return t.clone(memory_format=torch.contiguous_format).reshape(-1).view(torch.uint8)
 
 
 def assert_same_trace(loaded: Trace, original: Trace, payloads: bool = True) -> None:

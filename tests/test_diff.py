@@ -176,6 +176,52 @@ def test_nan_in_the_same_place_matches(monkeypatch):
     assert other.first_divergence.max_abs == float("inf")
 
 
+def test_an_infinity_against_a_finite_value_has_an_infinite_relative_difference():
+    a, b = torch.tensor([1.0, float("inf")]), torch.tensor([1.0, 2.0])
+    first = tl.diff(tl.trace(torch.neg, a), tl.trace(torch.neg, b)).first_divergence
+    assert first.max_abs == float("inf") and first.max_rel == float("inf")
+
+
+def test_uninitialized_memory_is_not_compared_only_its_shape():
+    # an MoE layer's buffer: torch.empty_like, then written; two runs hold other garbage
+    def forward(x):
+        buf = torch.empty_like(x)
+        grown = x.new(3, 5)
+        buf.zero_()
+        return buf + x, grown.shape
+
+    x = torch.randn(3, 5)
+    a = tl.trace(forward, x)
+    a["empty_like_1"].out.fill_(7.0)  # what another run's garbage looks like
+    a["new_1"].out.fill_(float("nan"))
+    result = tl.diff(a, tl.trace(forward, x))
+    assert result.same and result.first_divergence is None
+    assert result["empty_like_1"].status == result["new_1"].status == "uninitialized"
+    assert result["add_1"].status == "same"
+    grown = tl.diff(a, tl.trace(lambda x: forward(x[:2]), x))  # shapes still count
+    assert grown.first_divergence.label_a == "empty_like_1"
+
+
+def test_an_extra_constant_early_in_one_run_leaves_later_constants_paired():
+    class ScalesOnFirstCall(nn.Module):  # as torchvision's MultiScaleRoIAlign
+        scale = None
+
+        def forward(self, x):
+            if self.scale is None:
+                self.scale = float(torch.tensor(0.5).log2())
+            return x * torch.tensor(2.0) + torch.tensor(3.0)
+
+    model, x = ScalesOnFirstCall(), torch.randn(3)
+    first, later = tl.trace(model, x), tl.trace(model, x)
+    result = tl.diff(first, later)
+    assert result.only_in_a == ["tensor_1", "log2_1"] and not result.only_in_b
+    assert not result.diverged
+    assert [(r.label_a, r.label_b) for r in result.rows if r.func_name == "tensor"] == [
+        ("tensor_2", "tensor_1"),
+        ("tensor_3", "tensor_2"),
+    ]
+
+
 def test_to_pandas_needs_pandas(monkeypatch):
     x = torch.randn(3)
     result = tl.diff(tl.trace(torch.sin, x), tl.trace(torch.sin, x))

@@ -439,3 +439,44 @@ def test_save_grads_with_gradients_off_is_refused_at_trace_time(off):
     assert err.value.code == "save_grads_no_grad" and "no_grad" in str(err.value)
     with off():  # without save_grads a no_grad capture is fine
         assert tl.trace(nn.Linear(3, 2), torch.randn(2, 3)).labels == ["linear_1"]
+
+
+class _ChunkFirst(torch.autograd.Function):
+    """Reformer's reversible block in small: the forward runs without grad tracking and
+    starts with a view of its input, which keeps ``requires_grad`` but takes no gradient."""
+
+    @staticmethod
+    def forward(ctx, x):
+        a, b = torch.chunk(x, 2, dim=-1)
+        return a * 2 + b
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.cat([2 * grad, grad], dim=-1)
+
+
+class _ChunkFirstModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return _ChunkFirst.apply(torch.cat([h, h], dim=-1))
+
+
+def test_a_view_made_inside_a_custom_function_makes_its_input_unverified_not_failed():
+    from torchlens.capture.grads import grad_untracked
+
+    torch.manual_seed(0)
+    model, x = _ChunkFirstModel(), torch.randn(3, 4)
+    trace = tl.trace(model, x, save_grads=True)
+    trace.backward()
+    expected = torch.cat([2 * torch.ones(3, 4), torch.ones(3, 4)], dim=-1)
+    assert torch.equal(trace["cat_1"].grad, expected)  # the captured grad is right
+    chunk = trace["chunk_1:0"]
+    assert chunk.requires_grad and grad_untracked(chunk)
+    assert not grad_untracked(trace["cat_1"]) and grad_untracked(trace["mul_1"])
+    status = validate_backward(model, x)
+    assert status.state == "unverified", str(status)
+    assert {f.label for f in status.failures} == set()

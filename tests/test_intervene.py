@@ -208,3 +208,26 @@ def test_stop_after_never_matching_is_an_error():
     with pytest.raises(SelectorMatchError) as err:
         tl.record(_mlp(), torch.randn(2, 4), stop_after=tl.label("tanh_1"))
     assert err.value.code == "no_match"
+
+
+@pytest.mark.parametrize("capture", CAPTURES)
+@pytest.mark.parametrize(
+    "rule",
+    [tl.module("0").output, tl.label("linear_1") | tl.module("0").output],
+    ids=["module_output", "label_or_module_output"],
+)
+def test_an_edit_applies_once_to_a_value_several_calls_return(capture, rule):
+    # nn.Identity returns linear_1 again, so two calls return it; the compound rule also
+    # matches linear_1 when it is made. A forward hook on module "0" edits it once.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Identity(), nn.Linear(4, 2)).eval()
+    x = torch.randn(3, 4)
+    handle = model[0].register_forward_hook(lambda module, args, out: out * 0.5)
+    with torch.no_grad():
+        expected = model(x)
+    handle.remove()
+    result = capture(model, x, intervene={rule: lambda t: t * 0.5})
+    torch.testing.assert_close(result.output.detach(), expected, rtol=0, atol=0)
+    assert result.meta["intervened"] == ["linear_1"]
+    what_if = tl.trace(model, x).rerun({rule: lambda t: t * 0.5})
+    torch.testing.assert_close(what_if.output, expected, rtol=0, atol=0)

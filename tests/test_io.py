@@ -121,6 +121,22 @@ def test_every_dtype_and_layout_comes_back_bit_identical(tmp_path):
     assert conj.dtype == torch.complex128 and not conj.is_conj()
 
 
+def test_columns_of_zero_or_one_row_save_and_stream(tmp_path):
+    # boxes[:, 0] of a detector that found 0 or 1 boxes: contiguous, with a stride of 4
+    def forward(boxes):
+        return boxes[:, 0] * 2, boxes[:1, 1] + 1
+
+    boxes = torch.randn(0, 4), torch.randn(3, 4)
+    for i, value in enumerate(boxes):
+        trace = tl.trace(forward, value)
+        getitem = trace["getitem_1" if i == 0 else "getitem_2"].out
+        assert getitem.numel() == i and getitem.stride() == (4,) and getitem.is_contiguous()
+        assert_same_trace(tl.load(tl.save(trace, tmp_path / f"t{i}")), trace)
+        with torch.no_grad():
+            streamed = tl.trace(forward, value, stream_to=tmp_path / f"s{i}")
+        assert_same_trace(tl.load(tmp_path / f"s{i}"), streamed)
+
+
 def test_values_load_lazily_and_survive_edits(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
     trace = tl.trace(model, torch.randn(2, 3))

@@ -132,3 +132,15 @@ def test_patch_refuses_traces_that_are_not_comparable():
     with pytest.raises(InterventionError) as info:
         edits.patch(a, other, tl.label("relu_1"))
     assert info.value.code == "not_comparable" and "'relu_1'" in str(info.value)
+
+
+def test_a_recorded_call_that_no_longer_fits_the_edited_values_raises_a_typed_error():
+    def forward(x):
+        a = x * 1
+        return a[a > 0].view(2, 2)  # four positive values when traced
+
+    trace = tl.trace(forward, torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    with pytest.raises(InterventionError) as info:
+        trace.rerun({tl.label("mul_1"): lambda t: t - 2.5})  # two of them stay positive
+    assert info.value.code == "recompute_failed"
+    assert "'view_1'" in str(info.value) and isinstance(info.value.__cause__, RuntimeError)

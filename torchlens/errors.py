@@ -174,7 +174,9 @@ class InterventionError(TorchLensError, ValueError):
     Codes: ``bad_return`` (not a tensor), ``changed_shape``, ``changed_dtype``,
     ``changed_device`` (pass ``tl.Intervention(fn, allow_changes=True)`` to allow them),
     ``inplace_change`` (an in-place op's output is edited in place, so it must keep its
-    shape, dtype and device even with ``allow_changes``).
+    shape, dtype and device even with ``allow_changes``); from ``trace.rerun``,
+    ``not_replayable`` and ``recompute_failed`` (a recorded call downstream of the edit
+    cannot run, or raises, on the edited values).
     """
 
     code = "intervention_failed"

@@ -192,6 +192,7 @@ class Controls:
         self.edit_hits = [0] * len(self.edits)
         self.edit_shapes: list[dict[tuple[int, ...], str]] = [{} for _ in self.edits]
         self.intervened: list[str] = []  # labels of edited ops, in order
+        self._edited: set[tuple[int, str]] = set()  # (edit index, label) applied
         self.halted_at: str | None = None
         self._types: dict[str, str] = {}  # module address -> class name, set by hooks()
 
@@ -305,9 +306,22 @@ class Controls:
 
         return hook
 
+    def first_edit(self, i: int, label: str) -> bool:
+        """Whether the ``i``-th edit is yet to be applied to op ``label`` (it now is): a
+        value that several module calls return (``nn.Identity``, a block returning its last
+        layer's output), or that a rule matches both when it is made and when a call
+        returns it, is edited once."""
+        key = (i, label)
+        if key in self._edited:
+            return False
+        self._edited.add(key)
+        return True
+
     def _edit_traced(
         self, builder: Any, op: Any, tensor: Tensor, edit: Intervention, i: int
     ) -> Tensor:
+        if not self.first_edit(i, op.label):
+            return tensor
         self.note_shape(i, op.label, tuple(tensor.shape))
         original = tensor.detach().clone() if edit.keep_original else None
         version = version_of(tensor)

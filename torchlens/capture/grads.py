@@ -36,7 +36,7 @@ from torchlens.capture.tree import flatten
 from torchlens.errors import GradUnavailableError
 from torchlens.trace import Op, Source, Trace
 
-__all__ = ["GradCapture", "GradStore", "GradMapping", "default_loss"]
+__all__ = ["GradCapture", "GradStore", "GradMapping", "default_loss", "grad_untracked"]
 
 Tensor = torch.Tensor
 
@@ -85,6 +85,9 @@ class GradStore:
     def __init__(self) -> None:
         self.values: dict[str, Tensor] = {}
         self.missing: dict[str, tuple[str, str]] = {}  # label -> (code, message)
+        # labels whose value was computed without gradient tracking, though a view of it
+        # may say requires_grad (one made under no_grad inside a custom autograd.Function)
+        self.untracked: set[str] = set()
         self.done = False  # a backward through the trace has finished
 
     def get(self, label: str) -> Tensor:
@@ -174,8 +177,13 @@ class GradCapture:
             return
         if not tensor.requires_grad:
             self.store.missing[label] = ("no_grad", _untracked(label))
+            self.store.untracked.add(label)
             return
         self.store.missing.pop(label, None)
+        if _untracked_view(record, tensor):
+            self.store.untracked.add(label)
+        else:
+            self.store.untracked.discard(label)
         with torch._C.DisableTorchFunction():
             node = tensor.grad_fn
             if node is None or isinstance(record, Source):
@@ -271,6 +279,20 @@ def _remove_all(handles: dict[str, RemovableHandle]) -> None:
     for handle in handles.values():
         handle.remove()
     handles.clear()
+
+
+def _untracked_view(record: Op | Source, tensor: Tensor) -> bool:
+    """A view made without gradient tracking: it says ``requires_grad`` (its base does)
+    but has no ``grad_fn``, so no gradient passes through it back to its base."""
+    return isinstance(record, Op) and tensor.grad_fn is None and tensor._is_view()
+
+
+def grad_untracked(record: Op | Source) -> bool:
+    """Whether ``record`` was computed without gradient tracking in a ``save_grads``
+    capture, whatever its ``requires_grad`` says (False when unknown: no grads kept, or a
+    loaded trace)."""
+    store = record._grads
+    return isinstance(store, GradStore) and record.label in store.untracked
 
 
 def _untracked(label: str) -> str:

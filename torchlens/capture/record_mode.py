@@ -205,6 +205,8 @@ class RecordMode(TorchFunctionMode):
         c = self.controls
         edit = c.edits[i][1]
         c.edit_hits[i] += 1
+        if not c.first_edit(i, view.label):
+            return tensor
         if edit.keep_original:
             key = original_key(view.label)
             self.store.set(key, tensor.detach().clone(), None)

@@ -6,12 +6,19 @@ extra call in one run (which shifts every later label of that function) moves no
 match. What is left pairs by position in the sequence of function names
 (:class:`difflib.SequenceMatcher`). Each matched pair's values are compared under the
 replay tolerance table (:mod:`torchlens.replay.tolerances`), taking the looser entry of the
-two dtypes, so a float32 run and a bfloat16 run are judged at bfloat16's tolerance.
+two dtypes, so a float32 run and a bfloat16 run are judged at bfloat16's tolerance. Ops
+whose values are uninitialized memory (``torch.empty``, ``new_empty``, ``x.new(2, 3)``: the
+calls replay exempts from value checks) are not compared, only their shapes.
+
+Ops without parents (``torch.tensor(2.0)``, ``arange``) pair only with an op of the same
+call, non-tensor arguments included: one extra constant early in a run (a module caching a
+value on its first call) then leaves the later constants paired as they should be.
 """
 
 from __future__ import annotations
 
 import difflib
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -22,12 +29,14 @@ import torch
 from torchlens._table import format_table
 from torchlens.debug._frame import dataframe
 from torchlens.io import load
+from torchlens.replay.exemptions import value_exempt
 from torchlens.replay.tolerances import comparable, tolerance
 from torchlens.trace import Op, Trace
 
 __all__ = ["OpDiff", "TraceDiff", "diff"]
 
 SAME, DIFFERS, SHAPE, NO_VALUE = "same", "differs", "shape", "no value"
+UNINITIALIZED = "uninitialized"
 
 
 @dataclass(frozen=True)
@@ -44,7 +53,9 @@ class OpDiff:
     dtype_b: str
     max_abs: float | None  # largest |a - b| (inf where only one side is NaN)
     max_rel: float | None  # largest |a - b| / max(|a|, |b|) (0 where both are 0)
-    status: str  # "same", "differs", "shape" (shapes differ) or "no value" (not compared)
+    # "same", "differs", "shape" (shapes differ), "no value" (not compared: not kept) or
+    # "uninitialized" (not compared: uninitialized memory, equal shapes)
+    status: str
     matched_by: str  # "label" (same label in both runs) or "position" (relabelled)
 
 
@@ -82,7 +93,8 @@ class TraceDiff:
 
     @property
     def same(self) -> bool:
-        """True when every op matched, every value was compared, and none differ."""
+        """True when every op matched, every value was compared (uninitialized memory
+        aside: only its shape is), and none differ."""
         return not (self.diverged or self.unverified or self.only_in_a or self.only_in_b)
 
     def __getitem__(self, label: str) -> OpDiff:
@@ -179,7 +191,7 @@ def diff(
     """
     trace_a, trace_b = _as_trace(a), _as_trace(b)
     pairs, only_a, only_b = match_ops(trace_a.ops, trace_b.ops)
-    rows = [_compare(x, y, how, atol, rtol) for x, y, how in pairs]
+    rows = [_compare(x, y, how, atol, rtol, _uninitialized(trace_a, x)) for x, y, how in pairs]
     return TraceDiff(rows, only_a, only_b, (atol, rtol))
 
 
@@ -194,22 +206,19 @@ def match_ops(
     unmatched in ``a`` and in ``b``.
 
     An op of ``a`` pairs with the op of ``b`` that runs the same function on the partners
-    of its parents (sources pair by label), the one with its own label first; what is left
-    pairs by position in the sequence of function names.
+    of its parents (sources pair by label), the one with its own label first; an op
+    without parents needs the same non-tensor arguments too. What is left pairs by position
+    in the sequence of function names.
     """
     by_key: dict[tuple, list[Op]] = {}
     for op in b:
-        by_key.setdefault((op.func_name, op.output_index, op.parents), []).append(op)
+        by_key.setdefault(_key(op, op.parents), []).append(op)
     partner: dict[str, str] = {}  # a label -> b label
     pairs: dict[int, tuple[Op, Op, str]] = {}
     used: set[str] = set()
     for i, op in enumerate(a):
         parents = tuple(partner.get(p, p) for p in op.parents)
-        free = [
-            c
-            for c in by_key.get((op.func_name, op.output_index, parents), ())
-            if c.label not in used
-        ]
+        free = [c for c in by_key.get(_key(op, parents), ()) if c.label not in used]
         if free:
             other = next((c for c in free if c.label == op.label), free[0])
             pairs[i] = (op, other, "label" if other.label == op.label else "position")
@@ -232,10 +241,30 @@ def match_ops(
     return ordered, only_a, only_b
 
 
-def _compare(x: Op, y: Op, how: str, atol: float | None, rtol: float | None) -> OpDiff:
+def _key(op: Op, parents: tuple[str, ...]) -> tuple:
+    """What an op must share with its partner: the function, the output, the partners of
+    its parents, and for an op without parents its non-tensor arguments."""
+    if parents:
+        return op.func_name, op.output_index, parents
+    return op.func_name, op.output_index, (), repr((op.args_template, op.kwargs_template))
+
+
+def _uninitialized(trace: Trace, op: Op) -> bool:
+    """Whether ``op``'s values are uninitialized memory (see ``value_exempt``)."""
+    if op.func_name != "resize_":
+        return value_exempt(op, [], None)
+    target = trace[op.parents[0]] if op.parents else None
+    return target is not None and math.prod(op.shape) > math.prod(target.shape)
+
+
+def _compare(
+    x: Op, y: Op, how: str, atol: float | None, rtol: float | None, uninitialized: bool
+) -> OpDiff:
     status, max_abs, max_rel = NO_VALUE, None, None
     if tuple(x.shape) != tuple(y.shape):
         status = SHAPE
+    elif uninitialized:
+        status = UNINITIALIZED
     elif x.has_out and y.has_out:
         status, max_abs, max_rel = compare_values(x.out, y.out, atol, rtol)
     return OpDiff(
@@ -260,9 +289,12 @@ def compare_values(
     x, y = x.double(), y.double()
     both_nan = x.isnan() & y.isnan()
     equal = (x == y) | both_nan  # also equal infinities
-    gap = (x - y).abs().masked_fill(equal, 0.0).nan_to_num(nan=float("inf"))
-    scale = torch.maximum(x.abs(), y.abs()).nan_to_num(nan=float("inf"))
-    rel = gap / scale.clamp_min(torch.finfo(torch.float64).tiny)
+    gap = (x - y).abs().masked_fill(equal, 0.0).nan_to_num(nan=math.inf, posinf=math.inf)
+    scale = torch.maximum(x.abs(), y.abs()).nan_to_num(nan=math.inf, posinf=math.inf)
+    # an infinity against a finite value: inf / inf, made inf
+    rel = (gap / scale.clamp_min(torch.finfo(torch.float64).tiny)).nan_to_num(
+        nan=math.inf, posinf=math.inf
+    )
     close = equal | (gap <= atol_ + rtol_ * y.abs())
     status = SAME if bool(close.all()) else DIFFERS
     return status, float(gap.max()), float(rel.masked_fill(equal, 0.0).max())

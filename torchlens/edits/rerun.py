@@ -100,6 +100,14 @@ class _WhatIf(Interpreter):
                 "run the model with tl.trace(..., intervene=...) instead",
                 code="not_replayable",
             ) from None
+        except Exception as err:  # the recorded call does not take the edited values
+            raise InterventionError(
+                f"{op.label!r} is downstream of the edit, and its recorded call raised "
+                f"{type(err).__name__} on the new values ({err}): a shape or an index that "
+                "the live forward would have computed from them (a detection head's boxes) "
+                "no longer fits; run the model with tl.trace(..., intervene=...) instead",
+                code="recompute_failed",
+            ) from err
 
 
 def rerun(trace: Trace, edits: Mapping[Any, Any]) -> Trace:
@@ -124,7 +132,8 @@ def rerun(trace: Trace, edits: Mapping[Any, Any]) -> Trace:
     Raises:
         SelectorMatchError: ``no_match`` when an edit's selector matches no op.
         PayloadUnavailableError: when a value the recomputation needs was not saved.
-        InterventionError: ``not_replayable`` for a call in the cone that cannot be re-run;
+        InterventionError: ``not_replayable`` for a call in the cone that cannot be re-run,
+            ``recompute_failed`` for one that raises on the edited values;
             the edit function's own errors (``bad_edit``, ``changed_shape``...).
 
     Example:

@@ -44,7 +44,11 @@ def stored_form(value: torch.Tensor) -> torch.Tensor:
     tensor = tensor.resolve_conj().resolve_neg()
     if tensor.is_complex():
         tensor = torch.view_as_real(tensor)
-    return tensor.to("cpu").contiguous()
+    tensor = tensor.to("cpu").contiguous()
+    if tensor.dim() and tensor.stride(-1) != 1:  # a contiguous tensor of 0 or 1 element
+        # may keep any stride (a column of an empty box tensor), which no byte view takes
+        tensor = tensor.clone(memory_format=torch.contiguous_format)
+    return tensor
 
 
 def entry_for(value: torch.Tensor, stored: torch.Tensor, file: str, key: str) -> dict:

@@ -28,7 +28,7 @@ import torch
 from torchlens.capture import rng
 from torchlens.capture.api import normalize_call
 from torchlens.capture.api import trace as capture
-from torchlens.capture.grads import default_loss
+from torchlens.capture.grads import default_loss, grad_untracked
 from torchlens.capture.session import suspended
 from torchlens.capture.tree import fill, flatten
 from torchlens.errors import GradUnavailableError, PayloadUnavailableError
@@ -224,7 +224,7 @@ class _VjpReplay(Interpreter):
         ]
         if not slots:
             return
-        if not any(op.requires_grad for op in ops):
+        if not any(op.requires_grad and not grad_untracked(op) for op in ops):
             reason = (
                 f"consumer {head.label!r} was recorded without grad tracking (e.g. inside a "
                 "custom autograd.Function), so gradient may reach this record by a path the "
