@@ -4,6 +4,8 @@ call arguments are spread, mutable inputs (caches) and seeding."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import pytest
 import torch
 from torch import nn
@@ -448,3 +450,97 @@ def test_inference_mode_records_what_a_plain_capture_records():
     assert _structure(trace) == _structure(plain)
     for op in plain.ops:
         assert torch.equal(trace[op.label].out, op.out), op.label
+
+
+class _RequiredFieldsOutput(OrderedDict):
+    """diffusers' ControlNetOutput in small: an OrderedDict whose constructor cannot take
+    one mapping (a dataclass with required fields)."""
+
+    def __init__(self, down, mid):
+        super().__init__(down=down, mid=mid)
+        self.down, self.mid = down, mid
+
+
+def test_an_ordered_dict_output_with_required_fields_validates():
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            y = self.fc(x)
+            return _RequiredFieldsOutput((y, y.relu()), y.sum())
+
+    torch.manual_seed(0)
+    model, x = Model().eval(), torch.randn(2, 4)
+    trace = tl.trace(model, x)
+    assert type(trace.output) is _RequiredFieldsOutput
+    assert list(trace.output.keys()) == ["down", "mid"] and trace.output.mid.shape == ()
+    assert trace.output_labels == ["linear_1", "relu_1", "sum_1"]
+    status = tl.replay(model, (x,))
+    assert status.state == "passed", status
+
+
+def test_sparse_values_are_perturbed_where_a_probe_can_move_them():
+    # torch_geometric's GraphUNet squares a sparse CSR adjacency; noise cannot be added to
+    # a sparse value, the other probes can
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.rand(5))
+
+        def forward(self, crow, col, v):
+            adjacency = torch.sparse_csr_tensor(crow, col, v * self.w, (4, 4))
+            return (adjacency @ adjacency).to_sparse().values().sum()
+
+    torch.manual_seed(0)
+    crow, col = torch.tensor([0, 2, 3, 4, 5]), torch.tensor([0, 1, 2, 3, 0])
+    status = tl.replay(Model().eval(), (crow, col, torch.rand(5)))
+    assert status.state == "passed", status
+    assert status.perturbation_verified == status.ops
+
+
+class _EmaThroughData(nn.Module):
+    """vector-quantize-pytorch's EMA codebook: a buffer read, updated through ``.data``
+    (an alias with a version counter of its own), then read again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("average", torch.zeros(4))
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.fc(x)
+        before = h.mean(0).to(self.average) + self.average
+        self.average.data.lerp_(before, 0.5)
+        return h + self.average.sum() + torch.nn.functional.linear(x, self.fc.weight.data)
+
+
+class _ScratchThroughData(nn.Module):
+    """torchdiffeq's ``_UncheckedAssign``: a scratch tensor filled through ``.data[i] = v``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        k = torch.empty(*x.shape, 2)
+        k.data[..., 0] = self.fc(x)
+        k.data[..., 1] = self.fc(x * 2)
+        return k.sum(-1)
+
+
+@pytest.mark.parametrize("model_class", [_EmaThroughData, _ScratchThroughData])
+def test_writes_through_data_are_followed_and_validate(model_class):
+    torch.manual_seed(0)
+    model, x = model_class().eval(), torch.randn(3, 4)
+    torch.manual_seed(1)
+    trace = tl.trace(model_class().eval(), x)
+    assert "data_1" in trace.labels and trace["data_1"].func_name == "data"
+    refresh = [op for op in trace.ops if op.func_name == "refresh"]
+    assert refresh, "the read after the write through .data takes the written value"
+    torch.manual_seed(1)
+    expected = model_class().eval()(x)
+    torch.testing.assert_close(trace.output, expected)
+    status = tl.replay(model, (x,))
+    assert status.state == "passed", status

@@ -141,3 +141,29 @@ def test_a_host_snapshot_restores_python_and_numpy_and_a_trace_keeps_torch_only(
     assert torch.equal(torch.get_rng_state(), caller[2])
     trace = tl.trace(nn.Linear(2, 2), torch.randn(1, 2))
     assert set(trace.rng_state) == {"cpu"}
+
+
+class SharedNorm(nn.Module):
+    """One BatchNorm under two names (performer-pytorch keeps its network twice so): its
+    running statistics are listed under both, and the forward updates them in train mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm1d(4)
+        self.alias = self.bn
+        self.again = nn.ModuleList([self.bn])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(x)
+
+
+def test_a_buffer_under_several_names_is_rewound_once_and_validates():
+    torch.manual_seed(0)
+    model, x = SharedNorm().train(), torch.randn(8, 4)
+    status = tl.replay(model, (x,))
+    assert status.state == "passed", status
+    reference = SharedNorm().train()
+    reference.load_state_dict(SharedNorm().state_dict())  # fresh statistics
+    reference(x)  # the model is left as one plain forward leaves it
+    torch.testing.assert_close(model.bn.running_mean, reference.bn.running_mean)
+    assert int(model.bn.num_batches_tracked) == 1

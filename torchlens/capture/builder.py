@@ -81,6 +81,14 @@ class TraceBuilder:
             is produced (streaming capture); values then never stay in memory.
     """
 
+    # storages reached through ``x.data``, whose version counter is not ``x``'s: a write
+    # through one alias leaves the other's version as it was, so reads of these storages
+    # also ask the recorded writers (see _note_unshared). A class default, replaced on the
+    # instance at the first ``.data``: one more instance attribute would take the builder
+    # past the size at which CPython shares attribute keys, and every attribute read of
+    # the per-op path would get slower (+2.6% instructions per op)
+    _unshared_versions: frozenset[int] = frozenset()
+
     def __init__(
         self,
         *,
@@ -265,10 +273,41 @@ class TraceBuilder:
                     return refs, tuple(template), dict(kwargs) if kwargs else {}
             except RuntimeError:  # an inference tensor has no version: label_of knows
                 pass
+        return self._walked_arguments(args, kwargs)
+
+    def _walked_arguments(self, args: tuple, kwargs: dict) -> tuple[list[ArgRef], tuple, dict]:
+        """:meth:`arguments` of any call: the tree walked, each tensor :meth:`label_of`."""
         leaves, args_template, kwargs_template = flatten_call(args, kwargs)
         label_of = self.label_of
         refs = [_arg_ref(ArgRef, (label_of(t), pos)) for pos, t in leaves]
         return refs, args_template, kwargs_template
+
+    def _note_unshared(self, tensor: Tensor) -> None:
+        """``tensor`` came from ``x.data``: its storage's versions are no longer to be
+        trusted alone. From the first such alias on, every argument is labelled by
+        :meth:`_label_of_unshared` (the per-op path of a forward without ``.data`` stays as
+        it is: these methods are replaced on this builder only)."""
+        key = storage_key(tensor)
+        if key is None:
+            return
+        if not self._unshared_versions:
+            self.label_of = self._label_of_unshared  # type: ignore[method-assign]
+            self.arguments = self._walked_arguments  # type: ignore[method-assign]
+        self._unshared_versions = self._unshared_versions | {key}
+
+    def _label_of_unshared(self, tensor: Tensor) -> str:
+        """:meth:`label_of`, also asking the recorded writers of a storage that a ``.data``
+        alias reaches: a write through one alias moves only that alias's version."""
+        entry = self._live.get(id(tensor))
+        if (
+            entry is not None
+            and entry[0]() is tensor
+            and entry[2] is not None
+            and entry[2] == tensor._version
+            and storage_key(tensor) in self._unshared_versions
+        ):
+            return self._unversioned(tensor, entry[1], entry[3])
+        return TraceBuilder.label_of(self, tensor)
 
     def _unversioned(self, tensor: Tensor, label: str, since: int) -> str:
         """:meth:`label_of` for an inference tensor, which has no version counter (under
@@ -331,6 +370,8 @@ class TraceBuilder:
     ) -> list[Op]:
         """Record the outputs of one function call as ops; returns them."""
         self._call_count += 1
+        if name == "data":  # x.data: an alias with a version counter of its own
+            self._note_unshared(outputs[0])
         if len(outputs) == 1 and not inplace:  # the common case, without the loop
             return [self._new_op(name, func, args_template, kwargs_template, parent_args,
                                  outputs[0], 0, False, None, rng_state)]  # fmt: skip
@@ -551,4 +592,6 @@ class TraceBuilder:
         self._owned.clear()
         self._aliases.clear()
         self._writers.clear()
+        self.__dict__.pop("label_of", None)  # set by _note_unshared: a cycle through self
+        self.__dict__.pop("arguments", None)
         return trace

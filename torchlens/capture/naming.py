@@ -52,8 +52,10 @@ _INPLACE_DUNDERS = {
     "iand", "ior", "ixor", "ilshift", "irshift",
 }  # fmt: skip
 
-# Tensor properties that compute a new tensor; every other property read is not an op.
-TENSOR_PROPERTIES = frozenset({"T", "mT", "H", "mH", "real", "imag"})
+# Tensor properties that give a tensor: a new one, or an alias (``x.data`` shares ``x``'s
+# memory but not its version counter, so writes through it are followed by storage; see
+# ``TraceBuilder.label_of``); every other property read is not an op.
+TENSOR_PROPERTIES = frozenset({"T", "mT", "H", "mH", "real", "imag", "data"})
 
 # Calls that never return a tensor: skipped before any bookkeeping, for speed.
 _NEVER_TENSOR_METHODS = frozenset({

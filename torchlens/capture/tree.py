@@ -8,6 +8,7 @@ with other tensors rebuilds the structure. Lists, tuples, namedtuples, dicts (in
 from __future__ import annotations
 
 import dataclasses
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -226,7 +227,13 @@ def _rebuild_mapping(original: dict, walked: dict) -> Any:
         return kind(walked)
     except TypeError:  # e.g. dataclass-based ModelOutput subclasses with required fields
         obj = kind.__new__(kind)
-        dict.update(obj, walked)
+        # an OrderedDict keeps its own order, which dict's methods would bypass
+        setitem = OrderedDict.__setitem__ if isinstance(obj, OrderedDict) else dict.__setitem__
+        attributes = getattr(obj, "__dict__", None)
+        for key, value in walked.items():
+            setitem(obj, key, value)
+            if attributes is not None and isinstance(key, str):
+                attributes[key] = value  # a dataclass's fields are attributes too
         return obj
 
 

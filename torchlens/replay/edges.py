@@ -184,10 +184,10 @@ class EdgeProver:
         """Whether the probe ``name`` of the parent at ``indices`` moves the call's outputs
         from ``baselines``. ``full``: a full-size point, whose clean runs count in ``trial``."""
         changed = list(values)
-        bumped = self.perturber.probe(values[indices[0]], name)
-        for i in indices:
-            changed[i] = bumped
-        try:
+        try:  # a sparse value cannot be moved: the probe raises, as an outside domain does
+            bumped = self.perturber.probe(values[indices[0]], name)
+            for i in indices:
+                changed[i] = bumped
             outputs = self.runner.run_call(head, changed, skip=trial.skip)
         except Exception as err:  # noqa: BLE001 - the probed value is outside the domain
             trial.errors.append(f"{type(err).__name__}: {err}")

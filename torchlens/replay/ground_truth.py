@@ -159,12 +159,16 @@ class ModelState:
         if self.model is None:
             return after
         current = dict(self.model.named_buffers(remove_duplicate=False))
+        rewound: dict[int, Tensor] = {}  # a buffer under two names (a module kept twice)
         with torch.no_grad():
             for name, (buf, version, saved) in self.buffers.items():
                 now = current.get(name)
+                if now is not None and id(now) in rewound:  # put back under its first name
+                    after[name] = rewound[id(now)]
+                    continue
                 if now is None or (now is buf and _same(now, saved, version)):
                     continue
-                after[name] = now.detach().clone()
+                after[name] = rewound[id(now)] = now.detach().clone()
                 if now.shape == saved.shape and now.dtype == saved.dtype:
                     now.copy_(saved)
                 else:
