@@ -38,7 +38,7 @@ from torchlens.recording import OpView
 from torchlens.replay.tolerances import comparable
 from torchlens.trace import MemoryPayloadStore
 
-__all__ = ["Culprit", "CulpritOp", "NonFiniteMode", "is_nonfinite"]
+__all__ = ["Culprit", "CulpritOp", "ForwardCall", "NonFiniteMode", "is_nonfinite"]
 
 Tensor = torch.Tensor
 _CHECKED = frozenset(
@@ -188,10 +188,27 @@ class CulpritOp(OpView):
 
 @dataclass
 class Culprit:
-    """What the pass took at the first non-finite output: the op, its parents' values."""
+    """What the pass took at the first non-finite output: the op, its parents' values,
+    and whether the call wrote it into a target whose old value was not copied (the
+    forward must run again to give that parent's value)."""
 
     op: CulpritOp
     parent_values: dict[str, Tensor]
+    needs_copy: bool = False
+
+
+@dataclass
+class ForwardCall:
+    """The call the pass runs: the model, its arguments, its submodules (``None``: not a
+    module), and what it returned when it ran to its end. One attribute of the mode, not
+    five: a mode past 29 instance attributes gets slower attribute reads on every op
+    (CPython stops sharing its attribute keys)."""
+
+    model: Any
+    args: tuple
+    kwargs: dict
+    modules: list[tuple[str, nn.Module]] | None
+    output: Any = None
 
 
 class NonFiniteMode(RecordMode):
@@ -222,13 +239,10 @@ class NonFiniteMode(RecordMode):
         self.inf = inf
         self.culprit: Culprit | None = None
         self.copy_at = copy_at  # the index of a call whose targets are copied before it
-        self.needs_copy = False  # the culprit was written in place, uncopied: run again
-        self.model, self.args, self.kwargs = model, args, kwargs
-        # the model's submodules, walked once per call (None: not a module)
-        self.modules = modules
+        # the model's submodules are walked once per call
         if modules is None and isinstance(model, nn.Module):
-            self.modules = named_modules(model)
-        self.output: Any = None  # what the model returned, when it ran to its end
+            modules = named_modules(model)
+        self.call = ForwardCall(model, args, kwargs, modules)
         # id(output) -> (weak reference, function name, count, outputs of the call, index
         # among them, version when proven finite or None): its label, made only if needed
         self._seen: dict[int, tuple[weakref.ref, str, int, int, int, int | None]] = {}
@@ -335,7 +349,7 @@ class NonFiniteMode(RecordMode):
         _, args, kwargs = call
         written = self._before if self._before and self._before[0] is args else None
         targets = {id(t): copy for t, copy in written[2]} if written else {}
-        self.needs_copy = any(copy is None for copy in targets.values())
+        needs_copy = any(copy is None for copy in targets.values())
         line = caller_line()
         source = SourceLine(*line) if line is not None else None
         parents: list[str] = []
@@ -362,15 +376,16 @@ class NonFiniteMode(RecordMode):
         )  # fmt: skip
         op._store = store
         store.set(label, tensor.detach().clone(), None)
-        self.culprit = Culprit(op, values)
+        self.culprit = Culprit(op, values, needs_copy)
         self.controls.halted_at = label
         raise _Halt
 
     def _outside_storages(self) -> set[Any]:
         """Storages of the inputs, parameters and buffers: a forward that writes into one
         of them cannot be run again to the same values."""
-        tensors = [t for _, t in flatten((self.args, self.kwargs))[0]]
-        for _, module in self.modules or ():
+        call = self.call
+        tensors = [t for _, t in flatten((call.args, call.kwargs))[0]]
+        for _, module in call.modules or ():
             tensors += [t for t in module._parameters.values() if t is not None]
             tensors += [t for t in module._buffers.values() if t is not None]
         self._outside = {storage_key(t) for t in tensors} - {None}
@@ -381,10 +396,11 @@ class NonFiniteMode(RecordMode):
         (``input_1``, ...: positional then keyword, one label per tensor) and the model's
         parameters and buffers (by address, first name first)."""
         labels: dict[int, str] = {}
-        for _, tensor in flatten(self.args)[0] + flatten(self.kwargs)[0]:
+        call = self.call
+        for _, tensor in flatten(call.args)[0] + flatten(call.kwargs)[0]:
             if id(tensor) not in labels:
                 labels[id(tensor)] = f"input_{len(labels) + 1}"
-        walk = owned_tensors(self.modules or [])
+        walk = owned_tensors(call.modules or [])
         owned = {key: address for key, (_, address, _) in walk.items()}
         return {**owned, **labels}  # an input that is also a parameter is an input
 

@@ -186,14 +186,14 @@ def find_nonfinite(
     args, kwargs = normalize_call(args, kwargs, target)
     mode = _run(NonFiniteMode(target, args, kwargs, inf, modules=modules))
     culprit = mode.culprit
-    if culprit is not None and mode.needs_copy:  # made in place: its target's old value
+    if culprit is not None and culprit.needs_copy:  # made in place: its target's old value
         first = culprit.op.index - culprit.op.output_index
         again = _run(NonFiniteMode(target, args, kwargs, inf, copy_at=first, modules=modules))
         if again.culprit is not None and again.culprit.op.label == culprit.op.label:
             mode, culprit = again, again.culprit  # else the forward is not repeatable
     meta = {"n_ops": mode.n_ops, "halted": culprit is not None, "halted_at": mode.halted_at}
     if culprit is None:
-        recording = Recording([], mode.store, mode.output, meta)
+        recording = Recording([], mode.store, mode.call.output, meta)
         return NonFiniteReport(recording, None, mode.n_ops, inf)
     op = culprit.op
     recording = Recording([op], op._store, None, {**meta, "n_ops": op.index + 1})
@@ -207,10 +207,11 @@ def _run(mode: NonFiniteMode) -> NonFiniteMode:
     Python's cyclic garbage collector, as every capture does.)
     """
     state = rng.snapshot()
-    buffers = _snapshot_buffers(module for _, module in mode.modules or ())
+    call = mode.call
+    buffers = _snapshot_buffers(module for _, module in call.modules or ())
     try:
-        with _recording(mode.model, mode, mode.modules):
-            mode.output = mode.model(*mode.args, **mode.kwargs)
+        with _recording(call.model, mode, call.modules):
+            call.output = call.model(*call.args, **call.kwargs)
     except _Halt:
         rng.restore(state)
         _restore_buffers(buffers)
