@@ -222,6 +222,28 @@ def test_an_extra_constant_early_in_one_run_leaves_later_constants_paired():
     ]
 
 
+def test_ops_made_from_first_call_only_ops_do_not_take_the_later_labels():
+    class IndexOnFirstCall(nn.Module):  # as BEiT's relative position index
+        index = None
+
+        def forward(self, x):
+            if self.index is None:
+                grid = torch.stack(torch.meshgrid(torch.arange(3), torch.arange(3), indexing="ij"))
+                self.index = grid.permute(1, 2, 0).contiguous().sum(-1)
+            return (x.permute(1, 0).contiguous() * 2).sum(0)
+
+    model, x = IndexOnFirstCall(), torch.randn(4, 5)
+    result = tl.diff(tl.trace(model, x), tl.trace(model, x))
+    assert not result.diverged and not result.only_in_b
+    assert result.only_in_a[-3:] == ["permute_1", "contiguous_1", "sum_1"]
+    assert [(r.label_a, r.label_b) for r in result.rows] == [
+        ("permute_2", "permute_1"),
+        ("contiguous_2", "contiguous_1"),
+        ("mul_1", "mul_1"),
+        ("sum_2", "sum_1"),
+    ]
+
+
 def test_to_pandas_needs_pandas(monkeypatch):
     x = torch.randn(3)
     result = tl.diff(tl.trace(torch.sin, x), tl.trace(torch.sin, x))

@@ -480,3 +480,47 @@ def test_a_view_made_inside_a_custom_function_makes_its_input_unverified_not_fai
     status = validate_backward(model, x)
     assert status.state == "unverified", str(status)
     assert {f.label for f in status.failures} == set()
+
+
+class _Reversible(torch.autograd.Function):
+    """A reversible layer (Reformer, RevNet): the backward recomputes the forward and
+    calls ``.backward()`` on it, which puts the layer's parameter grads into ``.grad``."""
+
+    @staticmethod
+    def forward(ctx, x, layer):
+        ctx.layer = layer
+        ctx.save_for_backward(x)
+        with torch.no_grad():
+            return x + layer(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        with torch.enable_grad():
+            x = x.detach().requires_grad_()
+            (x + ctx.layer(x)).backward(grad)
+        return x.grad, None
+
+
+class _ReversibleModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp, self.layer = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x):
+        return _Reversible.apply(self.inp(x), self.layer).sum()
+
+
+def test_grads_a_reversible_layer_puts_into_dot_grad_are_the_reference_too():
+    from torchlens.replay.backward import reference_grads
+
+    torch.manual_seed(0)
+    model, x = _ReversibleModel(), torch.randn(3, 4)
+    model(x).backward()
+    expected = model.layer.weight.grad.clone()
+    model.layer.weight.grad = marker = torch.full_like(expected, 7.0)
+    reference = reference_grads(model, (x,), {}, None)
+    torch.testing.assert_close(reference["layer.weight"], expected)
+    assert model.layer.weight.grad is marker  # the caller's .grad is put back
+    status = validate_backward(model, x)
+    assert status.state == "unverified" and not status.failures, str(status)

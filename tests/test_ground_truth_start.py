@@ -65,7 +65,7 @@ def test_copy_inputs_clones_tensors_hidden_in_objects_even_with_autograd_history
     for layer, copied in zip(cache.layers, cache_copy.layers):
         assert copied is not layer and torch.equal(copied.keys, layer.keys)
         assert copied.keys.data_ptr() != layer.keys.data_ptr()
-        assert copied.keys.requires_grad and copied.keys.grad_fn is None
+        assert copied.keys.requires_grad and copied.keys.grad_fn is not None  # not a leaf
 
 
 def test_copy_inputs_names_an_argument_that_cannot_be_copied():
@@ -167,3 +167,32 @@ def test_a_buffer_under_several_names_is_rewound_once_and_validates():
     reference(x)  # the model is left as one plain forward leaves it
     torch.testing.assert_close(model.bn.running_mean, reference.bn.running_mean)
     assert int(model.bn.num_batches_tracked) == 1
+
+
+class StaticCache:
+    """transformers' StaticCache in small: preallocated keys written in place by index."""
+
+    def __init__(self) -> None:
+        self.keys = torch.zeros(3, 4)
+
+
+class WritesIntoTheCache(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, cache: StaticCache, position: torch.Tensor):
+        cache.keys.index_copy_(0, position, self.fc(x))
+        return cache.keys.softmax(0).sum(0)
+
+
+def test_a_cache_with_autograd_history_written_in_place_validates():
+    torch.manual_seed(0)
+    model, cache = WritesIntoTheCache().eval(), StaticCache()
+    model(torch.randn(1, 4), cache, torch.tensor([0]))  # a first step with grad
+    assert cache.keys.grad_fn is not None
+    (_, copied, _), _ = copy_inputs((torch.randn(1), cache, torch.tensor([1])), {})
+    assert copied.keys.grad_fn is not None and copied.keys is not cache.keys  # not a leaf
+    status = tl.replay(model, (torch.randn(1, 4), cache, torch.tensor([1])))
+    assert status.state == "passed", status
+    assert bool((cache.keys[2] == 0).all()) and not bool((cache.keys[1] == 0).all())

@@ -207,8 +207,9 @@ def match_ops(
 
     An op of ``a`` pairs with the op of ``b`` that runs the same function on the partners
     of its parents (sources pair by label), the one with its own label first; an op
-    without parents needs the same non-tensor arguments too. What is left pairs by position
-    in the sequence of function names.
+    without parents needs the same non-tensor arguments too, and an op with a parent left
+    unpaired pairs no other way than the rest: by position in the sequence of function
+    names.
     """
     by_key: dict[tuple, list[Op]] = {}
     for op in b:
@@ -216,7 +217,12 @@ def match_ops(
     partner: dict[str, str] = {}  # a label -> b label
     pairs: dict[int, tuple[Op, Op, str]] = {}
     used: set[str] = set()
+    ops_a = {op.label for op in a}
     for i, op in enumerate(a):
+        # a parent op without a partner (run A's first call of a module that caches what
+        # it computed) has no counterpart for a child to share: that child pairs below
+        if any(p in ops_a and p not in partner for p in op.parents):
+            continue
         parents = tuple(partner.get(p, p) for p in op.parents)
         free = [c for c in by_key.get(_key(op, parents), ()) if c.label not in used]
         if free:

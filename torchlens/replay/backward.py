@@ -156,11 +156,30 @@ def reference_grads(
                 targets.append((label, tensor))
         if not targets:
             return {}
-        grads = torch.autograd.grad(loss, [t for _, t in targets], allow_unused=True)
+        grads = _grads_with_side_effects(loss, [t for _, t in targets])
     reference: dict[str, Tensor | None] = {}
     for (label, _), grad in zip(targets, grads):
         reference[label] = _add(reference.get(label), grad)
     return reference
+
+
+def _grads_with_side_effects(loss: Tensor, tensors: list[Tensor]) -> list[Tensor | None]:
+    """``torch.autograd.grad(loss, tensors)``, plus what the backward put into the leaves'
+    ``.grad`` on the way: a custom ``autograd.Function`` whose backward recomputes its
+    forward and calls ``.backward()`` on it (a reversible layer, as in Reformer)
+    accumulates its parameters' gradients there, out of ``autograd.grad``'s sight. The
+    leaves' ``.grad`` are put back as they were."""
+    leaves = list({id(t): t for t in tensors if t.is_leaf}.values())
+    before = [t.grad for t in leaves]
+    for leaf in leaves:
+        leaf.grad = None
+    try:
+        grads = torch.autograd.grad(loss, tensors, allow_unused=True)
+        side = {id(t): t.grad for t in leaves if t.grad is not None}
+    finally:
+        for leaf, grad in zip(leaves, before):
+            leaf.grad = grad
+    return [_add(grad, side.get(id(t))) for t, grad in zip(tensors, grads)]
 
 
 def compare_sources(

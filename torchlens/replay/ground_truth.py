@@ -70,12 +70,19 @@ def copy_inputs(args: tuple, kwargs: dict, problems: list[str] | None = None) ->
 
 
 def _clones(tensors: list[Tensor]) -> dict[int, Any]:
-    """A ``copy.deepcopy`` memo that copies each tensor as a detached clone (same
-    ``requires_grad``): deepcopy itself refuses tensors that are not leaves of autograd."""
+    """A ``copy.deepcopy`` memo that copies each tensor (deepcopy itself refuses tensors
+    that are not leaves of autograd): a leaf as a detached clone with its
+    ``requires_grad``, a tensor with autograd history by ``clone()``, which keeps it a
+    non-leaf that a forward may write into in place (a static cache's ``index_copy_``)."""
     memo: dict[int, Any] = {}
-    for tensor in tensors:
-        if id(tensor) not in memo:
-            memo[id(tensor)] = tensor.detach().clone().requires_grad_(tensor.requires_grad)
+    with torch.enable_grad():
+        for tensor in tensors:
+            if id(tensor) in memo:
+                continue
+            if tensor.grad_fn is not None:
+                memo[id(tensor)] = tensor.clone()
+            else:
+                memo[id(tensor)] = tensor.detach().clone().requires_grad_(tensor.requires_grad)
     return memo
 
 
