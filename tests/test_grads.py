@@ -524,3 +524,22 @@ def test_grads_a_reversible_layer_puts_into_dot_grad_are_the_reference_too():
     assert model.layer.weight.grad is marker  # the caller's .grad is put back
     status = validate_backward(model, x)
     assert status.state == "unverified" and not status.failures, str(status)
+
+
+def test_backward_validation_through_a_reentrant_checkpoint_is_unverified_not_raised():
+    from torch.utils.checkpoint import checkpoint
+
+    class Checkpointed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+            self.head = nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.head(checkpoint(self.block, x, use_reentrant=True))
+
+    torch.manual_seed(0)
+    model, x = Checkpointed().train(), torch.randn(2, 4, requires_grad=True)
+    status = validate_backward(model, x)  # autograd.grad is refused there: .grad is read
+    assert status.state == "unverified" and not status.failures, str(status)
+    assert model.head.weight.grad is None and x.grad is None  # .grad put back

@@ -196,3 +196,40 @@ def test_a_cache_with_autograd_history_written_in_place_validates():
     status = tl.replay(model, (torch.randn(1, 4), cache, torch.tensor([1])))
     assert status.state == "passed", status
     assert bool((cache.keys[2] == 0).all()) and not bool((cache.keys[1] == 0).all())
+
+
+class Rebinds(nn.Module):
+    """accelerate's offload hooks in small: every call binds new Parameter objects holding
+    the same values, and parks a copy of the output on the meta device."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.kept = {k: v.detach().clone() for k, v in self.fc.named_parameters()}
+        self.fc.register_forward_pre_hook(self.load)
+
+    def load(self, module: nn.Module, args: tuple) -> None:
+        for name, value in self.kept.items():
+            module._parameters[name] = nn.Parameter(value)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x)
+        self.parked = y.to("meta")
+        return y.relu()
+
+
+def test_parameters_rebound_to_the_same_values_and_meta_outputs_validate():
+    torch.manual_seed(0)
+    model = Rebinds().eval()
+    status = tl.replay(model, (torch.randn(2, 4),))
+    assert status.state == "passed", status
+    assert status.exempt == 1  # the edge into the meta copy: no values to move
+
+    class Retrains(Rebinds):  # new objects with new values: the rerun cannot start as before
+        def load(self, module: nn.Module, args: tuple) -> None:
+            for name, value in self.kept.items():
+                module._parameters[name] = nn.Parameter(value + torch.rand(()))
+
+    status = tl.replay(Retrains().eval(), (torch.randn(2, 4),))
+    assert status.state == "unverified"
+    assert "modified parameter(s) ['fc.weight', 'fc.bias']" in str(status)

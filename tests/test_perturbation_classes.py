@@ -459,3 +459,29 @@ def test_values_written_through_a_mask_selecting_something_are_proved():
     args = (torch.randn(2, 8, 4), ids, torch.randn(4), torch.randn(2, 8, 4))
     _, status = traced(WritesThroughAMask(), *args)
     assert status.state == "passed" and not unread_edges(status), status.unread
+
+
+@pytest.mark.parametrize("fake_quant", [True, False], ids=["fake_quant_on", "fake_quant_off"])
+def test_qat_fused_fake_quant_reads_neither_scale_nor_when_off_its_running_range(fake_quant):
+    from torch.ao.quantization import FusedMovingAvgObsFakeQuantize
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 4)
+            self.fq = FusedMovingAvgObsFakeQuantize()
+
+        def forward(self, x):
+            return self.fq(self.fc(x))
+
+    torch.manual_seed(0)
+    model = Model().train()
+    model(torch.randn(4, 8))  # one calibration step: qparams that are not trivial
+    model.fq.disable_observer()  # a QAT schedule step
+    if not fake_quant:
+        model.fq.disable_fake_quant()  # the op is the identity now
+    status = tl.replay(model, (torch.randn(4, 8),))
+    assert status.state == "passed", status
+    text = str(status)
+    assert "fq.scale: output unchanged under every probe" in text
+    assert ("min_val: output unchanged" in text) is (not fake_quant)

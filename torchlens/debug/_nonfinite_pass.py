@@ -56,7 +56,7 @@ _KEEPS_FINITE = frozenset(
     (
         "view", "reshape", "transpose", "permute", "getitem", "unsqueeze", "squeeze",
         "flatten", "unflatten", "contiguous", "expand", "expand_as", "narrow", "select", "t",
-        "chunk", "split", "split_with_sizes", "tensor_split", "unbind", "clone", "detach",
+        "chunk", "split", "split_with_sizes", "tensor_split", "unbind", "clone", "detach", "data",
         "cat", "concat", "concatenate", "stack", "movedim", "moveaxis", "view_as",
         "reshape_as", "swapaxes", "swapdims", "repeat", "tile", "roll", "flip", "index_select",
         "gather", "take", "masked_select", "unfold", "diagonal", "tril", "triu", "max", "min",

@@ -167,15 +167,29 @@ def _grads_with_side_effects(loss: Tensor, tensors: list[Tensor]) -> list[Tensor
     """``torch.autograd.grad(loss, tensors)``, plus what the backward put into the leaves'
     ``.grad`` on the way: a custom ``autograd.Function`` whose backward recomputes its
     forward and calls ``.backward()`` on it (a reversible layer, as in Reformer)
-    accumulates its parameters' gradients there, out of ``autograd.grad``'s sight. The
-    leaves' ``.grad`` are put back as they were."""
+    accumulates its parameters' gradients there, out of ``autograd.grad``'s sight. A
+    forward through a reentrant ``torch.utils.checkpoint``, which refuses
+    ``autograd.grad``, has its gradients taken from ``.grad`` after ``loss.backward()``.
+    The leaves' ``.grad`` are put back as they were."""
     leaves = list({id(t): t for t in tensors if t.is_leaf}.values())
     before = [t.grad for t in leaves]
     for leaf in leaves:
         leaf.grad = None
     try:
-        grads = torch.autograd.grad(loss, tensors, allow_unused=True)
-        side = {id(t): t.grad for t in leaves if t.grad is not None}
+        try:
+            # the graph is kept for the fallback below: a refusal comes mid-backward
+            grads: Any = torch.autograd.grad(loss, tensors, allow_unused=True, retain_graph=True)
+        except RuntimeError as err:
+            if "use_reentrant" not in str(err):
+                raise
+            # a reentrant torch.utils.checkpoint refuses autograd.grad: everything into .grad
+            for tensor in tensors:
+                if not tensor.is_leaf:  # an input copy made with autograd history
+                    tensor.retain_grad()
+            loss.backward()
+            grads = [None] * len(tensors)
+        held = {id(t): t for t in tensors if t.is_leaf or t.retains_grad}
+        side = {key: t.grad for key, t in held.items() if t.grad is not None}
     finally:
         for leaf, grad in zip(leaves, before):
             leaf.grad = grad

@@ -271,6 +271,11 @@ def _is_zero(value: Any) -> bool:
     return isinstance(value, (int, float)) and value == 0
 
 
+def _is_zero_tensor(value: Any) -> bool:
+    """A one-element tensor holding 0 (the on/off flags of QAT's fused fake-quantizer)."""
+    return isinstance(value, torch.Tensor) and value.numel() == 1 and not bool(value.item())
+
+
 UNREAD: dict[str, tuple[Unread, ...]] = {
     **dict.fromkeys(
         ["addmm", "addmm_", "baddbmm", "baddbmm_", "addbmm", "addbmm_", "addmv", "addmv_",
@@ -303,6 +308,17 @@ UNREAD: dict[str, tuple[Unread, ...]] = {
         Unread("include_self=False and the index reaches every element: the target's "
                "values are never read", _TARGET, _covers_target),
     )),
+    # QAT's fused observer and fake-quantizer: the scale and zero point are recomputed
+    # from the running min/max (and written), never read; with fake_quant_on 0 the output
+    # is the input, so the running min/max are not read for it either
+    "fused_moving_avg_obs_fake_quant": (
+        Unread("the incoming scale and zero point are recomputed from the running min/max "
+               "and written over, never read", _pos("5", "scale", "6", "zero_point"),
+               lambda get: True),
+        Unread("fake_quant_on is 0: the output is the input, the running min/max are not "
+               "read for it", _pos("3", "running_min", "4", "running_max"),
+               lambda get: _is_zero_tensor(get(2, "fake_quant_on", None))),
+    ),
     "multi_head_attention_forward": (
         Unread("is_causal=True with no key_padding_mask and need_weights=False: the mask "
                "is replaced by the causal flag and never read", _pos("16", "attn_mask"),
@@ -365,11 +381,18 @@ def may_write_arguments(op: Any) -> bool:
     return writes_nothing is None or not writes_nothing(op)
 
 
+# an output on the meta device has a shape and a dtype but no values (accelerate's offload
+# hooks park weights there after a module runs): no probe can move it
+ON_META = "the output is on the meta device, which holds no values"
+
+
 def exempt_reason(op: Any, positions: list[str]) -> str | None:
     """Why perturbing the parent fed at ``positions`` of ``op`` proves nothing, if it is so.
 
     A parent is exempt only when every position it feeds is exempt.
     """
+    if op.device.type == "meta":
+        return ON_META
     if positions[0].startswith("out") and all(
         p == "out" or p.startswith("out.") for p in positions
     ):
@@ -387,7 +410,11 @@ def maybe_exempt(op: Any, position: str) -> bool:
     """False when :func:`exempt_reason` is surely None for a parent fed first at
     ``position``: no table entry for the function, and not an ``out=`` target (the
     cheap test asked first of every edge)."""
-    return op.func_name in PERTURBATION_EXEMPT or position.startswith("out")
+    return (
+        op.func_name in PERTURBATION_EXEMPT
+        or position.startswith("out")
+        or op.device.type == "meta"
+    )
 
 
 def unread_reason(op: Any, positions: list[str], args: tuple, kwargs: dict) -> str | None:

@@ -145,12 +145,14 @@ class ModelState:
             self.params[name] = (param, version_of(param))
 
     def changed_parameters(self) -> list[str]:
-        """Parameters the forward modified or replaced (the rerun cannot start from before)."""
+        """Parameters the forward modified or replaced by other values (the rerun cannot
+        start from before). One replaced by a new object holding the same values (what
+        accelerate's offload hooks do at every call) is not changed."""
         current = dict(self.model.named_parameters(remove_duplicate=False)) if self.model else {}
         return [
             name
             for name, (param, version) in self.params.items()
-            if current.get(name) is not param or version_of(param) != version
+            if not _same_parameter(current.get(name), param, version)
         ]
 
     def rerun_blocked(self, findings: Findings) -> bool:
@@ -204,6 +206,21 @@ def note_moved_parameters(findings: Findings, changed: list[str], consequence: s
             changed[0], "ground_truth",
             f"the forward modified parameter(s) {changed} in place, so {consequence}",
         )  # fmt: skip
+
+
+def _same_parameter(now: Tensor | None, before: Tensor, version: int | None) -> bool:
+    """``now`` holds what ``before`` (at ``version``) held: it is that parameter, unwritten,
+    or another object with its shape, dtype and values (both on the meta device: no values
+    to differ)."""
+    if version_of(before) != version or now is None:
+        return False
+    if now is before:
+        return True
+    if now.shape != before.shape or now.dtype != before.dtype:
+        return False
+    if now.is_meta or before.is_meta:
+        return now.is_meta and before.is_meta
+    return equal(now.detach().to(before.device), before.detach())
 
 
 def _same(buffer: Tensor, saved: Tensor, version: int | None) -> bool:
