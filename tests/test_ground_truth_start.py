@@ -68,6 +68,21 @@ def test_copy_inputs_clones_tensors_hidden_in_objects_even_with_autograd_history
         assert copied.keys.requires_grad and copied.keys.grad_fn is not None  # not a leaf
 
 
+class _OneSlot:
+    __slots__ = "keys"  # a single slot may be named by a plain string
+
+    def __init__(self, keys: torch.Tensor) -> None:
+        self.keys = keys
+
+
+def test_copy_inputs_finds_a_tensor_in_a_slot_named_by_a_string():
+    held = _OneSlot(torch.randn(3, requires_grad=True) * 2)  # autograd history
+    problems: list[str] = []
+    (copied,), _ = copy_inputs((held,), {}, problems)
+    assert problems == [] and copied is not held
+    assert torch.equal(copied.keys, held.keys) and copied.keys is not held.keys
+
+
 def test_copy_inputs_names_an_argument_that_cannot_be_copied():
     import threading
 

@@ -52,11 +52,12 @@ def copy_inputs(args: tuple, kwargs: dict, problems: list[str] | None = None) ->
     """
     leaves, template = flatten((args, kwargs))
     tensors = [tensor for _, tensor in leaves]
-    try:
-        return copy.deepcopy((args, kwargs), _clones(tensors))
+    clones = _clones(tensors)
+    try:  # deepcopy adds to the memo it is given: the clones stay as they are for a retry
+        return copy.deepcopy((args, kwargs), dict(clones))
     except Exception:  # any __deepcopy__/__reduce__ may raise anything
         pass
-    memo = _clones(tensors + _tensors_within((args, kwargs)))
+    memo = _clones(_tensors_within((args, kwargs)), clones)
     try:
         return copy.deepcopy((args, kwargs), memo)
     except Exception as err:
@@ -69,12 +70,13 @@ def copy_inputs(args: tuple, kwargs: dict, problems: list[str] | None = None) ->
         return fill(template, [memo[id(tensor)] for tensor in tensors])
 
 
-def _clones(tensors: list[Tensor]) -> dict[int, Any]:
+def _clones(tensors: list[Tensor], memo: dict[int, Any] | None = None) -> dict[int, Any]:
     """A ``copy.deepcopy`` memo that copies each tensor (deepcopy itself refuses tensors
     that are not leaves of autograd): a leaf as a detached clone with its
     ``requires_grad``, a tensor with autograd history by ``clone()``, which keeps it a
-    non-leaf that a forward may write into in place (a static cache's ``index_copy_``)."""
-    memo: dict[int, Any] = {}
+    non-leaf that a forward may write into in place (a static cache's ``index_copy_``).
+    Tensors ``memo`` has already are not copied again."""
+    memo = {} if memo is None else memo
     with torch.enable_grad():
         for tensor in tensors:
             if id(tensor) in memo:
@@ -115,8 +117,9 @@ def _tensors_within(root: Any, limit: int = 100_000) -> list[Tensor]:
             attributes = getattr(obj, "__dict__", None)
             stack += attributes.values() if isinstance(attributes, dict) else ()
             for cls in type(obj).__mro__:
-                for slot in getattr(cls, "__slots__", ()):
-                    value = getattr(obj, slot, None) if isinstance(slot, str) else None
+                slots = getattr(cls, "__slots__", ())
+                for slot in (slots,) if isinstance(slots, str) else slots:  # one slot: a str
+                    value = getattr(obj, slot, None)
                     if value is not None:
                         stack.append(value)
     return found
