@@ -126,15 +126,17 @@ def replay(
     # The ground-truth rerun goes first: on a heap not yet holding the trace's values it
     # costs what a plain forward costs. The capture then starts from the same state.
     state = ModelState(model)
-    start = rng.snapshot(host=True)  # a forward may draw from Python's or NumPy's RNG
+    start = rng.snapshot()
+    host = rng.host_snapshot()  # a forward may draw from Python's or NumPy's RNG too
     uncopied: list[str] = []
     pristine = copy_inputs(args, kwargs, uncopied)  # a forward may modify its inputs
     reference = detached(rerun(model, *pristine, start, intervene))
+    rng.restore(host)  # (torch's generators the rerun puts back itself)
     del pristine
     after_rerun = state.rewind()
     moved_parameters = state.changed_parameters()
     trace = capture(model, args, kwargs, intervene=intervene)
-    after_capture = rng.snapshot(host=True)
+    after_capture = rng.snapshot()  # the checks touch torch's generators only
     trace.output = detached(trace.output)  # private to this check: its graph is not needed
     findings = Findings(trace)
     arms = _check_payloads(trace, findings, atol, rtol)

@@ -27,6 +27,7 @@ import torch
 
 from torchlens.capture.tree import fill
 from torchlens.replay.exemptions import (
+    ON_META,
     SILENT_OUTPUT,
     exempt_reason,
     maybe_exempt,
@@ -86,11 +87,11 @@ class EdgeProver:
         slots: dict[str, list[int]] = {}
         for i, ref in enumerate(head.parent_args):
             slots.setdefault(ref[0], []).append(i)
-        empty = not any(map(Tensor.numel, outputs))
+        unmovable = _nothing_to_move(outputs)  # why no probe can move them, or None
         verdicts: dict[str, Verdict | None] = dict.fromkeys(slots)  # in argument order
         pending: list[tuple[str, list[int]]] = []
         for label, indices in slots.items():
-            verdict = self._without_calls(head, label, indices, values, outputs, empty)
+            verdict = self._without_calls(head, label, indices, values, outputs, unmovable)
             if verdict is None:
                 pending.append((label, indices))
             else:
@@ -122,17 +123,18 @@ class EdgeProver:
         for op in ops:
             self.runner.findings.perturbed(op.label, verdicts)
 
-    def _without_calls(self, head, label, indices, values, outputs, empty) -> Verdict | None:
-        """The verdict when no call is needed: an exemption, nothing in the output
-        (``empty``), or an output that is the parent's own memory, reordered at most."""
+    def _without_calls(self, head, label, indices, values, outputs, unmovable) -> Verdict | None:
+        """The verdict when no call is needed: an exemption, nothing in the output to move
+        (``unmovable``, the reason), or an output that is the parent's own memory, reordered at
+        most."""
         parent = values[indices[0]]
         reason = parent_kind_reason(parent)
         if reason is None and maybe_exempt(head, head.parent_args[indices[0]][1]):
             reason = exempt_reason(head, [head.parent_args[i][1] for i in indices])
         if reason:
             return "exempt", f"{label}: {reason}"
-        if empty:
-            return "exempt", f"{label}: the output has zero elements"
+        if unmovable:
+            return "exempt", f"{label}: {unmovable}"
         for out in outputs:
             if same_elements(out, parent):
                 return "verified", label
@@ -203,6 +205,17 @@ class EdgeProver:
     def baselines(self, outputs: list[Tensor]) -> list[Baseline]:
         """What probed outputs are compared with (see :class:`Baseline`)."""
         return [Baseline(out) for out in outputs]
+
+
+def _nothing_to_move(outputs: list[Tensor]) -> str | None:
+    """Why no probe can move a call's outputs (asked once per call, not per edge): they
+    have no elements, or hold no values (the meta device); None when they can move."""
+    if not any(map(Tensor.numel, outputs)):
+        return "the output has zero elements"
+    for out in outputs:
+        if out.is_meta:
+            return ON_META
+    return None
 
 
 class _Trial:

@@ -382,7 +382,7 @@ def may_write_arguments(op: Any) -> bool:
 
 
 # an output on the meta device has a shape and a dtype but no values (accelerate's offload
-# hooks park weights there after a module runs): no probe can move it
+# hooks park weights there after a module runs): no probe can move it (see edges.prove)
 ON_META = "the output is on the meta device, which holds no values"
 
 
@@ -391,8 +391,6 @@ def exempt_reason(op: Any, positions: list[str]) -> str | None:
 
     A parent is exempt only when every position it feeds is exempt.
     """
-    if op.device.type == "meta":
-        return ON_META
     if positions[0].startswith("out") and all(
         p == "out" or p.startswith("out.") for p in positions
     ):
@@ -410,11 +408,7 @@ def maybe_exempt(op: Any, position: str) -> bool:
     """False when :func:`exempt_reason` is surely None for a parent fed first at
     ``position``: no table entry for the function, and not an ``out=`` target (the
     cheap test asked first of every edge)."""
-    return (
-        op.func_name in PERTURBATION_EXEMPT
-        or position.startswith("out")
-        or op.device.type == "meta"
-    )
+    return op.func_name in PERTURBATION_EXEMPT or position.startswith("out")
 
 
 def unread_reason(op: Any, positions: list[str], args: tuple, kwargs: dict) -> str | None:
