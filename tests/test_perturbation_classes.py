@@ -461,27 +461,51 @@ def test_values_written_through_a_mask_selecting_something_are_proved():
     assert status.state == "passed" and not unread_edges(status), status.unread
 
 
+class FakeQuantized(nn.Module):
+    def __init__(self, shared: bool = False) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+        from torch.ao.quantization import FusedMovingAvgObsFakeQuantize
+
+        self.fq = FusedMovingAvgObsFakeQuantize()
+        self.shared = shared
+
+    def forward(self, x):
+        y = self.fq(self.fc(x))
+        # one observer for two values, as prepare_qat_fx shares it after a pooling
+        return self.fq(y.mean(dim=1)) if self.shared else y
+
+
+@pytest.mark.parametrize("observer", [True, False], ids=["observer_on", "observer_off"])
 @pytest.mark.parametrize("fake_quant", [True, False], ids=["fake_quant_on", "fake_quant_off"])
-def test_qat_fused_fake_quant_reads_neither_scale_nor_when_off_its_running_range(fake_quant):
-    from torch.ao.quantization import FusedMovingAvgObsFakeQuantize
-
-    class Model(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.fc = nn.Linear(8, 4)
-            self.fq = FusedMovingAvgObsFakeQuantize()
-
-        def forward(self, x):
-            return self.fq(self.fc(x))
-
+def test_qat_fused_fake_quant_reads_its_scale_only_with_fake_quant_off(observer, fake_quant):
     torch.manual_seed(0)
-    model = Model().train()
+    model = FakeQuantized().train()
     model(torch.randn(4, 8))  # one calibration step: qparams that are not trivial
-    model.fq.disable_observer()  # a QAT schedule step
+    if not observer:
+        model.fq.disable_observer()  # a QAT schedule step
     if not fake_quant:
         model.fq.disable_fake_quant()  # the op is the identity now
     status = tl.replay(model, (torch.randn(4, 8),))
     assert status.state == "passed", status
     text = str(status)
-    assert "fq.scale: output unchanged under every probe" in text
-    assert ("min_val: output unchanged" in text) is (not fake_quant)
+    # fake quant on: the scale is recomputed from the running range, so only the rule
+    # exempts its edge; off: the scale is left as it came (an output of the call, see
+    # special.SIDE_WRITES), and the probe proves the edge
+    assert ("fq.scale: output unchanged under every probe" in text) is fake_quant
+    assert "min_val: output unchanged" not in text
+
+
+def test_qat_observer_called_twice_reads_what_its_first_call_wrote():
+    torch.manual_seed(0)
+    model = FakeQuantized(shared=True).train()
+    x = torch.randn(4, 8)
+    trace = tl.trace(model, x)
+    first, second = "fused_moving_avg_obs_fake_quant_1", "fused_moving_avg_obs_fake_quant_2"
+    # the kernel writes min/max, scale and zero point without moving their versions: they
+    # are outputs :1-:4 of the first call, and the second call reads those, not the buffers
+    assert trace[f"{second}:0"].parents[3:] == tuple(f"{first}:{i}" for i in range(1, 5))
+    assert trace[f"{first}:3"].is_inplace
+    torch.testing.assert_close(trace[f"{second}:3"].out, model.fq.scale)
+    assert not torch.equal(trace[f"{first}:3"].out, trace[f"{second}:3"].out)
+    assert tl.replay(model, (x,)).state == "passed"

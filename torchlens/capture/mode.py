@@ -130,8 +130,11 @@ class CaptureMode(TorchFunctionMode):
 _TARGET_KEYWORDS = ("tensor", "input")  # how an in-place call may name its target
 
 
-def _inplace_targets(inplace: bool, args: tuple, kwargs: dict) -> list[Tensor]:
-    """The tensors a call writes into: ``out=``, ``inplace=True`` or an in-place method."""
+def _inplace_targets(inplace: bool | tuple, args: tuple, kwargs: dict) -> list[Tensor]:
+    """The tensors a call writes into: ``out=``, ``inplace=True``, an in-place method, or
+    the arguments at the positions ``inplace`` names (a FuncInfo's side writes)."""
+    if type(inplace) is tuple:
+        return [args[i] for i in inplace if i < len(args) and isinstance(args[i], Tensor)]
     out = kwargs.get("out")
     if out is not None:
         return [out] if isinstance(out, Tensor) else [t for t in out if isinstance(t, Tensor)]

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from torchlens.capture.special import SIDE_WRITES
+
 __all__ = [
     "FuncInfo",
     "FUNC_INFOS",
@@ -91,7 +93,9 @@ class FuncInfo:
     """What the capture mode needs to know about one torch function."""
 
     name: str  # readable name used in labels
-    inplace: bool  # writes into its first tensor argument by definition
+    # True: writes into its first tensor argument by definition; a tuple: the positions of
+    # the arguments it writes besides what it returns (special.SIDE_WRITES)
+    inplace: bool | tuple[int, ...]
     never_tensor: bool  # can only return non-tensors: pass straight through
     stochastic: bool  # may draw random numbers
     opens: bool = False  # a composite recorded as a group of its inner ops (composite.py)
@@ -135,7 +139,7 @@ def _describe(func: Callable[..., Any]) -> FuncInfo:
             return FuncInfo(name, True, False, False)
         name = _DUNDER_NAMES.get(stem, stem)
         return FuncInfo(name, stem == "setitem", stem in _NEVER_TENSOR_DUNDERS, False)
-    inplace = raw.endswith("_") and not raw.startswith("_")
+    inplace = SIDE_WRITES.get(raw) or (raw.endswith("_") and not raw.startswith("_"))
     never = raw in _NEVER_TENSOR_METHODS
     try:
         opens = func in OPENED

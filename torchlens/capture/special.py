@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["SPECIAL_OUTPUTS"]
+__all__ = ["SPECIAL_OUTPUTS", "SIDE_WRITES"]
 
 Outputs = list[tuple[str, torch.Tensor]]
 
@@ -23,6 +23,25 @@ def _written_first_argument(args: tuple, result: Any) -> Outputs:
     return [("0", target)] if isinstance(target, torch.Tensor) else []
 
 
+# Calls that write into arguments besides what they return, by argument position. Their
+# kernels write through data pointers, so the version counters of those arguments do not
+# move: the written arguments are outputs of the call (``name:1``...), and a later read of
+# them reads the written value, not the one from before the call.
+SIDE_WRITES: dict[str, tuple[int, ...]] = {
+    # QAT's fused observer: running min/max, scale and zero point (Tensor(a!) in its schema)
+    "fused_moving_avg_obs_fake_quant": (3, 4, 5, 6),
+}
+
+
+def _with_side_writes(positions: tuple[int, ...]) -> Callable[[tuple, Any], Outputs]:
+    def outputs(args: tuple, result: Any) -> Outputs:
+        written = [(str(i), args[i]) for i in positions if i < len(args)]
+        return [("", result), *((p, t) for p, t in written if isinstance(t, torch.Tensor))]
+
+    return outputs
+
+
 SPECIAL_OUTPUTS: dict[str, Callable[[tuple, Any], Outputs]] = {
     "setitem": _written_first_argument,
+    **{name: _with_side_writes(positions) for name, positions in SIDE_WRITES.items()},
 }

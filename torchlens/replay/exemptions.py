@@ -271,11 +271,6 @@ def _is_zero(value: Any) -> bool:
     return isinstance(value, (int, float)) and value == 0
 
 
-def _is_zero_tensor(value: Any) -> bool:
-    """A one-element tensor holding 0 (the on/off flags of QAT's fused fake-quantizer)."""
-    return isinstance(value, torch.Tensor) and value.numel() == 1 and not bool(value.item())
-
-
 UNREAD: dict[str, tuple[Unread, ...]] = {
     **dict.fromkeys(
         ["addmm", "addmm_", "baddbmm", "baddbmm_", "addbmm", "addbmm_", "addmv", "addmv_",
@@ -308,16 +303,13 @@ UNREAD: dict[str, tuple[Unread, ...]] = {
         Unread("include_self=False and the index reaches every element: the target's "
                "values are never read", _TARGET, _covers_target),
     )),
-    # QAT's fused observer and fake-quantizer: the scale and zero point are recomputed
-    # from the running min/max (and written), never read; with fake_quant_on 0 the output
-    # is the input, so the running min/max are not read for it either
+    # QAT's fused observer and fake-quantizer: with fake quant on, the scale and zero point
+    # are recomputed from the running min/max and written over, never read (with it off
+    # they are left as they came, outputs of the call by special.SIDE_WRITES: proved)
     "fused_moving_avg_obs_fake_quant": (
         Unread("the incoming scale and zero point are recomputed from the running min/max "
                "and written over, never read", _pos("5", "scale", "6", "zero_point"),
                lambda get: True),
-        Unread("fake_quant_on is 0: the output is the input, the running min/max are not "
-               "read for it", _pos("3", "running_min", "4", "running_max"),
-               lambda get: _is_zero_tensor(get(2, "fake_quant_on", None))),
     ),
     "multi_head_attention_forward": (
         Unread("is_causal=True with no key_padding_mask and need_weights=False: the mask "
