@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -240,11 +241,56 @@ def test_parameters_rebound_to_the_same_values_and_meta_outputs_validate():
     assert status.state == "passed", status
     assert status.exempt == 1  # the edge into the meta copy: no values to move
 
-    class Retrains(Rebinds):  # new objects with new values: the rerun cannot start as before
+    class Retrains(Rebinds):  # new objects with new values at every call, and never the
+        calls = 0  # same values twice: no rerun can start where the capture starts
+
         def load(self, module: nn.Module, args: tuple) -> None:
+            self.calls += 1
             for name, value in self.kept.items():
-                module._parameters[name] = nn.Parameter(value + torch.rand(()))
+                module._parameters[name] = nn.Parameter(value + self.calls)
 
     status = tl.replay(Retrains().eval(), (torch.randn(2, 4),))
     assert status.state == "unverified"
     assert "modified parameter(s) ['fc.weight', 'fc.bias']" in str(status)
+
+
+class RescalesOnce(nn.Module):
+    """RWKV in small: the first call in eval mode rescales some weights in place, once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.rescaled = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training and not self.rescaled:
+            with torch.no_grad():
+                self.fc.weight.div_(2.0)
+            self.rescaled = True
+        return self.fc(x).relu()
+
+
+class DecaysEveryCall(nn.Module):
+    """A forward that writes its weight at every call (a decay applied in place)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            self.fc.weight.mul_(0.5)
+        return self.fc(x).relu()
+
+
+@pytest.mark.parametrize("make", [RescalesOnce, DecaysEveryCall], ids=["once", "every_call"])
+def test_a_forward_writing_its_weights_is_checked_from_the_weights_it_left(make):
+    torch.manual_seed(0)
+    model, plain = make().eval(), make().eval()
+    plain.load_state_dict(model.state_dict())
+    x = torch.randn(2, 4)
+    status = tl.replay(model, (x,))
+    assert status.state == "passed", status
+    assert status.unverified == 0
+    plain(x)  # the weights end as one plain forward leaves them
+    torch.testing.assert_close(model.fc.weight, plain.fc.weight, rtol=0, atol=0)

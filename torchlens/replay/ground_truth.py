@@ -134,18 +134,26 @@ def detached(obj: Any) -> Any:
 
 
 class ModelState:
-    """The model's buffers (copied) and parameters (versions) before a forward."""
+    """The model's buffers (copied) and parameters (versions) before a forward.
 
-    def __init__(self, model: Any) -> None:
+    With ``keep_parameters``, the parameters are copied too, so :meth:`rewind` puts back
+    weights the forward wrote in place (taken only once a forward was seen to do that:
+    a copy of every weight is not paid for on every check).
+    """
+
+    def __init__(self, model: Any, *, keep_parameters: bool = False) -> None:
         self.model = model if isinstance(model, nn.Module) else None
         self.buffers: dict[str, tuple[Tensor, int | None, Tensor]] = {}
         self.params: dict[str, tuple[Tensor, int | None]] = {}
+        self.kept: dict[str, Tensor] = {}  # parameter copies, with keep_parameters
         if self.model is None:
             return
         for name, buf in self.model.named_buffers(remove_duplicate=False):
             self.buffers[name] = (buf, version_of(buf), buf.detach().clone())
         for name, param in self.model.named_parameters(remove_duplicate=False):
             self.params[name] = (param, version_of(param))
+            if keep_parameters:
+                self.kept[name] = param.detach().clone()
 
     def changed_parameters(self) -> list[str]:
         """Parameters the forward modified or replaced by other values (the rerun cannot
@@ -166,10 +174,12 @@ class ModelState:
         return bool(changed)
 
     def rewind(self) -> dict[str, Tensor]:
-        """Put changed buffers back as they were; returns copies of their changed values."""
+        """Put changed buffers (and kept parameters) back as they were; returns copies of
+        the buffers' changed values."""
         after: dict[str, Tensor] = {}
         if self.model is None:
             return after
+        self.rewind_parameters()
         current = dict(self.model.named_buffers(remove_duplicate=False))
         rewound: dict[int, Tensor] = {}  # a buffer under two names (a module kept twice)
         with torch.no_grad():
@@ -186,6 +196,16 @@ class ModelState:
                 else:
                     _set_buffer(self.model, name, saved.clone())
         return after
+
+    def rewind_parameters(self) -> None:
+        """Put the kept parameters back where the forward wrote them in place; they then
+        count as unchanged (the versions are taken again)."""
+        with torch.no_grad():
+            for name, saved in self.kept.items():
+                param, version = self.params[name]
+                if version_of(param) != version and param.shape == saved.shape:
+                    param.copy_(saved)
+                    self.params[name] = (param, version_of(param))
 
     def compare_buffers(self, after: dict[str, Tensor], findings: Findings, atol, rtol) -> None:
         """Buffers now (after the second forward) must equal ``after`` (after the first)."""
