@@ -788,3 +788,36 @@ def test_parameter_edited_after_capture_is_refused_read_or_not(read_first):
     with pytest.raises(PayloadUnavailableError) as caught:
         trace["0.weight"].out
     assert caught.value.code == "payload_overwritten"
+
+
+class GathersAndFrees(nn.Module):
+    """FSDP in small: the weight is gathered into a flat buffer for the forward, read
+    through a view of it, and the buffer's memory is released after the forward (its
+    storage resized to 0, which moves no version counter)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shard = nn.Parameter(torch.randn(16))
+        self.register_forward_hook(lambda module, args, out: module.gathered.resize_(0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.gathered = torch.empty(16).untyped_storage()
+        flat = torch.empty(0).set_(self.gathered).copy_(self.shard.detach())
+        return x @ flat.view(4, 4)
+
+
+def test_value_whose_memory_was_released_after_capture_is_refused_not_read():
+    model = GathersAndFrees()
+    x = torch.randn(2, 4)
+    trace = tl.trace(model, x)
+    released = [op for op in trace.ops if op.func_name == "view"]
+    assert released
+    for op in released:
+        with pytest.raises(PayloadUnavailableError) as caught:
+            op.out  # reading it would read freed memory (a segfault under FSDP2)
+        assert caught.value.code == "payload_released"
+        assert "reshard_after_forward=False" in str(caught.value)
+    torch.testing.assert_close(trace.ops[-1].out, x @ model.shard.detach().view(4, 4))
+    status = tl.replay(model, (x,))
+    assert status.state == "unverified", status
+    assert "was released after capture" in str(status)

@@ -9,7 +9,7 @@ from typing import Protocol
 
 import torch
 
-from torchlens._tensors import version_of
+from torchlens._tensors import geometry_end, version_of
 from torchlens.errors import PayloadUnavailableError
 
 __all__ = ["MemoryPayloadStore", "PayloadStore"]
@@ -50,6 +50,14 @@ class MemoryPayloadStore:
                 "clone the model's outputs before editing them, or trace again",
                 code="payload_overwritten",
             )
+        if _released(value):
+            raise PayloadUnavailableError(
+                f"the memory of the value saved for {label!r} was released after capture "
+                "(FSDP frees its gathered parameters after each forward); read it during "
+                "the forward (tl.record with intervene=), or keep the memory (FSDP: "
+                "reshard_after_forward=False) and trace again",
+                code="payload_released",
+            )
         if value.requires_grad or type(value) is not torch.Tensor:  # kept undetached
             value = self.values[label] = value.detach()
         return value
@@ -69,3 +77,17 @@ class MemoryPayloadStore:
     def mark_missing(self, label: str, code: str, message: str) -> None:
         self.values.pop(label, None)
         self.missing[label] = (code, message)
+
+
+def _released(value: torch.Tensor) -> bool:
+    """Whether the storage under ``value`` no longer reaches all of it: the memory was
+    released (``untyped_storage().resize_(0)``, which moves no version counter); reading
+    such a value would read freed memory."""
+    if not value.numel():
+        return False
+    try:
+        nbytes = value.untyped_storage().nbytes()
+        end = geometry_end((value.shape, value.stride(), value.storage_offset()))
+    except (RuntimeError, NotImplementedError, TypeError):  # no plain storage
+        return False
+    return nbytes < end * value.element_size()

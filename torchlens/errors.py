@@ -78,7 +78,9 @@ class PayloadUnavailableError(TorchLensError, LookupError):
     """An op's saved value (``op.out``) cannot be given.
 
     Codes: ``structure_only`` (traced with ``structure_only=True``), ``not_saved`` (excluded
-    by ``save=``), ``payload_overwritten`` (the tensor was modified in place after capture).
+    by ``save=``), ``payload_overwritten`` (the tensor was modified in place after capture),
+    ``payload_released`` (its memory was released after capture, as FSDP frees gathered
+    parameters).
     """
 
     code = "payload_unavailable"
