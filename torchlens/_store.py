@@ -53,9 +53,9 @@ class MemoryPayloadStore:
         if _released(value):
             raise PayloadUnavailableError(
                 f"the memory of the value saved for {label!r} was released after capture "
-                "(FSDP frees its gathered parameters after each forward); read it during "
-                "the forward (tl.record with intervene=), or keep the memory (FSDP: "
-                "reshard_after_forward=False) and trace again",
+                "(FSDP frees its gathered parameters after each forward); keep that "
+                "memory (FSDP: fully_shard(..., reshard_after_forward=False)) and trace "
+                "again",
                 code="payload_released",
             )
         if value.requires_grad or type(value) is not torch.Tensor:  # kept undetached
