@@ -13,6 +13,7 @@ from torch import nn
 import torchlens as tl
 from torchlens.capture import normalize_call
 from torchlens.errors import InvalidArgumentError
+from torchlens.replay import check_trace
 from torchlens.replay.interpreter import AUTOGRAD_REASON, write_through
 
 # -- several writes through views of one tensor -----------------------------------------------
@@ -544,3 +545,45 @@ def test_writes_through_data_are_followed_and_validate(model_class):
     torch.testing.assert_close(trace.output, expected)
     status = tl.replay(model, (x,))
     assert status.state == "passed", status
+
+
+def _segment(x: torch.Tensor) -> torch.Tensor:
+    """Whisper's generate in small: a window of x whose bounds are 0-d tensors, the
+    start then advanced in place."""
+    seek = torch.zeros(1, dtype=torch.long)
+    n = torch.full((1,), 3, dtype=torch.long)
+    window = x[:, seek[0] : seek[0] + n[0]]
+    seek += n
+    return window * 2
+
+
+def test_tensor_slice_bounds_are_arguments_not_constants(tmp_path):
+    x = torch.arange(12.0).view(2, 6)
+    trace = tl.trace(_segment, x)
+    window = next(op for op in trace.ops if op.func_name == "getitem" and op.shape == (2, 3))
+    # the bounds are parents (getitem of seek, and the add), in slots of the template
+    start, stop = window.args_template[1][1].start, window.args_template[1][1].stop
+    assert [window.parent_args[s.index].label for s in (start, stop)] == [
+        window.parents[1],
+        window.parents[2],
+    ]
+    assert trace[window.parents[2]].func_name == "add"
+    # seek's later write does not reach the recorded call: replay passes
+    assert tl.replay(_segment, (x,)).state == "passed"
+    trace.save(tmp_path / "t")
+    loaded = tl.load(tmp_path / "t")
+    assert loaded[window.label].func is not None  # saved as slots, so still replayable
+    assert check_trace(loaded).state == "passed"
+
+
+def test_an_edit_of_a_slice_bound_reaches_rerun_as_it_reaches_the_live_run():
+    def window(x):
+        a = torch.tensor(1)
+        return x[:, a : a + 2] * 2
+
+    x = torch.arange(12.0).view(2, 6)
+    edit = {tl.label("add_1"): lambda t: t - 1}
+    live = tl.trace(window, x, intervene=edit)
+    rerun = tl.trace(window, x).rerun(edit)
+    assert live.output.shape == rerun.output.shape == (2, 1)
+    torch.testing.assert_close(rerun.output, live.output)

@@ -144,3 +144,30 @@ def test_a_recorded_call_that_no_longer_fits_the_edited_values_raises_a_typed_er
         trace.rerun({tl.label("mul_1"): lambda t: t - 2.5})  # two of them stay positive
     assert info.value.code == "recompute_failed"
     assert "'view_1'" in str(info.value) and isinstance(info.value.__cause__, RuntimeError)
+
+
+def _keeps_a_residual(x):
+    h = x * 2
+    residual = h
+    y = h.to(torch.float32)  # float32 already: torch returns h itself
+    return y.exp() + residual
+
+
+def test_a_live_edit_of_an_op_that_returned_its_argument_leaves_the_argument_alone():
+    x = torch.randn(3)
+    edit = {tl.label("to_1"): lambda t: t * 1.5}
+    live = tl.trace(_keeps_a_residual, x, intervene=edit)
+    h = x * 2
+    torch.testing.assert_close(live.output, (h * 1.5).exp() + h)  # as a forward hook does
+    assert live["add_1"].parents == ("exp_1", "mul_1")  # the residual read h, not the edit
+    assert tl.replay(_keeps_a_residual, (x,), intervene=edit).state == "passed"
+
+
+def test_rerun_refuses_an_edit_of_an_op_that_returned_its_argument():
+    trace = tl.trace(_keeps_a_residual, torch.randn(3))
+    assert trace["to_1"].meta["returns_argument"] == "mul_1"
+    assert "returns_argument" not in trace["exp_1"].meta
+    with pytest.raises(InterventionError) as caught:
+        trace.rerun({tl.label("to_1"): lambda t: t * 1.5})
+    assert caught.value.code == "returned_argument"
+    assert "intervene=" in str(caught.value)

@@ -28,7 +28,7 @@ from torch import nn
 from torchlens._tensors import _storage_address, geometry_end, storage_key, version_of
 from torchlens.capture.composite import group_address
 from torchlens.capture.sinks import PayloadSink
-from torchlens.capture.tree import _POSITIONS, _SLOTS, ATOMS, flatten_call
+from torchlens.capture.tree import _POSITIONS, _SLOTS, ATOMS, flatten_call, plain_slice
 from torchlens.capture.walk import named_modules, owned_tensors
 from torchlens.trace import ArgRef, MemoryPayloadStore, ModuleCall, Op, Source, Trace
 
@@ -265,7 +265,7 @@ class TraceBuilder:
                             label = self.label_of(arg)
                         template.append(_SLOTS[len(refs)])
                         refs.append(_arg_ref(ArgRef, (label, _POSITIONS[i])))
-                    elif kind in ATOMS:
+                    elif kind in ATOMS or kind is slice and plain_slice(arg):
                         template.append(arg)
                     else:
                         break  # nested: walked below
@@ -439,11 +439,33 @@ class TraceBuilder:
                     label, "not_saved", f"{label!r} was not selected by save=; trace again "
                     "with a selector that matches it to keep its value",
                 )  # fmt: skip
+        if not inplace:
+            before = self._live.get(id(tensor))
+            if before is not None and before[0]() is tensor and before[2] == version:
+                # an argument returned as it is (x.to(its own dtype), dropout in eval): its
+                # readers from here on read this label, whichever name they hold it by
+                op.meta["returns_argument"] = before[1]
         if self.observers:
             self._remember(tensor, label, version)
         else:  # _remember inline (the per-op path)
             self._live[id(tensor)] = (weakref.ref(tensor), label, version, self._call_count)
         return op
+
+    def live_entry(self, tensors: list[Tensor]) -> list[tuple | None]:
+        """Per tensor, what the builder knows of it when it holds a recorded value still
+        (an argument returned as it is), else None: see :meth:`restore_entry`."""
+        entries: list[tuple | None] = []
+        for tensor in tensors:
+            entry = self._live.get(id(tensor))
+            alive = entry is not None and entry[0]() is tensor and entry[2] == version_of(tensor)
+            entries.append(entry if alive else None)
+        return entries
+
+    def restore_entry(self, tensor: Tensor, entry: tuple) -> None:
+        """``tensor`` holds again the value ``entry`` (from :meth:`live_entry`) labelled:
+        an op returned it as it was and an edit replaced that output, so its other
+        readers (a residual kept aside) still read the earlier value."""
+        self._live[id(tensor)] = entry
 
     def replace_output(self, op: Op, tensor: Tensor) -> None:
         """An op hook (``intervene=``) swapped or rewrote ``op``'s output: downstream ops read

@@ -82,6 +82,9 @@ class CaptureMode(TorchFunctionMode):
             if not outputs:
                 return result
             tensors = [t for _, t in outputs]
+        # an op that returns an argument as it is (x.to(its own dtype), dropout in eval)
+        # takes over its label; an edit that replaces that output must give it back
+        before = self.builder.live_entry(tensors) if self.op_hooks and not targets else None
         ops = self.builder.record_call(
             info.name, func, args_template, kwargs_template, parent_args, tensors,
             inplace=bool(targets), rng_state=rng_state,
@@ -90,7 +93,7 @@ class CaptureMode(TorchFunctionMode):
             for op in ops:
                 op.meta["autocast"] = autocast
         if self.op_hooks:
-            result = self._run_hooks(ops, tensors, result)
+            result = self._run_hooks(ops, tensors, result, before)
         return result
 
     def _open(self, name: str, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
@@ -111,14 +114,19 @@ class CaptureMode(TorchFunctionMode):
             return result if new is None else new
         return result
 
-    def _run_hooks(self, ops: list[Op], tensors: list[Tensor], result: Any) -> Any:
+    def _run_hooks(
+        self, ops: list[Op], tensors: list[Tensor], result: Any, before: list | None
+    ) -> Any:
         replaced = False
         for i, op in enumerate(ops):
+            original = tensors[i]
             for hook in self.op_hooks:
                 new = hook(op, tensors[i])
                 if new is not None and new is not tensors[i]:
                     tensors[i] = new
                     replaced = True
+            if before and before[i] is not None and tensors[i] is not original:
+                self.builder.restore_entry(original, before[i])  # its readers read it
         if not replaced:
             return result
         if len(ops) == 1 and isinstance(result, Tensor):

@@ -14,7 +14,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["ATOMS", "ArgSlot", "flatten", "flatten_call", "fill", "slots_in_order"]
+__all__ = [
+    "ATOMS", "ArgSlot", "flatten", "flatten_call", "fill", "is_atom", "plain_slice",
+    "slots_in_order",
+]  # fmt: skip
 
 Tensor = torch.Tensor
 Parameter = torch.nn.Parameter
@@ -67,19 +70,19 @@ def slots_in_order(args: Any, kwargs: Any, n: int) -> bool:
             if type(item) is not ArgSlot or item.index != i:
                 return False
             i += 1
-        elif type(item) not in ATOMS and not _atoms_tuple(item):
+        elif not is_atom(item) and not _atoms_tuple(item):
             return False
     if i != n:
         return False
     for item in kwargs.values():
-        if type(item) not in ATOMS and not _atoms_tuple(item):
+        if not is_atom(item) and not _atoms_tuple(item):
             return False
     return True
 
 
 def _atoms_tuple(item: Any) -> bool:
     """A tuple of atoms (a size, an index of slices): a constant argument, like an atom."""
-    return type(item) is tuple and ATOMS.issuperset(map(type, item))
+    return type(item) is tuple and all(map(is_atom, item))
 
 
 def flatten(obj: Any, prefix: str = "") -> tuple[list[tuple[str, Tensor]], Any]:
@@ -101,7 +104,7 @@ def flatten_call(args: tuple, kwargs: dict) -> tuple[list[tuple[str, Tensor]], t
     template: list[Any] = []
     for i, arg in enumerate(args):  # the common flat case inline; anything nested is walked
         kind = type(arg)
-        if kind in ATOMS:
+        if kind in ATOMS or kind is slice and plain_slice(arg):
             template.append(arg)
         elif kind is Tensor or kind is Parameter:
             template.append(_slot(len(leaves)))
@@ -120,23 +123,42 @@ def flatten_call(args: tuple, kwargs: dict) -> tuple[list[tuple[str, Tensor]], t
 
 
 # Argument types that never hold a tensor: returned as they are, without a walk (the
-# common case of every call's ints, dtypes and sizes, so it is checked first).
+# common case of every call's ints, dtypes and sizes, so it is checked first). A slice is
+# one when its bounds are (plain_slice): ``x[:, a:b]`` may take 0-d tensors as bounds.
 ATOMS = frozenset({
-    int, float, bool, complex, str, type(None), type(Ellipsis), slice,
+    int, float, bool, complex, str, type(None), type(Ellipsis),
     torch.dtype, torch.device, torch.Size, torch.memory_format, torch.layout,
 })  # fmt: skip
+_BOUNDS = frozenset({int, type(None)})
+
+
+def plain_slice(obj: slice) -> bool:
+    """Whether a slice's bounds are ints or None (no tensor, nothing to walk)."""
+    return type(obj.start) in _BOUNDS and type(obj.stop) in _BOUNDS and type(obj.step) in _BOUNDS
+
+
+def is_atom(obj: Any) -> bool:
+    """Whether ``obj`` holds no tensor by its type alone (see :data:`ATOMS`)."""
+    kind = type(obj)
+    return kind in ATOMS or kind is slice and plain_slice(obj)
 
 
 def _walk(obj: Any, path: str, leaves: list[tuple[str, Tensor]]) -> Any:
     kind = type(obj)
     if kind in ATOMS:
         return obj
+    if kind is slice:  # its bounds walked: a tensor bound is an argument like any other
+        if plain_slice(obj):
+            return obj
+        start = _walk(obj.start, _join(path, "start"), leaves)
+        stop = _walk(obj.stop, _join(path, "stop"), leaves)
+        return slice(start, stop, _walk(obj.step, _join(path, "step"), leaves))
     if isinstance(obj, Tensor):
         leaves.append((path, obj))
         return _slot(len(leaves) - 1)
     if kind is tuple or kind is list:
         for item in obj:
-            if type(item) not in ATOMS:
+            if type(item) not in ATOMS and not (type(item) is slice and plain_slice(item)):
                 break
         else:  # sizes, dims, flags: nothing to walk (a list is copied, tuples are immutable)
             return obj if kind is tuple else list(obj)
@@ -171,6 +193,11 @@ def _fill(template: Any, values: Sequence[Any]) -> Any:
         return values[template.index]
     if kind in ATOMS:
         return template
+    if kind is slice:
+        if plain_slice(template):
+            return template
+        start, stop = _fill(template.start, values), _fill(template.stop, values)
+        return slice(start, stop, _fill(template.step, values))
     if kind is tuple:
         return tuple([_fill(item, values) for item in template])
     if kind is list:

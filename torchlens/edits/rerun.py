@@ -76,6 +76,14 @@ class _WhatIf(Interpreter):
         else:
             outputs = [None] * (max(op.output_index for op in ops) + 1)
         for op, op_hits in zip(ops, hits):
+            if op_hits and "returns_argument" in op.meta and op.children:
+                raise InterventionError(
+                    f"{op.label!r} returned its argument {op.meta['returns_argument']!r} as "
+                    "it was (the same tensor), so the trace cannot tell its readers from "
+                    "the argument's later readers (a residual kept aside); a live run edits "
+                    "only the returned value: use tl.trace(..., intervene=...) instead",
+                    code="returned_argument",
+                )
             value = outputs[op.output_index] if op.output_index < len(outputs) else None
             changed = value is not None
             if value is None and op_hits:
@@ -133,7 +141,9 @@ def rerun(trace: Trace, edits: Mapping[Any, Any]) -> Trace:
         SelectorMatchError: ``no_match`` when an edit's selector matches no op.
         PayloadUnavailableError: when a value the recomputation needs was not saved.
         InterventionError: ``not_replayable`` for a call in the cone that cannot be re-run,
-            ``recompute_failed`` for one that raises on the edited values;
+            ``recompute_failed`` for one that raises on the edited values,
+            ``returned_argument`` for an edit of an op that returned its argument as it
+            was (its readers cannot be told from the argument's);
             the edit function's own errors (``bad_edit``, ``changed_shape``...).
 
     Example:

@@ -96,7 +96,7 @@ def _slice(body: Any) -> slice:
 
 
 def _scalar(value: Any) -> Any:
-    if value is not None and type(value) not in (bool, int, float):
+    if value is not None and type(value) not in (bool, int, float, ArgSlot):  # x[:, a:b]
         raise ValueError("slice bounds are numbers or null")
     return value
 

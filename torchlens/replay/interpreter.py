@@ -25,7 +25,7 @@ from torchlens.capture import rng
 from torchlens.capture.autocast import autocast_applied
 from torchlens.capture.controls import reapply
 from torchlens.capture.special import SPECIAL_OUTPUTS
-from torchlens.capture.tree import ATOMS, ArgSlot, fill, flatten, slots_in_order
+from torchlens.capture.tree import ArgSlot, fill, flatten, is_atom, slots_in_order
 from torchlens.errors import PayloadUnavailableError
 from torchlens.replay.edges import EdgeProver
 from torchlens.replay.exemptions import MAY_BE_UNINITIALIZED, may_write_arguments, value_exempt
@@ -187,7 +187,7 @@ def _filler(template: Any) -> Filler:
     for key, item in items:
         if type(item) is ArgSlot:
             slots.append((key, item.index))
-        elif type(item) not in ATOMS:  # nested: the general walk
+        elif not is_atom(item):  # nested: the general walk
             return lambda values: fill(template, values)
     if not slots:
         return lambda values: template

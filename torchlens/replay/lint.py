@@ -11,7 +11,7 @@ from collections import Counter
 from operator import attrgetter
 from typing import Any
 
-from torchlens.capture.tree import ATOMS, ArgSlot, slots_in_order
+from torchlens.capture.tree import ArgSlot, is_atom, slots_in_order
 
 __all__ = ["lint"]
 
@@ -219,13 +219,10 @@ def _slot_indices(template: Any) -> list[int]:
     return found
 
 
-_FLAT = ATOMS | {ArgSlot}  # items that hold no nested slot
-
-
 def _call_slots(args: tuple, kwargs: dict) -> list[int]:
     """:func:`_slot_indices` of ``(args, kwargs)``; flat templates without a walk."""
     items = [*args, *kwargs.values()] if type(args) is tuple and type(kwargs) is dict else None
-    if items is None or any(type(item) not in _FLAT for item in items):
+    if items is None or not all(type(item) is ArgSlot or is_atom(item) for item in items):
         return _slot_indices((args, kwargs))
     return [item.index for item in items if type(item) is ArgSlot]
 
@@ -235,6 +232,9 @@ def _collect_slots(obj: Any, found: list[int]) -> None:
         found.append(obj.index)
     elif isinstance(obj, (list, tuple)):
         for item in obj:
+            _collect_slots(item, found)
+    elif isinstance(obj, slice):  # a tensor as a bound: x[:, a:b]
+        for item in (obj.start, obj.stop, obj.step):
             _collect_slots(item, found)
     elif isinstance(obj, dict):
         for item in obj.values():
