@@ -587,3 +587,109 @@ def test_an_edit_of_a_slice_bound_reaches_rerun_as_it_reaches_the_live_run():
     rerun = tl.trace(window, x).rerun(edit)
     assert live.output.shape == rerun.output.shape == (2, 1)
     torch.testing.assert_close(rerun.output, live.output)
+
+
+class CallsAtenOverloads(nn.Module):
+    """What torch.export(...).module() runs: torch.ops.aten.<name>.<overload> calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.lin(x)
+        torch.ops.aten.relu_.default(y)
+        return torch.ops.aten.add_.Tensor(y, 1.0) * 2
+
+
+def test_aten_overloads_are_named_as_their_functions_and_writes_are_in_place():
+    torch.manual_seed(0)
+    model, x = CallsAtenOverloads().eval(), torch.randn(2, 4)
+    trace = tl.trace(model, x)
+    assert [(op.label, op.is_inplace) for op in trace.ops] == [
+        ("linear_1", False), ("relu__1", True), ("add__1", True), ("mul_1", False)
+    ]  # fmt: skip
+    # the in-place write did not reach linear_1's saved value
+    torch.testing.assert_close(trace["linear_1"].out, model.lin(x))
+    assert tl.replay(model, (x,)).state == "passed"
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_an_exported_conv_bn_relu_module_validates(train):
+    torch.manual_seed(0)
+    block = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(inplace=True))
+    block.train(train)
+    x = torch.randn(2, 3, 8, 8)
+    exported = torch.export.export(block, (x,)).module()
+    status = tl.replay(exported, (x,))
+    assert status.state == "passed", status
+
+
+@torch.jit.script
+def _sum_into(a: torch.Tensor, b: torch.Tensor):
+    torch.sum(b, dim=-2, keepdim=True, out=a)
+
+
+class WritesOutOfSight(nn.Module):
+    """gpytorch's linear_cg in small: a TorchScript helper writes into a buffer (out of
+    the capture's sight), after a visible in-place op on a view of it was saved."""
+
+    def forward(self, x):
+        alpha = torch.empty(1, 4)
+        out = []
+        for k in range(2):
+            _sum_into(alpha, x * (k + 1))
+            v = alpha.squeeze(0)
+            v.masked_fill_(torch.eq(v, 0.0), 1.0)
+            out.append(v * 2)
+        return torch.stack(out)
+
+
+def test_a_value_overwritten_out_of_sight_is_not_vouched_for_by_a_later_copy():
+    trace = tl.trace(WritesOutOfSight(), torch.randn(3, 4))
+    # the second helper call overwrote masked_fill__1's value before the second
+    # masked_fill_ made the capture copy its aliases: the copy would hold the new value
+    with pytest.raises(tl.errors.PayloadUnavailableError) as caught:
+        trace["masked_fill__1"].out
+    assert caught.value.code == "payload_overwritten"
+    status = tl.replay(WritesOutOfSight(), (torch.randn(3, 4),))
+    assert status.state == "unverified" and not status.failures, status
+
+
+class _StrictTruth:
+    """An output that refuses a truth test, as a TensorDict does."""
+
+    def __init__(self, value: torch.Tensor) -> None:
+        self.value = value
+
+    def __bool__(self) -> bool:
+        raise RuntimeError("Converting a tensordict to boolean value is not permitted")
+
+
+class ReturnsStrictObjects(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.wrap = _Wraps()
+        self.to_numpy = _ToNumpy()
+
+    def forward(self, x):
+        y = self.wrap(self.lin(x)).value
+        return torch.from_numpy(self.to_numpy(y)) + y
+
+
+class _Wraps(nn.Module):
+    def forward(self, x):
+        return _StrictTruth(x * 2)
+
+
+class _ToNumpy(nn.Module):
+    def forward(self, x):
+        return x.detach().numpy() * 2  # an array: its truth value is ambiguous
+
+
+def test_module_outputs_that_refuse_a_truth_test_are_traced():
+    model, x = ReturnsStrictObjects().eval(), torch.randn(3, 4)
+    trace = tl.trace(model, x)
+    torch.testing.assert_close(trace.output, model(x))
+    assert tl.replay(model, (x,)).state == "passed"

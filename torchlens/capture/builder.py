@@ -352,7 +352,9 @@ class TraceBuilder:
         aliases = self._aliases.pop(key, ())
         for label in (aliases,) if type(aliases) is str else aliases:
             value = self.store.values.get(label)
-            if value is not None:
+            # a value a write out of sight overwrote already (inside a TorchScript
+            # function) stays as it is: the store reports it, a copy would vouch for it
+            if value is not None and version_of(value) == self._versions.get(label):
                 copy = value.detach().clone()
                 self.store.set(label, copy, version_of(copy))
 

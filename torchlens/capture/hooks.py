@@ -201,6 +201,9 @@ def _tensors_in(obj: Any) -> list[torch.Tensor]:
             return [obj[0]]
         if all(isinstance(item, torch.Tensor) for item in obj):
             return list(obj)
-    if obj:
-        return [t for _, t in flatten(obj)[0]]
-    return []
+    if obj is None or type(obj) in _CONTAINERS and not obj:
+        return []  # (no truth test of anything else: a TensorDict or an array refuses one)
+    return [t for _, t in flatten(obj)[0]]
+
+
+_CONTAINERS = (tuple, list, dict)

@@ -128,7 +128,11 @@ def func_info(func: Callable[..., Any]) -> FuncInfo:
 
 
 def _describe(func: Callable[..., Any]) -> FuncInfo:
-    raw = getattr(func, "__name__", None) or type(func).__name__
+    packet = getattr(func, "_overloadpacket", None)
+    if packet is not None:  # torch.ops.aten.relu_.default, as torch.export's modules call
+        raw = packet.__name__  # named as the function: in place, tables, labels alike
+    else:
+        raw = getattr(func, "__name__", None) or type(func).__name__
     if raw == "__get__":  # a property read such as x.T or x.shape
         prop = getattr(getattr(func, "__self__", None), "__name__", "")
         return FuncInfo(prop, False, prop not in TENSOR_PROPERTIES, False)

@@ -92,8 +92,10 @@ def _arg(op: Any, index: int, name: str, default: Any) -> Any:
 
 def _running_statistics(op: Any, aten_style: Any) -> frozenset[str]:
     """Where the running statistics sit: 1 and 2 in ``F.batch_norm``/``F.instance_norm``,
-    3 and 4 in ``torch.batch_norm``/``torch.instance_norm`` (weight and bias come first)."""
-    first = 3 if op.func is aten_style else 1
+    3 and 4 in ``torch.batch_norm``/``torch.instance_norm`` and their aten overloads
+    (weight and bias come first)."""
+    aten = op.func is aten_style or hasattr(op.func, "_overloadpacket")
+    first = 3 if aten else 1
     return _pos(str(first), str(first + 1), "running_mean", "running_var")
 
 
