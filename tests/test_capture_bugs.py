@@ -693,3 +693,29 @@ def test_module_outputs_that_refuse_a_truth_test_are_traced():
     trace = tl.trace(model, x)
     torch.testing.assert_close(trace.output, model(x))
     assert tl.replay(model, (x,)).state == "passed"
+
+
+class BiasedAttention(nn.Module):
+    """timm's maxvit/coatnet attention in small: a learned position bias (a Parameter,
+    so it requires grad) as scaled_dot_product_attention's mask."""
+
+    def __init__(self, d: int = 64, heads: int = 2, n: int = 64) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(d, 3 * d)
+        self.bias = nn.Parameter(torch.randn(1, heads, n, n))
+
+    def forward(self, x):
+        b, n, c = x.shape
+        qkv = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=self.bias)
+
+
+def test_attention_with_a_learned_mask_replays_with_the_kernel_the_forward_took():
+    torch.manual_seed(0)
+    model = BiasedAttention().eval().to(torch.bfloat16)
+    # on CPU the kernel depends on whether the mask requires grad (even under no_grad):
+    # replay hands the saved mask back with the flag the Parameter had
+    status = tl.replay(model, (torch.randn(8, 64, 64, dtype=torch.bfloat16),))
+    assert status.state == "passed", status

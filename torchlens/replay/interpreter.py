@@ -111,13 +111,21 @@ class Interpreter:
         known = self._runners.get(id(op))
         if known is not None:
             return known[1]
+        run = self._make_runner(op)
+        if op.func_name in READS_REQUIRES_GRAD:
+            flags = [getattr(self.trace[ref.label], "requires_grad", False)
+                     for ref in op.parent_args]  # fmt: skip
+            if any(flags):
+                run = _with_grad_flags(run, flags)
+        self._runners[id(op)] = (op, run)
+        return run
+
+    def _make_runner(self, op: Any) -> Callable[[list[Tensor]], list[Tensor]]:
         func, special = op.func, SPECIAL_OUTPUTS.get(op.func_name)
         args_template, kwargs_template = op.args_template, op.kwargs_template
         n = len(op.parent_args)
         if special is None and slots_in_order(args_template, kwargs_template, n):
-            run = _flat_runner(func, args_template[n:], kwargs_template)
-            self._runners[id(op)] = (op, run)
-            return run
+            return _flat_runner(func, args_template[n:], kwargs_template)
         fill_args, fill_kwargs = _filler(args_template), _filler(kwargs_template)
 
         def run(values: list[Tensor]) -> list[Tensor]:
@@ -127,7 +135,6 @@ class Interpreter:
                 return [result] if type(result) is Tensor else _tensors_of(result)
             return [tensor for _, tensor in special(args, result)]
 
-        self._runners[id(op)] = (op, run)
         return run
 
     def execute_stochastic(self, op: Any, values: list[Tensor]) -> list[Tensor]:
@@ -162,6 +169,27 @@ def _flat_runner(func: Callable[..., Any], rest: tuple, kwargs: dict) -> Callabl
         return [result] if type(result) is Tensor else _tensors_of(result)
 
     return run if rest or kwargs else run_bare
+
+
+# Functions whose kernel choice reads requires_grad of an argument, even under no_grad:
+# on CPU, scaled_dot_product_attention takes another kernel for a mask that requires grad
+# (a learned position bias, a Parameter), and in bfloat16 the two round differently
+READS_REQUIRES_GRAD = frozenset({"scaled_dot_product_attention"})
+
+
+def _with_grad_flags(run: Callable, flags: list[bool]) -> Callable:
+    """``run`` given its values with ``requires_grad`` as the recorded parents had it."""
+
+    def flagged(values: list[Tensor]) -> list[Tensor]:
+        values = [
+            value.detach().requires_grad_()
+            if flag and not value.requires_grad and value.is_floating_point()
+            else value
+            for value, flag in zip(values, flags)
+        ]
+        return run(values)
+
+    return flagged
 
 
 def _tensors_of(result: Any) -> list[Tensor]:
