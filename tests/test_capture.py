@@ -444,6 +444,21 @@ def test_refuses_torch_compile():
     assert "trace the eager source module instead" in str(err.value)
 
 
+@pytest.mark.parametrize("where", ["submodule", "in_place", "submodule_in_place"])
+def test_refuses_compiled_submodules_and_modules_compiled_in_place(where):
+    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    if where == "submodule":
+        model[0] = torch.compile(model[0])
+    elif where == "in_place":
+        model.compile()
+    else:
+        model[0].compile()
+    with pytest.raises(UnsupportedModelError) as err:  # before Dynamo sees any of it
+        tl.trace(model, torch.randn(1, 2))
+    assert err.value.code == "compiled_module"
+    assert "trace the eager source module instead" in str(err.value)
+
+
 def test_refuses_exported_program():
     exported = torch.export.export(nn.Linear(2, 2), (torch.randn(1, 2),))
     with pytest.raises(UnsupportedModelError) as err:

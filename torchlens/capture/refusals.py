@@ -36,8 +36,10 @@ def check_traceable(model: Any, modules: list[tuple[str, nn.Module]] | None = No
             f"its operations cannot be recorded; {_ADVICE} (the module you exported)",
             code="exported_program",
         )
-    if "torch._dynamo.eval_frame.OptimizedModule" in names or hasattr(
-        model, "_torchdynamo_orig_callable"
+    if (
+        "torch._dynamo.eval_frame.OptimizedModule" in names
+        or hasattr(model, "_torchdynamo_orig_callable")
+        or getattr(model, "_compiled_call_impl", None) is not None  # model.compile()
     ):
         raise UnsupportedModelError(
             "this callable was wrapped by torch.compile, whose compiled graphs hide the "
@@ -58,6 +60,14 @@ def check_traceable(model: Any, modules: list[tuple[str, nn.Module]] | None = No
                     f"be recorded; {_ADVICE} (the eager version of {address!r})",
                     code="torchscript_module",
                 )
+            if _compiled(sub):
+                raise UnsupportedModelError(
+                    f"submodule {address!r} was compiled with torch.compile (or .compile()), "
+                    "whose graphs hide the individual operations, and Dynamo would trace "
+                    f"the capture's own code; {_ADVICE} (the eager version of {address!r}, "
+                    "e.g. its _orig_mod)",
+                    code="compiled_module",
+                )
         return
     if not callable(model):
         raise UnsupportedModelError(
@@ -65,3 +75,11 @@ def check_traceable(model: Any, modules: list[tuple[str, nn.Module]] | None = No
             "(or a function of tensors) as the first argument",
             code="not_callable",
         )
+
+
+def _compiled(module: nn.Module) -> bool:
+    """A torch.compile wrapper (OptimizedModule), or a module compiled in place."""
+    kind = type(module)
+    if kind.__name__ == "OptimizedModule" and kind.__module__ == "torch._dynamo.eval_frame":
+        return True
+    return module.__dict__.get("_compiled_call_impl") is not None
