@@ -719,3 +719,29 @@ def test_attention_with_a_learned_mask_replays_with_the_kernel_the_forward_took(
     # replay hands the saved mask back with the flag the Parameter had
     status = tl.replay(model, (torch.randn(8, 64, 64, dtype=torch.bfloat16),))
     assert status.state == "passed", status
+
+
+@torch.jit.script
+def _fused_activation(t: torch.Tensor) -> torch.Tensor:
+    return torch.relu(t) * 2 + 1
+
+
+class CallsAScriptedFunction(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner, self.head = nn.Linear(4, 4), nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.head(_fused_activation(self.inner(x)))
+
+
+def test_a_value_computed_out_of_sight_during_the_forward_is_unverified_not_passed():
+    torch.manual_seed(0)
+    model, x = CallsAScriptedFunction().eval(), torch.randn(2, 4)
+    trace = tl.trace(model, x)
+    # the TorchScript function's ops are invisible: its result enters as a constant
+    source = trace["linear_2"].parents[0]
+    assert trace[source].kind == "constant" and trace[source].path == "unseen computation"
+    status = tl.replay(model, (x,))
+    assert status.state == "unverified" and not status.failures, status
+    assert [(gap.label, gap.arm) for gap in status.unchecked] == [(source, "lint")]

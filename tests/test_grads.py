@@ -543,3 +543,96 @@ def test_backward_validation_through_a_reentrant_checkpoint_is_unverified_not_ra
     status = validate_backward(model, x)  # autograd.grad is refused there: .grad is read
     assert status.state == "unverified" and not status.failures, str(status)
     assert model.head.weight.grad is None and x.grad is None  # .grad put back
+
+
+class _SiblingSlices(nn.Module):
+    """A neural spline flow's ``unnormalized_widths /= sqrt(hidden)``: a slice written in
+    place after a sibling slice of the same tensor was taken, the sibling read later."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 9)
+
+    def forward(self, x):
+        p = self.lin(x)
+        w, d = p[..., :3], p[..., 6:]
+        w /= 2.0
+        return (w.exp() + d.cos()).sum()
+
+
+def test_a_slice_taken_before_a_write_through_its_sibling_is_aliased_not_failed():
+    torch.manual_seed(0)
+    model, x = _SiblingSlices(), torch.randn(5, 4)
+    p = model.lin(x)  # the out-of-place twin gives the reference
+    weight = model.lin.weight
+    loss = ((p[..., :3] / 2.0).exp() + p[..., 6:].cos()).sum()
+    want_p, want_weight = torch.autograd.grad(loss, [p, weight])
+    trace = tl.trace(model, x, save_grads=True)
+    trace.backward()
+    torch.testing.assert_close(trace["linear_1"].grad, want_p)
+    torch.testing.assert_close(trace["lin.weight"].grad, want_weight)
+    stale = trace["getitem_2"]  # d: its read after the write has a node of its own
+    (refresh,) = stale.children
+    assert trace[refresh].func_name == "refresh"
+    torch.testing.assert_close(trace[refresh].grad, want_p[..., 6:])
+    with pytest.raises(GradUnavailableError) as err:
+        stale.grad
+    assert err.value.code == "grad_aliased" and refresh in str(err.value)
+    status = validate_backward(model, x)
+    assert status.state == "unverified" and not status.failures, str(status)
+    reasons = {gap.label: gap.reason for gap in status.unchecked}
+    assert "CopySlices" in reasons["getitem_2"] and "linear_1" not in reasons
+
+
+class _EnergyModel(nn.Module):
+    """A forward that differentiates itself (residual flows, energy models, PINNs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(2, 8), nn.Tanh(), nn.Linear(8, 1))
+        self.w = nn.Parameter(torch.tensor(0.7))
+
+    def forward(self, x):
+        with torch.enable_grad():
+            x = x.requires_grad_(True)
+            e = self.net(x)
+            (g,) = torch.autograd.grad(e.sum(), x, create_graph=True)
+        return (g.pow(2).sum(-1) + self.w * e.squeeze(-1)).mean()
+
+
+def test_autograd_grad_inside_the_forward_leaves_the_real_backward_its_hooks():
+    torch.manual_seed(0)
+    model, x = _EnergyModel(), torch.randn(5, 2)
+    outputs = []
+    handle = model.net[1].register_forward_hook(lambda mod, a, out: outputs.append(out))
+    plain_x = x.clone()
+    loss = model(plain_x)
+    handle.remove()
+    names = [name for name, _ in model.named_parameters()]
+    tensors = [*model.parameters(), plain_x, outputs[0]]
+    want = dict(zip([*names, "x", "tanh"], torch.autograd.grad(loss, tensors)))
+    trace = tl.trace(model, x.clone(), save_grads=True)
+    trace.backward()
+    for name in names:
+        torch.testing.assert_close(trace[name].grad, want[name], msg=name)
+    torch.testing.assert_close(trace["requires_grad__1"].grad, want["x"])
+    torch.testing.assert_close(trace["tanh_1"].grad, want["tanh"])  # hidden path included
+    status = validate_backward(model, x.clone())
+    assert status.state == "unverified" and not status.failures, str(status)
+    reasons = {gap.label: gap.reason for gap in status.unchecked}
+    assert "'grad_1'" in reasons["tanh_1"] and "create_graph" in reasons["tanh_1"]
+
+
+def test_an_input_the_forward_makes_require_grad_is_checked_where_it_does():
+    class Tracking(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 3)
+
+        def forward(self, x):
+            x.requires_grad_(True)
+            return self.lin(x).tanh().sum()
+
+    torch.manual_seed(0)
+    status = validate_backward(Tracking(), torch.randn(2, 4))
+    assert status.state == "passed", str(status)

@@ -509,3 +509,25 @@ def test_qat_observer_called_twice_reads_what_its_first_call_wrote():
     torch.testing.assert_close(trace[f"{second}:3"].out, model.fq.scale)
     assert not torch.equal(trace[f"{first}:3"].out, trace[f"{second}:3"].out)
     assert tl.replay(model, (x,)).state == "passed"
+
+
+class QuantizedProduct(nn.Module):
+    """An int8 squeeze-excitation product as FX's convert lowers it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("scale", torch.tensor(0.05))
+        self.register_buffer("zero_point", torch.tensor(0))
+
+    def forward(self, a, b):
+        return torch.ops.quantized.mul(a, b, self.scale, self.zero_point)
+
+
+def test_an_edge_silenced_by_a_dead_quantized_partner_is_proved_at_a_neutral_point():
+    torch.manual_seed(0)
+    a = torch.quantize_per_tensor(torch.rand(2, 8), 0.01, 0, torch.quint8)
+    dead = torch.quantize_per_tensor(torch.zeros(2, 8), 0.01, 0, torch.quint8)
+    # the output is the zero point whatever the scale, until the partner is moved
+    status = tl.replay(QuantizedProduct().eval(), (a, dead))
+    assert status.state == "passed", status
+    assert status.perturbation_verified == 1

@@ -32,10 +32,11 @@ from torchlens.capture.tree import _POSITIONS, _SLOTS, ATOMS, flatten_call, plai
 from torchlens.capture.walk import named_modules, owned_tensors
 from torchlens.trace import ArgRef, MemoryPayloadStore, ModuleCall, Op, Source, Trace
 
-__all__ = ["TraceBuilder", "REFRESH_FUNC_NAME"]
+__all__ = ["TraceBuilder", "REFRESH_FUNC_NAME", "UNSEEN_COMPUTATION"]
 
 Tensor = torch.Tensor
 REFRESH_FUNC_NAME = "refresh"  # a value changed by a write the capture could not attribute
+UNSEEN_COMPUTATION = "unseen computation"  # the path of a constant with autograd history
 _KEPT_AS_IS = frozenset({Tensor, nn.Parameter})  # saved undetached; see _save
 _ASK: Any = object()  # an argument the callee reads itself (a version counter not read yet)
 _Parameter = nn.Parameter
@@ -228,8 +229,22 @@ class TraceBuilder:
             self._add_source(label, kind, address, tensor)
             return label
         label = self._new_label("constant")
-        self._add_source(label, "constant", "closure", tensor)
+        unseen = tensor.grad_fn is not None and self._made_during_forward(tensor)
+        self._add_source(label, "constant", UNSEEN_COMPUTATION if unseen else "closure", tensor)
         return label
+
+    def _made_during_forward(self, tensor: Tensor) -> bool:
+        """Whether ``tensor`` (with autograd history, and no recorded op that made it) got
+        its history after this forward's first recorded op did: it was computed out of the
+        capture's sight (a TorchScript function, a C++ extension), not kept from an earlier
+        call (a cache). Autograd numbers its nodes in the order they are made."""
+        made = tensor.grad_fn._sequence_nr()
+        for op in self.ops:
+            value = self._values.get(op.label)
+            first = getattr(value, "grad_fn", None)
+            if first is not None:
+                return first._sequence_nr() < made
+        return False
 
     def arguments(self, args: tuple, kwargs: dict) -> tuple[list[ArgRef], tuple, dict]:
         """A call's tensor arguments as :class:`ArgRef` (each labelled as :meth:`label_of`

@@ -66,6 +66,7 @@ class AliasTracker:
         found: dict[str, str] = {}
         self._passthrough(trace, found)
         self._view_writes(trace, found)
+        self._rebuilt_views(trace, found)
         self._multi_output(found)
         self.nodes.clear()
         self.owner.clear()
@@ -133,6 +134,26 @@ class AliasTracker:
                         "written in place and read again; autograd sends that view's "
                         "gradient into this tensor's node too, so its own cannot be read",
                     )
+
+    def _rebuilt_views(self, trace: Any, found: dict[str, str]) -> None:
+        """Views read again after their storage was written through another view.
+
+        Autograd gives such a view a new node on the base's ``CopySlices`` when it is read
+        again, so what flows back through that read reaches the base without passing the
+        view's own node: its hook misses that part (it sees only earlier reads).
+        """
+        outputs = set(trace.output_labels)
+        for refresh in self.view_refreshes:
+            stale = trace[refresh].parent_args[0].label
+            if stale not in self.views or not (trace[refresh].children or refresh in outputs):
+                continue
+            found.setdefault(
+                stale,
+                f"{stale!r} is a view whose storage was written in place through another "
+                f"view before {refresh!r} read it again; autograd then gives it a new node on "
+                "the base's CopySlices, so the gradient of that read bypasses this record's "
+                f"own node; read {refresh!r}'s grad, or the base tensor's",
+            )
 
     def _multi_output(self, found: dict[str, str]) -> None:
         for call, outputs in self.nodes.items():

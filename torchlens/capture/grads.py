@@ -18,7 +18,9 @@ Leaf hooks live on tensors the user keeps (the model's parameters), so a backwar
 *other* graph could reach them. They only record while a backward through this trace is
 running: any hook on one of this forward's own nodes, or ``trace.backward()``, marks the pass
 as active. When that backward ends, every hook is removed (also when the trace is deleted),
-so a second backward records nothing and a freed graph raises PyTorch's usual error.
+so a second backward records nothing and a freed graph raises PyTorch's usual error. A
+backward while the forward still runs (``torch.autograd.grad`` inside it) is the forward's
+own: it records nothing and does not end the capture.
 """
 
 from __future__ import annotations
@@ -157,6 +159,9 @@ class GradCapture:
         # given every captured grad once backward ends (streaming writes them to disk)
         self.sinks: list[Callable[[Mapping[str, Tensor]], None]] = []
         self.active = False  # a backward through this trace is running
+        # the forward has ended (attach): a backward before that is the forward's own
+        # (torch.autograd.grad inside it), not one through this trace
+        self.armed = False
         self._queued = False
         self.aliases = AliasTracker()  # records whose grad autograd merges with another's
 
@@ -205,6 +210,7 @@ class GradCapture:
                 handle.remove()
             self.store.missing[label] = ("grad_aliased", reason)
         trace.grad_session = self
+        self.armed = True
         weakref.finalize(trace, _remove_all, self.handles)
 
     # -- during backward ------------------------------------------------------------------
@@ -226,8 +232,14 @@ class GradCapture:
         return loss
 
     def activate(self) -> None:
-        """One of this forward's nodes is being backpropagated: record until it ends."""
-        if self.active or self.store.done:
+        """One of this forward's nodes is being backpropagated: record until it ends.
+
+        Not while the forward still runs: a ``torch.autograd.grad`` call inside it (a
+        Jacobian term, as in residual flows or PINNs) goes through the nodes hooked so far;
+        its gradients are not the loss's, and ending with it would leave the real backward
+        without hooks.
+        """
+        if self.active or self.store.done or not self.armed:
             return
         self.active = True
         if not self._queued:
@@ -255,7 +267,8 @@ class GradCapture:
 def _node_grad(capture: GradCapture, label: str, index: int, grad_outputs: tuple) -> None:
     """Pre-hook on this forward's own node: ``grad_outputs[index]`` is the op's gradient."""
     capture.activate()
-    capture.put(label, grad_outputs[index] if index < len(grad_outputs) else None)
+    if capture.active:
+        capture.put(label, grad_outputs[index] if index < len(grad_outputs) else None)
 
 
 def _passive_grad(capture: GradCapture, label: str, grad: Tensor) -> None:

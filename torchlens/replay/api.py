@@ -12,6 +12,7 @@ import torch
 from torchlens.capture import rng
 from torchlens.capture.api import normalize_call
 from torchlens.capture.api import trace as capture
+from torchlens.capture.builder import UNSEEN_COMPUTATION
 from torchlens.capture.refusals import check_traceable
 from torchlens.capture.session import refuse_reentry, suspended
 from torchlens.errors import InvalidArgumentError
@@ -207,6 +208,14 @@ def _check_payloads(trace: Any, findings: Findings, atol, rtol) -> tuple[str, ..
     for message in lint(trace):
         label, _, reason = message.partition(": ")
         findings.fail(label, "lint", reason or message)
+    for source in trace.sources:
+        if source.path == UNSEEN_COMPUTATION:
+            findings.unchecked(
+                source.label, "lint",
+                "a constant with autograd history that no recorded op made: it was computed "
+                "out of the capture's sight (a TorchScript function, a C++ extension), or "
+                "kept from an earlier call; the ops that made it may be missing",
+            )  # fmt: skip
     if trace.structure_only:
         return ("lint",)
     with suspended(), torch.no_grad():

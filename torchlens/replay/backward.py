@@ -15,7 +15,9 @@ Two arms, reported through the same :class:`~torchlens.replay.status.ReplayStatu
   the op that holds it (and at its parents, whose expectation it feeds).
 
 A record whose expectation cannot be completed (a consumer that cannot be replayed, a
-parent value not saved) is counted as unverified, never as passed.
+parent value not saved, a ``torch.autograd.grad(..., create_graph=True)`` call in the forward
+whose output reads values the trace does not show as its arguments) is counted as
+unverified, never as passed.
 """
 
 from __future__ import annotations
@@ -144,15 +146,18 @@ def reference_grads(
 
     ``input_labels`` names the flattened input tensors (None skips one); repeated labels add.
     """
+    # inputs that require grad as passed: one the forward turns on itself
+    # (x.requires_grad_()) had none at the capture's input record
+    leaves = [t for _, t in flatten((args, kwargs))[0]]
+    tracked = [t.requires_grad for t in leaves]
     with torch.enable_grad():
         output = rerun(model, args, kwargs, rng_state)
         loss = (loss_fn or default_loss)(output)
         targets: list[tuple[str, Tensor]] = []
         if isinstance(model, torch.nn.Module):
             targets += [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        leaves = [t for _, t in flatten((args, kwargs))[0]]
-        for label, tensor in zip(input_labels or [], leaves):
-            if label is not None and tensor.requires_grad:
+        for label, tensor, wanted in zip(input_labels or [], leaves, tracked):
+            if label is not None and wanted:
                 targets.append((label, tensor))
         if not targets:
             return {}
@@ -244,7 +249,10 @@ class _VjpReplay(Interpreter):
         super().__init__(trace)
         self.expected: dict[str, Tensor] = {}
         self.blocked: dict[str, str] = {}  # label -> why its expected sum is incomplete
-        self.opaque: dict[str, str] = {}  # label -> consumer recorded without grad tracking
+        # label -> why gradient may reach it by a path the trace does not show (a consumer
+        # recorded without grad tracking, an autograd.grad call with create_graph=True)
+        self.opaque: dict[str, str] = {}
+        self._walked: set[str] = set()  # ancestors of autograd.grad calls already marked
 
     def run(self) -> None:
         for ops in reversed(list(calls(self.trace))):
@@ -266,6 +274,8 @@ class _VjpReplay(Interpreter):
             for i in slots:
                 self.opaque.setdefault(head.parent_args[i].label, reason)
             return
+        if head.func is torch.autograd.grad and any(op.requires_grad for op in ops):
+            self._hidden_consumer(head)
         grads = [self._grad_of(op) for op in ops]
         unknown = [g for g in grads if isinstance(g, str)]
         if unknown:
@@ -283,6 +293,24 @@ class _VjpReplay(Interpreter):
         for i, contribution in zip(slots, contributions):
             label = head.parent_args[i].label
             self.expected[label] = _add(self.expected.get(label), contribution)
+
+    def _hidden_consumer(self, head: Any) -> None:
+        """A ``torch.autograd.grad(..., create_graph=True)`` call inside the forward: its
+        output's graph reads values saved along everything it differentiated, so gradient
+        reaches those records (its arguments' ancestors) by edges the trace does not show."""
+        reason = (
+            f"{head.label!r} (torch.autograd.grad with create_graph=True) built its output "
+            "from values saved inside the graph it differentiated, so gradient may reach "
+            "this record by a path the trace does not show"
+        )
+        stack = [ref.label for ref in head.parent_args]
+        while stack:  # each record once, over all such calls: the walk stays linear
+            label = stack.pop()
+            if label in self._walked:
+                continue
+            self._walked.add(label)
+            self.opaque.setdefault(label, reason)
+            stack += [ref.label for ref in getattr(self.trace[label], "parent_args", ())]
 
     def _grad_of(self, op: Any) -> Tensor | str | None:
         """The captured grad; for one not kept, the expected one; a string if unknown."""

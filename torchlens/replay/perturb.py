@@ -103,6 +103,9 @@ class Perturber:
     def random_like(self, value: Tensor, positive: bool = False) -> Tensor:
         """Fresh finite values of ``value``'s shape, scaled to its finite entries (the
         caller's RNG is not drawn). With ``positive``, in [0.5, 1.5) times that scale."""
+        if _quantized(value):  # (a dead int8 partner silences an edge as a zero does)
+            fresh = self.random_like(value.dequantize(), positive)
+            return _quantized_like(fresh, value)
         finite = value[value.isfinite()] if value.is_floating_point() else value
         scale = float(finite.abs().mean()) + 1.0 if finite.numel() else 1.0
         draw = torch.float64 if value.dtype == torch.float64 else torch.float32
@@ -119,7 +122,9 @@ class Perturber:
         An edge can be real yet silenced by another argument's value (a zero weight, a NaN
         or a saturating partner); at such a point the parent is probed again.
         """
-        others = [i for i, v in enumerate(values) if i not in keep and _movable(v)]
+        others = [
+            i for i, v in enumerate(values) if i not in keep and (_movable(v) or _quantized(v))
+        ]
         if not others:
             return
         for positive in (True, False):
@@ -150,6 +155,20 @@ class Perturber:
 
 def _movable(value: Tensor) -> bool:
     return parent_kind_reason(value) is None
+
+
+def _quantized(value: Tensor) -> bool:
+    return value.is_quantized and value.numel() > 0
+
+
+def _quantized_like(fresh: Tensor, like: Tensor) -> Tensor:
+    """``fresh`` (float) quantized with ``like``'s scheme and parameters."""
+    if like.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+        return torch.quantize_per_tensor(fresh, like.q_scale(), like.q_zero_point(), like.dtype)
+    return torch.quantize_per_channel(
+        fresh, like.q_per_channel_scales(), like.q_per_channel_zero_points(),
+        like.q_per_channel_axis(), like.dtype,
+    )  # fmt: skip
 
 
 def _huge(dtype: torch.dtype) -> float:
