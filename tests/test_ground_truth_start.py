@@ -294,3 +294,27 @@ def test_a_forward_writing_its_weights_is_checked_from_the_weights_it_left(make)
     assert status.unverified == 0
     plain(x)  # the weights end as one plain forward leaves them
     torch.testing.assert_close(model.fc.weight, plain.fc.weight, rtol=0, atol=0)
+
+
+class Accumulates(nn.Module):
+    """torchmetrics in small: running state in plain tensor attributes, not buffers, one
+    rebound at each call and one written in place; the output reads both."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = torch.zeros(())
+        self.calls = torch.zeros(())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.total = self.total + x.sum()
+        self.calls += 1
+        return self.total / self.calls
+
+
+def test_tensor_attributes_are_rewound_for_the_capture_and_left_as_one_forward_leaves_them():
+    model, plain, x = Accumulates(), Accumulates(), torch.randn(5)
+    status = tl.replay(model, (x,))
+    # the capture starts where the rerun did: otherwise it reads state advanced by it
+    assert status.state == "passed", status
+    plain(x)
+    assert torch.equal(model.total, plain.total) and torch.equal(model.calls, plain.calls)

@@ -146,8 +146,16 @@ class ModelState:
         self.buffers: dict[str, tuple[Tensor, int | None, Tensor]] = {}
         self.params: dict[str, tuple[Tensor, int | None]] = {}
         self.kept: dict[str, Tensor] = {}  # parameter copies, with keep_parameters
+        # tensors kept as plain module attributes (torchmetrics' accumulators, counters):
+        # (module, name, tensor, version, copy)
+        self.attributes: list[tuple[nn.Module, str, Tensor, int | None, Tensor]] = []
         if self.model is None:
             return
+        for module in self.model.modules():
+            for name, value in module.__dict__.items():
+                if type(value) is Tensor:
+                    copy = value.detach().clone()
+                    self.attributes.append((module, name, value, version_of(value), copy))
         for name, buf in self.model.named_buffers(remove_duplicate=False):
             self.buffers[name] = (buf, version_of(buf), buf.detach().clone())
         for name, param in self.model.named_parameters(remove_duplicate=False):
@@ -180,6 +188,7 @@ class ModelState:
         if self.model is None:
             return after
         self.rewind_parameters()
+        self._rewind_attributes()
         current = dict(self.model.named_buffers(remove_duplicate=False))
         rewound: dict[int, Tensor] = {}  # a buffer under two names (a module kept twice)
         with torch.no_grad():
@@ -196,6 +205,16 @@ class ModelState:
                 else:
                     _set_buffer(self.model, name, saved.clone())
         return after
+
+    def _rewind_attributes(self) -> None:
+        """Put tensor attributes back: the object the attribute held, with its values
+        (the forward may have rebound the name or written into the tensor)."""
+        with torch.no_grad():
+            for module, name, tensor, version, copy in self.attributes:
+                if version_of(tensor) != version and tensor.shape == copy.shape:
+                    tensor.copy_(copy)
+                if module.__dict__.get(name) is not tensor:
+                    module.__dict__[name] = tensor
 
     def rewind_parameters(self) -> None:
         """Put the kept parameters back where the forward wrote them in place; they then
