@@ -39,6 +39,37 @@ def test_the_math_of_each_helper():
     torch.testing.assert_close(edits.project(plane)(T, op), torch.tensor([[0, 0, 2.0], [0, 0, 5]]))
 
 
+def test_project_uses_the_span_of_dependent_or_zero_directions():
+    op, t = _Op(), torch.tensor([[3.0, 4.0, 5.0]])
+    e0, e1 = torch.tensor([1.0, 0, 0]), torch.tensor([0.0, 1, 0])
+    for directions in (torch.stack([e0, e0]), torch.stack([e0, 2 * e0]), torch.stack([e0, 0 * e0])):
+        torch.testing.assert_close(edits.project(directions)(t, op), torch.tensor([[0.0, 4, 5]]))
+        torch.testing.assert_close(
+            edits.project(directions, keep=True)(t, op), torch.tensor([[3.0, 0, 0]])
+        )
+    three = torch.stack([e0, e1, e0 + e1])  # rank 2 in 3 rows
+    torch.testing.assert_close(edits.project(three)(t, op), torch.tensor([[0.0, 0, 5]]))
+    assert edits.project(torch.zeros(3))(t, op).tolist() == [[3, 4, 5]]  # spans nothing
+    assert edits.project(torch.zeros(2, 3), keep=True)(t, op).tolist() == [[0, 0, 0]]
+    with pytest.raises(InterventionError) as info:
+        edits.project(torch.tensor([float("nan"), 0, 0]))(t, op)
+    assert info.value.code == "bad_edit"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+def test_project_keeps_low_precision_dtypes(dtype):
+    t = torch.tensor([[3.0, 4.0, 5.0]], dtype=dtype)
+    out = edits.project(torch.tensor([1.0, 1, 0]))(t, _Op())
+    assert out.dtype == dtype
+    assert out.float().tolist() == [[-0.5, 0.5, 5.0]]
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)).to(dtype)
+    x = torch.randn(3, 4, dtype=dtype)
+    edit = {tl.module("0").output: edits.project(torch.randn(4))}
+    edited = tl.trace(model, x, intervene=edit)
+    assert edited.output.dtype == dtype
+    torch.testing.assert_close(tl.trace(model, x).rerun(edit).output, edited.output)
+
+
 def test_heads_edit_only_the_picked_heads():
     t = torch.ones(2, 4, 3, 5)  # batch, heads, tokens, head dim
     out = edits.zero(heads=[1, 3])(t, _Op())

@@ -83,7 +83,7 @@ def _released(value: torch.Tensor) -> bool:
     """Whether the storage under ``value`` no longer reaches all of it: the memory was
     released (``untyped_storage().resize_(0)``, which moves no version counter); reading
     such a value would read freed memory."""
-    if not value.numel():
+    if not value.numel() or value.dtype in _PACKED:  # several elements to a byte
         return False
     try:
         nbytes = value.untyped_storage().nbytes()
@@ -91,3 +91,6 @@ def _released(value: torch.Tensor) -> bool:
     except (RuntimeError, NotImplementedError, TypeError):  # no plain storage
         return False
     return nbytes < end * value.element_size()
+
+
+_PACKED = frozenset({torch.quint4x2, torch.quint2x4})

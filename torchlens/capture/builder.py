@@ -370,7 +370,15 @@ class TraceBuilder:
             # a value a write out of sight overwrote already (inside a TorchScript
             # function) stays as it is: the store reports it, a copy would vouch for it
             if value is not None and version_of(value) == self._versions.get(label):
-                copy = value.detach().clone()
+                try:
+                    copy = value.detach().clone()
+                except (RuntimeError, NotImplementedError):  # quint4x2 cannot be copied
+                    self.store.mark_missing(
+                        label, "payload_overwritten",
+                        f"the value saved for {label!r} was written in place during the "
+                        f"forward, and {value.dtype} values cannot be copied before that",
+                    )  # fmt: skip
+                    continue
                 self.store.set(label, copy, version_of(copy))
 
     def record_call(

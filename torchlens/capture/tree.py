@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 __all__ = [
-    "ATOMS", "ArgSlot", "flatten", "flatten_call", "fill", "is_atom", "plain_slice",
-    "slots_in_order",
+    "ATOMS", "ArgSlot", "TemplateDataclass", "flatten", "flatten_call", "fill", "is_atom",
+    "plain_slice", "slots_in_order",
 ]  # fmt: skip
 
 Tensor = torch.Tensor
@@ -230,6 +230,9 @@ class _TemplateDataclass:
             if name not in init:
                 object.__setattr__(obj, name, value)
         return obj
+
+
+TemplateDataclass = _TemplateDataclass  # (io rebuilds saved dataclass outputs as these)
 
 
 def _rebuild_namedtuple(kind: type, items: list[Any]) -> Any:

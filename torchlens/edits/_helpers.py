@@ -183,12 +183,18 @@ def add(
 def project(directions: Tensor, *, dim: int = -1, keep: bool = False) -> EditFn:
     """Projection along axis ``dim`` onto the span of ``directions`` (``keep=True``:
     ``t' = P t``) or out of it (default: ``t' = t - P t``), with ``P = Q Q^T`` and ``Q`` an
-    orthonormal basis of the rows of ``directions`` (one direction ``(d,)`` or ``k`` of them
-    as ``(k, d)``).
+    orthonormal basis of the span of the rows of ``directions`` (one direction ``(d,)`` or
+    ``k`` of them as ``(k, d)``).
+
+    Repeated or linearly dependent directions add nothing to the span, and a zero direction
+    spans nothing: projecting out of it leaves ``t`` unchanged (``keep=True`` gives zeros).
+    The basis is found by SVD, directions with singular values below
+    ``max(k, d) * eps * largest`` counting as dependent. The arithmetic runs in float32 for
+    bf16/fp16 activations (float64 for float64) and the result is cast back.
 
     Raises:
         InterventionError: ``bad_edit`` when the directions' length is not the size of
-            axis ``dim``.
+            axis ``dim``, or they hold NaN or infinity.
 
     Example:
         >>> import torch
@@ -198,7 +204,8 @@ def project(directions: Tensor, *, dim: int = -1, keep: bool = False) -> EditFn:
 
     def fn(t: Tensor, op: Any) -> Tensor:
         axis = _axis(t, op, dim, "dim")
-        d = torch.as_tensor(directions, device=t.device).to(t.dtype)
+        work = torch.promote_types(t.dtype, torch.float32)  # bf16/fp16/int -> float32
+        d = torch.as_tensor(directions, device=t.device).to(work)
         d = d.unsqueeze(0) if d.dim() == 1 else d
         if d.dim() != 2 or d.shape[1] != t.shape[axis]:
             raise _fail(
@@ -206,12 +213,24 @@ def project(directions: Tensor, *, dim: int = -1, keep: bool = False) -> EditFn:
                 f"directions of shape {tuple(d.shape)} must have length "
                 f"{t.shape[axis]} (the size of axis {axis})",
             )
-        q = torch.linalg.qr(d.T).Q  # (d, k), orthonormal columns
-        moved = t.movedim(axis, -1)
-        kept = (moved @ q) @ q.T
-        return (kept if keep else moved - kept).movedim(-1, axis)
+        if not torch.isfinite(d).all():
+            raise _fail(op, "the directions hold NaN or infinity; pass finite directions")
+        basis = _row_basis(d)  # (rank, d), orthonormal rows
+        moved = t.movedim(axis, -1).to(work)
+        kept = (moved @ basis.mH) @ basis
+        return (kept if keep else moved - kept).to(t.dtype).movedim(-1, axis)
 
     return fn
+
+
+def _row_basis(d: Tensor) -> Tensor:
+    """Orthonormal rows spanning the rows of ``d`` (none for a zero ``d``), by SVD."""
+    if d.numel() == 0:
+        return d[:0]
+    _, s, vh = torch.linalg.svd(d, full_matrices=False)
+    tol = s.max() * max(d.shape) * torch.finfo(s.dtype).eps
+    rank = int((s > tol).sum())
+    return vh[:rank]
 
 
 def replace(value: Tensor) -> EditFn:

@@ -153,7 +153,8 @@ def _check_payloads(root: Path, data: dict[str, Any]) -> dict[str, dict]:
 def _valid_entry(entry: Any) -> bool:
     return (
         isinstance(entry, dict)
-        and set(entry) == _PAYLOAD_KEYS
+        and set(entry) - {"quantized"} == _PAYLOAD_KEYS
+        and isinstance(entry.get("quantized", {}), dict)
         and isinstance(entry["complex"], bool)
         and all(isinstance(entry[k], str) for k in ("dtype", "file", "key", "sha256"))
         and isinstance(entry["shape"], list)

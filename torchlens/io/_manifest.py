@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from torchlens.capture.tree import fill, flatten
-from torchlens.io._encode import Unencodable, decode, encode
+from torchlens.io._encode import Unencodable, decode, encode, encode_output
 from torchlens.io._funcs import UnresolvableFunc, func_ref, resolve_func
 from torchlens.io._payloads import dtype_name, parse_dtype
 from torchlens.trace import ArgRef, ModuleCall, Op, PayloadStore, Source, Trace
@@ -137,10 +137,12 @@ def _module_to_json(call: ModuleCall) -> dict:
 
 
 def _output_template(output: Any) -> dict:
+    """The output's template, with the type names of the parts that load as None."""
     try:
-        return {"template": encode(flatten(output)[1])}
+        template, dropped = encode_output(flatten(output)[1])
     except Unencodable as err:
         return {"unavailable": str(err)}
+    return {"template": template, **({"dropped": sorted(set(dropped))} if dropped else {})}
 
 
 # -- loading ------------------------------------------------------------------------------
@@ -169,14 +171,18 @@ def manifest_to_trace(
 
 def output_from_manifest(data: dict, store: PayloadStore) -> tuple[Any, str | None]:
     """What the model returned, rebuilt from its template and the output payloads, or
-    ``None`` with the reason it cannot be rebuilt."""
+    ``None``; with the reason it (or a part of it) cannot be rebuilt."""
     spec = _dict(data["output"])
     if "template" not in spec:
         return None, str(spec.get("unavailable", "the output was not saved"))
     labels = _strs(data["output_labels"])
     if not all(store.has(label) for label in labels):
         return None, "the output values were not saved"
-    return fill(decode(spec["template"]), [store.get(label) for label in labels]), None
+    output = fill(decode(spec["template"]), [store.get(label) for label in labels])
+    dropped = ", ".join(_strs(spec.get("dropped", [])))
+    if dropped:
+        return output, f"values of type {dropped} in the output cannot be saved; they load as None"
+    return output, None
 
 
 def _op_from_json(d: dict, store: PayloadStore, rng: dict[str, torch.Tensor]) -> Op:

@@ -1,9 +1,11 @@
 """Payload tensors on disk: how one is stored, and the lazy store that reads them back.
 
 Each stored tensor is a contiguous CPU copy in a safetensors file. Complex tensors are stored
-as their real view (safetensors has no complex dtype) and marked ``"complex": true``; each
-entry carries the SHA-256 of its stored bytes, checked when the value is first read, so a
-corrupted file is reported rather than served.
+as their real view (safetensors has no complex dtype) and marked ``"complex": true``.
+Quantized tensors (``quint8``, ``qint8``, ``qint32``; per-tensor or per-channel) are stored as
+their integer representation, their quantization parameters in the entry's ``"quantized"``
+object, and rebuilt on reading. Each entry carries the SHA-256 of its stored bytes, checked
+when the value is first read, so a corrupted file is reported rather than served.
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ from torchlens.errors import PayloadUnavailableError, TraceFileError
 __all__ = ["stored_form", "entry_for", "FilePayloadStore", "dtype_name", "parse_dtype"]
 
 _OPEN_FILES = 8  # safetensors handles kept open at once
+# quantized dtypes stored as their integer representation (quint4x2 and quint2x4 pack
+# two or four values in a byte, which torch cannot rebuild a tensor from)
+_QUANTIZED = {torch.quint8: torch.uint8, torch.qint8: torch.int8, torch.qint32: torch.int32}
+_PER_TENSOR = (torch.per_tensor_affine,)
+_PER_CHANNEL = (torch.per_channel_affine, torch.per_channel_affine_float_qparams)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -37,10 +44,19 @@ def parse_dtype(name: Any) -> torch.dtype:
 
 
 def stored_form(value: torch.Tensor) -> torch.Tensor:
-    """The contiguous CPU tensor that is written for ``value`` (complex as a real view)."""
+    """The contiguous CPU tensor that is written for ``value`` (complex as a real view,
+    quantized as its integer representation).
+
+    Raises:
+        ValueError: naming the kind of tensor that has no stored form (nested, sparse,
+            quantized with a packed dtype).
+    """
     tensor = value.detach()
-    if tensor.layout is not torch.strided or tensor.is_quantized or tensor.is_nested:
-        raise ValueError(f"{tensor.layout} tensors cannot be stored in safetensors")
+    kind = _unstorable(tensor)
+    if kind is not None:
+        raise ValueError(f"{kind} tensors cannot be stored in safetensors")
+    if tensor.is_quantized:
+        tensor = tensor.int_repr()
     tensor = tensor.resolve_conj().resolve_neg()
     if tensor.is_complex():
         tensor = torch.view_as_real(tensor)
@@ -51,9 +67,23 @@ def stored_form(value: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def _unstorable(tensor: torch.Tensor) -> str | None:
+    """What kind of tensor ``tensor`` is, if it has no stored form."""
+    if tensor.is_nested:
+        return "nested"
+    if tensor.layout is not torch.strided:
+        return f"{tensor.layout} (sparse or blocked)"
+    if tensor.is_quantized:
+        if tensor.dtype not in _QUANTIZED:
+            return f"{tensor.dtype} quantized"
+        if tensor.qscheme() not in _PER_TENSOR + _PER_CHANNEL:
+            return f"{tensor.qscheme()} quantized"
+    return None
+
+
 def entry_for(value: torch.Tensor, stored: torch.Tensor, file: str, key: str) -> dict:
     """The manifest entry describing ``stored`` (made by :func:`stored_form`) in ``file``."""
-    return {
+    entry = {
         "complex": value.is_complex(),
         "dtype": dtype_name(value.dtype),
         "file": file,
@@ -61,6 +91,51 @@ def entry_for(value: torch.Tensor, stored: torch.Tensor, file: str, key: str) ->
         "sha256": _digest(stored),
         "shape": list(value.shape),
     }
+    if value.is_quantized:
+        entry["quantized"] = _qparams(value)
+    return entry
+
+
+def _qparams(value: torch.Tensor) -> dict:
+    """The quantization parameters of ``value`` in JSON (floats round-trip exactly)."""
+    qscheme = value.qscheme()
+    if qscheme in _PER_TENSOR:
+        params = {"scale": value.q_scale(), "zero_point": value.q_zero_point()}
+    else:
+        scales, zero_points = value.q_per_channel_scales(), value.q_per_channel_zero_points()
+        params = {
+            "axis": value.q_per_channel_axis(),
+            "scales": scales.tolist(),
+            "scales_dtype": dtype_name(scales.dtype),
+            "zero_points": zero_points.tolist(),
+            "zero_points_dtype": dtype_name(zero_points.dtype),
+        }
+    return {"qscheme": str(qscheme).removeprefix("torch."), **params}
+
+
+def _quantized(stored: torch.Tensor, params: Any) -> torch.Tensor:
+    """The quantized tensor whose integer representation is ``stored``.
+
+    Raises:
+        ValueError, TypeError, KeyError, RuntimeError: for parameters :func:`_qparams`
+            cannot have written.
+    """
+    qscheme = getattr(torch, params["qscheme"], None)
+    if qscheme in _PER_TENSOR:
+        scale, zero_point = params["scale"], params["zero_point"]
+        if type(scale) not in (int, float) or type(zero_point) is not int:
+            raise TypeError("a per-tensor scale is a number and its zero point an integer")
+        return torch._make_per_tensor_quantized_tensor(stored, scale, zero_point)
+    if qscheme not in _PER_CHANNEL:
+        raise ValueError(f"unknown qscheme {params['qscheme']!r}")
+    scales = torch.tensor(params["scales"], dtype=parse_dtype(params["scales_dtype"]))
+    zero_points = torch.tensor(
+        params["zero_points"], dtype=parse_dtype(params["zero_points_dtype"])
+    )
+    axis = params["axis"]
+    if type(axis) is not int:
+        raise TypeError("the axis is an integer")
+    return torch._make_per_channel_quantized_tensor(stored, scales, zero_points, axis)
 
 
 def _digest(stored: torch.Tensor) -> str:
@@ -126,6 +201,13 @@ class FilePayloadStore:
         if _digest(stored) != entry["sha256"]:
             raise _corrupt(entry["file"], f"the bytes of {label!r} do not match the manifest")
         value = torch.view_as_complex(stored) if entry["complex"] else stored
+        if "quantized" in entry:
+            try:
+                value = _quantized(stored, entry["quantized"])
+            except (ValueError, TypeError, KeyError, RuntimeError) as err:
+                raise _corrupt(
+                    entry["file"], f"the quantization parameters of {label!r} are bad: {err}"
+                ) from None
         if dtype_name(value.dtype) != entry["dtype"] or list(value.shape) != entry["shape"]:
             raise _corrupt(entry["file"], f"{label!r} has the wrong dtype or shape")
         return value
