@@ -76,6 +76,8 @@ def test_heads_edit_only_the_picked_heads():
     assert out[:, [0, 2]].eq(1).all() and out[:, [1, 3]].eq(0).all()
     out = edits.scale(3.0, heads=[0], head_dim=-1)(t, _Op())
     assert out[..., 0].eq(3).all() and out[..., 1:].eq(1).all()
+    out = edits.zero(heads=[-1])(t, _Op())  # counted from the end, as dims are
+    assert out[:, 3].eq(0).all() and out[:, :3].eq(1).all()
     assert t.eq(1).all()  # the input is never written
 
 
@@ -83,6 +85,7 @@ def test_heads_edit_only_the_picked_heads():
     "fn, phrase",
     [
         (edits.zero(heads=[4]), "heads=[4]"),
+        (edits.zero(heads=[-5]), "heads=[-5]"),
         (edits.zero(heads=[0], head_dim=5), "head_dim=5"),
         (edits.add(torch.ones(4)), "length 3"),
         (edits.project(torch.ones(2)), "length 3"),

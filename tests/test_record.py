@@ -141,3 +141,17 @@ def test_garbage_collector_is_paused_during_a_recording_and_restored_after():
     with pytest.raises(ValueError, match="boom"):
         tl.record(fails, torch.randn(2))
     assert seen == [False] and gc.isenabled()
+
+
+class ReturnsOutOfOrder(nn.Module):
+    def forward(self, x):
+        a, b = x.relu(), x.sigmoid()
+        return b, a
+
+
+def test_module_outputs_are_kept_in_execution_order_as_trace_lists_them():
+    model = nn.Sequential(ReturnsOutOfOrder())
+    x = torch.randn(3)
+    recording = tl.record(model, x, save=tl.module("0").output)
+    trace = tl.trace(model, x, save=tl.module("0").output)
+    assert recording.labels == [op.label for op in trace if op.has_out] == ["relu_1", "sigmoid_1"]

@@ -167,3 +167,15 @@ def test_record_by_label_keeps_exactly_the_named_outputs():
     assert rec.labels == ["relu_1", "linear_2"]
     for label in rec.labels:
         assert torch.equal(rec[label].out, trace[label].out)
+
+
+def test_a_module_selector_on_a_callable_that_is_no_module_says_how_to_trace_modules():
+    model = nn.Sequential(nn.Linear(2, 2))
+    with pytest.raises(SelectorMatchError) as caught:
+        tl.trace(lambda x: model(x), torch.randn(1, 2), save=tl.module("0"))
+    assert caught.value.code == "no_match"
+    assert "no module call was recorded" in str(caught.value)
+    assert "wrap the call in an nn.Module" in str(caught.value)
+    with pytest.raises(SelectorMatchError) as caught:  # a module was traced: no such hint
+        tl.trace(model, torch.randn(1, 2), save=tl.module("1"))
+    assert "no module call was recorded" not in str(caught.value)

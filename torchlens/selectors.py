@@ -424,6 +424,12 @@ def require_match(selector: Selector, role: str, seen: Candidates) -> None:
     matched no op, naming close function names, modules or labels."""
     close = list(dict.fromkeys(selector.suggestions(seen)))
     hint = f"; close names: {', '.join(close)}" if close else ""
+    if "module(" in repr(selector) and not any(seen.modules):
+        hint += (
+            "; no module call was recorded: the traced callable is not an nn.Module (a "
+            "lambda, or a method such as model.generate), so trace the module itself, or "
+            "wrap the call in an nn.Module whose forward makes it"
+        )
     raise SelectorMatchError(
         f"the {role} selector {selector!r} matched no op of this forward{hint}; "
         "check the names against trace.labels or trace.modules",

@@ -77,7 +77,9 @@ def record(
     _protect_kept(mode, modules or [], args, kwargs, output)
     meta = {"n_ops": mode.n_ops, **controls.meta()}
     controls.check(lambda: _candidates(model, mode))
-    return Recording(mode.kept, mode.store, output, meta)
+    # module outputs are kept when the call returns, possibly out of execution order
+    kept = sorted(mode.kept, key=lambda view: view.index)
+    return Recording(kept, mode.store, output, meta)
 
 
 def _protect_kept(

@@ -37,11 +37,12 @@ def _on_heads(t: Tensor, op: Any, heads: Heads, head_dim: int, new: Tensor) -> T
     if heads is None:
         return new
     axis = _axis(t, op, head_dim, "head_dim")
-    picked = list(heads)
-    if not picked or any(not 0 <= h < t.shape[axis] for h in picked):
+    size = t.shape[axis]
+    picked = [h + size if isinstance(h, int) and h < 0 else h for h in heads]  # heads=[-1]
+    if not picked or any(not 0 <= h < size for h in picked):
         raise _fail(
             op,
-            f"heads={picked} are not indices along axis {axis} of size "
+            f"heads={list(heads)} are not indices along axis {axis} of size "
             f"{t.shape[axis]}; pass head_dim= for the axis that holds the heads",
         )
     index = torch.tensor(picked, device=t.device)
@@ -62,7 +63,8 @@ def zero(*, heads: Heads = None, head_dim: int = 1) -> EditFn:
     """Zero ablation: ``t' = 0`` (on the picked heads only, when ``heads`` is given).
 
     Args:
-        heads: head indices along ``head_dim``; None edits the whole tensor.
+        heads: head indices along ``head_dim`` (negative ones count from the end); None
+            edits the whole tensor.
         head_dim: the axis that holds the heads (1 for ``(batch, heads, tokens, dim)``).
 
     Returns:
