@@ -4,19 +4,28 @@
 image dataset (50 examples, batches of 6: the last one holds 2). ``--iterable`` feeds a
 generator instead of a ``DataLoader`` (every rank reads it whole); ``--slow`` sleeps between
 batches and writes a shard per batch, so that a test can kill the run midway.
+
+``--ranks`` (under torchrun) runs the cases where ranks disagree or one rank fails, an FSDP2
+model, a run that talks through a gloo group of its own (as beside NCCL), then destroys the
+process group itself; each rank writes one JSON line per case to
+``OUT/outcomes-rank{r}.jsonl``.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import time
+from functools import partial
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import torchlens as tl
-from torchlens.extract import Extraction
+from torchlens.errors import TorchLensError
+from torchlens.extract import Extraction, _distributed
 
 N_EXAMPLES, BATCH = 50, 6
 
@@ -68,8 +77,81 @@ def run(out: str, iterable: bool = False, slow: bool = False, **options) -> Extr
     )  # fmt: skip
 
 
+def _case(out: str, name: str, call) -> None:
+    """Run one case; add this rank's outcome (the error code, or what the case returned) to
+    ``OUT/outcomes-rank{r}.jsonl``."""
+    rank = int(os.environ["RANK"])
+    try:
+        outcome = {"code": "ok", "value": call()}
+    except TorchLensError as err:
+        outcome = {"code": err.code, "message": str(err)}
+    with open(f"{out}/outcomes-rank{rank}.jsonl", "a") as f:
+        f.write(json.dumps({"rank": rank, "case": name, **outcome}) + "\n")
+
+
+class _Batches(torch.utils.data.Sampler):
+    """A fixed list of batches (dataset indices)."""
+
+    def __init__(self, batches: list[list[int]]) -> None:
+        self.batches = batches
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+def ranks(out: str) -> None:
+    import torch.distributed as dist
+
+    rank = int(os.environ["RANK"])
+    extract = partial(tl.extract, save=tl.func("relu"), progress=False)
+    _case(out, "own_dirs", lambda: run(f"{out}/own_dirs/rank{rank}") and None)
+    g = torch.Generator().manual_seed(rank)  # a different fixed order on each rank
+    order = _Batches(torch.randperm(N_EXAMPLES, generator=g).view(-1, 5).tolist())
+    _case(out, "own_order", lambda: extract(model(), DataLoader(dataset(), batch_sampler=order),
+                                       inputs=0, to=f"{out}/own_order") and None)  # fmt: skip
+    half = torch.utils.data.Subset(dataset(), range(25 * rank, 25 * rank + 25))  # pre-split
+    _case(out, "own_subset", lambda: extract(model(), DataLoader(half, batch_size=5), inputs=0,
+                                             to=f"{out}/own_subset") and None)  # fmt: skip
+    torch.manual_seed(0)  # the same weights on every rank
+    tokens = nn.Sequential(nn.Embedding(50, 8), nn.ReLU()).eval()  # rank 0 gets length 12,
+    lengths = [torch.randint(0, 50, (4, n)) for n in (12, 16, 12, 16)]  # rank 1 length 16
+    _case(out, "split_shapes", lambda: extract(tokens, lengths, to=f"{out}/split_shapes") and None)
+    linear = nn.Sequential(nn.Linear(4, 3), nn.ReLU()).eval()
+    bad = [torch.ones(2, 4), torch.ones(2, 5), torch.ones(2, 4)]  # batch 1 (rank 1's) is bad
+    _case(out, "rank1_fails", lambda: extract(linear, bad, to=f"{out}/rank1_fails") and None)
+    _case(out, "fsdp2", lambda: _fsdp2(f"{out}/fsdp2"))
+    real = dist.get_backend
+    dist.get_backend = lambda group=None: "nccl"  # the messages then go through a gloo group
+    try:
+        ex = partial(extract, linear, [torch.ones(2, 4)] * 3, to=f"{out}/side_group")
+        _case(out, "side_group", lambda: [ex().n_examples, _distributed._SIDE["group"] is not None])
+    finally:
+        dist.get_backend = real
+    dist.destroy_process_group()  # as torch's docs recommend: tl.extract must not do it again
+
+
+def _fsdp2(out: str) -> list:
+    """relu(linear) rows of an FSDP2-sharded model (DTensor parameters), and the reference."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Linear(4, 6), nn.ReLU()).eval()
+    sharded = nn.Sequential(nn.Linear(4, 6), nn.ReLU()).eval()
+    sharded.load_state_dict(plain.state_dict())
+    fully_shard(sharded, mesh=init_device_mesh("cpu", (int(os.environ["WORLD_SIZE"]),)))
+    x = torch.randn(10, 4, generator=torch.Generator().manual_seed(3))
+    ex = tl.extract(sharded, list(x.split(3)), save=tl.func("relu"), to=out, progress=False)
+    return [ex["relu_1"][:].tolist(), plain(x).tolist(), ex.meta["args"]["parameters"]]
+
+
 if __name__ == "__main__":
-    if "--both" in sys.argv:  # one torchrun launch for both ways of splitting the data
+    if "--ranks" in sys.argv:
+        ranks(sys.argv[1])
+    elif "--both" in sys.argv:  # one torchrun launch for both ways of splitting the data
         run(sys.argv[1] + "/loader")
         run(sys.argv[1] + "/iterable", iterable=True)
     else:

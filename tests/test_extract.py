@@ -8,6 +8,7 @@ import inspect
 import json
 import os
 import sys
+from collections import UserDict
 from functools import partial
 from pathlib import Path
 
@@ -15,7 +16,13 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import (
+    DataLoader,
+    DistributedSampler,
+    SubsetRandomSampler,
+    TensorDataset,
+    WeightedRandomSampler,
+)
 
 import torchlens as tl
 from torchlens.errors import (
@@ -24,7 +31,9 @@ from torchlens.errors import (
     LookupFailedError,
     SelectorMatchError,
 )
+from torchlens.extract import _run as _run_module
 from torchlens.extract import _store
+from torchlens.extract._batches import to_device
 
 try:
     from tests.models import ZOO_BY_NAME
@@ -118,6 +127,34 @@ def test_rows_are_examples_in_order_across_shards(tmp_path):
     assert torch.equal(arr[mask], expected[mask]) and torch.equal(arr[np.array([5])], expected[[5]])
     with pytest.raises(IndexError):
         arr[23]
+
+
+INDEXES = [
+    2, -1, np.int64(3), torch.tensor(5), np.array(4), torch.tensor(-2), slice(None),
+    slice(2, 9), slice(None, None, 3), (slice(None), 0), (slice(1, 4), 2), ([0, 5], 1),
+    ([0, 5], [1, 2]), ([0, 5], slice(None), [1, 3]), (slice(None), slice(1, 3)), (-3, -1, -1),
+    (np.arange(23) % 2 == 0, 0), ..., (Ellipsis, 0), (Ellipsis, 1, 2), (3, Ellipsis, -1),
+    None, (None, 3), (slice(None), None, 0), np.array([[0, 1], [22, 3]]),
+    torch.tensor([[0, 1], [-1, 3]]), [], torch.tensor([], dtype=torch.long), (2, [0, 2], 1),
+    (torch.tensor(3), torch.tensor(1)), torch.tensor(True), (torch.tensor([1, 20, 21, 1]),),
+    (slice(5, 5),), [True] * 23, (np.array([3, 22]), slice(None), torch.tensor([0, 3])), (),
+]  # fmt: skip
+
+
+def test_site_array_indexes_like_the_whole_tensor(tmp_path):
+    x = torch.randn(23, 3, 4, generator=torch.Generator().manual_seed(0))
+    model = nn.Sequential(nn.Identity(), nn.ReLU())
+    ex = _run(tmp_path, list(x.split(5)), model=model, shard_mb=0)
+    arr, full = ex["relu_1"], torch.relu(x)
+    assert torch.equal(arr[:], full)
+    for index in INDEXES + [full[:, :, 0] > 0.5]:  # the last: a mask over rows and columns
+        got, want = arr[index], full[index]
+        assert got.shape == want.shape and torch.equal(got, want), index
+    assert torch.equal(arr[::-2], torch.from_numpy(full.numpy()[::-2].copy()))  # as numpy
+    for bad in (23, -24, [0, 23], (23, 0), [True] * 3, 2.5, "a"):
+        with pytest.raises(IndexError):
+            arr[bad]
+    assert len(list(arr)) == 23  # iteration stops at the first row out of range
 
 
 def test_manifest_names_sites_shapes_versions_and_count(tmp_path):
@@ -335,14 +372,39 @@ def test_full_disk_keeps_written_shards(tmp_path, monkeypatch):
     assert torch.equal(ex["relu_1"][:], torch.cat([_mlp()[:2](x) for x in _batches()]).detach())
 
 
+class _Reshuffling(torch.utils.data.Sampler):
+    """A sampler of its own that draws another order each time it is iterated."""
+
+    def __iter__(self):
+        return iter(torch.randperm(8).tolist())
+
+    def __len__(self) -> int:
+        return 8
+
+
 def test_shuffled_or_presharded_loaders_are_refused(tmp_path):
     dataset = TensorDataset(torch.randn(8, 4))
     sharded = DataLoader(dataset, sampler=DistributedSampler(dataset, num_replicas=2, rank=0))
     for loader, code in ((DataLoader(dataset, shuffle=True), "shuffled_loader"),
+                         (DataLoader(dataset, sampler=SubsetRandomSampler(range(8))),
+                          "shuffled_loader"),
+                         (DataLoader(dataset, sampler=WeightedRandomSampler([1.0] * 8, 8)),
+                          "shuffled_loader"),
+                         (DataLoader(dataset, sampler=_Reshuffling(), batch_size=2),
+                          "shuffled_loader"),
                          (sharded, "sharded_loader")):  # fmt: skip
         with pytest.raises(InvalidArgumentError) as err:
             _run(tmp_path, loader, inputs=0, overwrite=True)
         assert err.value.code == code
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def test_a_fixed_sampler_order_is_the_row_order(tmp_path):
+    values = torch.arange(8.0)[:, None].repeat(1, 4)  # example i holds i everywhere
+    order = [5, 0, 7, 2, 2, 1]
+    loader = DataLoader(TensorDataset(values, torch.arange(8)), sampler=order, batch_size=4)
+    ex = _run(tmp_path, loader, model=nn.Sequential(nn.Identity(), nn.ReLU()), inputs=0, targets=1)
+    assert ex.targets[:].tolist() == order and ex["relu_1"][:, 0].tolist() == order
 
 
 def test_damaged_runs_fail_typed_on_reading(tmp_path):
@@ -403,3 +465,152 @@ def test_resumed_loader_loads_only_the_batches_left(tmp_path):
     ex = _run(tmp_path, DataLoader(data, batch_size=4), shard_mb=0)
     assert data.loaded == list(range(12, 20))
     assert torch.equal(ex["relu_1"][:], _mlp()[:2](data.x).detach())
+
+
+class _Encoding(UserDict):
+    """Like Hugging Face's BatchEncoding: a mapping that is not a dict, with state of its own."""
+
+    def __init__(self, data, encodings=None):
+        super().__init__(data)
+        self.encodings = encodings
+
+
+class _Embed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(10, 4)
+
+    def forward(self, input_ids, attention_mask):
+        return torch.relu(self.embed(input_ids)) * attention_mask[..., None]
+
+
+def test_mapping_batches_are_keyword_arguments(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    items = [{"input_ids": torch.randint(0, 10, (5,), generator=g),
+              "attention_mask": torch.ones(5, dtype=torch.long)} for _ in range(6)]  # fmt: skip
+    stacked = {k: torch.stack([item[k] for item in items]) for k in items[0]}
+    expected = _Embed()(**stacked).detach().mean(1)
+
+    def collate(rows):
+        return _Encoding({k: torch.stack([r[k] for r in rows]) for k in rows[0]}, "tokens")
+
+    loader = DataLoader(items, batch_size=4, collate_fn=collate)
+    for name, data in (("list", [collate(items[:4]), collate(items[4:])]), ("loader", loader)):
+        ex = _run(tmp_path, data, name=name, model=_Embed(), reduce="token_mean")
+        assert torch.equal(ex["relu_1"][:], expected), name
+    moved = to_device(collate(items), torch.device("meta"))  # a mapping's tensors move too
+    assert type(moved) is _Encoding and moved.encodings == "tokens"
+    assert {t.device.type for t in moved.values()} == {"meta"}
+
+
+def test_an_error_without_a_message_says_where_it_was_raised(tmp_path):
+    class Silent(nn.Module):
+        def forward(self, x):
+            raise AttributeError()
+
+    with pytest.raises(ExtractionError) as err:
+        _run(tmp_path, model=Silent(), save=tl.func("relu"))
+    assert err.value.code == "bad_batch"
+    assert "AttributeError (no message; raised in forward at " in str(err.value)
+    assert "test_extract.py:" in str(err.value)
+
+
+def test_targets_that_are_not_numbers_are_refused(tmp_path):
+    items = [{"x": torch.randn(4), "path": f"img_{i}.jpg", "pair": (i, i + 1)} for i in range(8)]
+    for target, kind in (("path", "list of str"), ("pair", "list of Tensor")):
+        with pytest.raises(InvalidArgumentError) as err:
+            _run(tmp_path, DataLoader(items, batch_size=4), name=target, inputs="x",
+                 targets=target)  # fmt: skip
+        assert err.value.code == "bad_targets" and f"gave a {kind} in batch 0" in str(err.value)
+    pairs = lambda b: torch.stack(b["pair"], 1)  # noqa: E731  (what the message suggests)
+    ex = _run(tmp_path, DataLoader(items, batch_size=4), name="ok", inputs="x", targets=pairs)
+    assert ex.targets[:].tolist() == [[i, i + 1] for i in range(8)]
+
+
+def test_sites_are_listed_in_the_order_the_model_computed_them(tmp_path):
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(4, 4), nn.ReLU()) for _ in range(11)])
+    ex = _run(tmp_path, model=model.eval(), save=tl.func("relu", "linear"))
+    order = [f"{kind}_{i}" for i in range(1, 12) for kind in ("linear", "relu")]
+    assert list(ex) == order and ex.meta["site_order"] == order
+    rows = ex.dataset()[0]
+    assert [tuple(r.shape) for r in rows] == [(4,)] * 22
+    assert torch.equal(rows[-1], ex["relu_11"][0]) and torch.equal(rows[1], ex["relu_1"][0])
+
+
+class _Offloaded(nn.Module):
+    """Weights parked on the meta device and brought in by hooks at each call, as
+    accelerate's cpu_offload does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = _mlp()[:2]
+        self.stored = {k: v.clone() for k, v in self.net[0].named_parameters()}
+        self.net.to("meta")
+        self.net[0].register_forward_pre_hook(self._bring_in)
+        self.net[0].register_forward_hook(self._park)
+
+    def _bring_in(self, module, args):
+        for name, value in self.stored.items():
+            module._parameters[name] = nn.Parameter(value, requires_grad=False)
+
+    def _park(self, module, args, output):
+        for name, value in self.stored.items():
+            module._parameters[name] = nn.Parameter(value.to("meta"), requires_grad=False)
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def test_parameters_on_meta_lazy_or_sharded_do_not_stop_a_run(tmp_path):
+    expected = torch.cat([_mlp()[:2](x) for x in _batches()]).detach()
+    ex = _run(tmp_path, name="offloaded", model=_Offloaded())
+    assert torch.equal(ex["relu_1"][:], expected)
+    torch.manual_seed(0)
+    lazy = nn.Sequential(nn.LazyLinear(8), nn.ReLU()).eval()
+    ex = _run(tmp_path, name="lazy", model=lazy)
+    assert torch.equal(ex["relu_1"][:], torch.relu(lazy[0](torch.cat(_batches()))).detach())
+    torch.manual_seed(0)  # the same lazy model again: the same run, which is finished
+    with pytest.raises(ExtractionError) as err:
+        _run(tmp_path, name="lazy", model=nn.Sequential(nn.LazyLinear(8), nn.ReLU()).eval())
+    assert err.value.code == "exists"
+
+
+def test_dtensor_parameters_are_hashed_whole(tmp_path):
+    dist = pytest.importorskip("torch.distributed")
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:
+        pytest.skip("this torch has no FSDP2")
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("torch.distributed is unavailable or already in use")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        sharded = _mlp()
+        fully_shard(sharded, mesh=init_device_mesh("cpu", (1,)))
+        assert type(sharded.state_dict()["0.weight"]).__name__ == "DTensor"
+        ex = _run(tmp_path, model=sharded)
+        assert ex.meta["args"]["parameters"] == _run_module._digest(_mlp())
+        expected = torch.cat([_mlp()[:2](x) for x in _batches()]).detach()
+        torch.testing.assert_close(ex["relu_1"][:], expected)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_shards_with_other_shapes_are_named_as_a_shape_change(tmp_path):
+    root = tmp_path / "run"
+    (root / "shards").mkdir(parents=True)
+    writer = _store.ShardWriter(root, 0)  # as two ranks would write, each on its own
+    writer.add(0, 0, 2, {"relu_1": torch.zeros(2, 12, 8)})
+    writer.add(1, 2, 2, {"relu_1": torch.zeros(2, 16, 8)})
+    with pytest.raises(ExtractionError) as err:
+        _store.finalize(root, 2, 4, {})
+    assert err.value.code == "shape_changed"
+    assert "(16, 8) (F32) in batches [1]" in str(err.value)
+    assert "(12, 8) (F32) in batches [0]" in str(err.value)
+    writer.add(2, 4, 2, {"relu_2": torch.zeros(2, 12, 8)})
+    (root / "shards" / "shard-000000001.safetensors").unlink()
+    with pytest.raises(ExtractionError) as err:
+        _store.finalize(root, 3, 6, {})
+    assert err.value.code == "sites_changed"

@@ -6,6 +6,7 @@ the same model and data (``tests/_extract_worker.py``).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,7 +19,7 @@ import torch
 
 import torchlens as tl
 from torchlens.errors import ExtractionError
-from torchlens.extract import Extraction, _store
+from torchlens.extract import Extraction, _run, _store
 
 WORKER = Path(__file__).resolve().parent / "_extract_worker.py"
 sys.path.insert(0, str(WORKER.parent))
@@ -76,3 +77,43 @@ def test_torchrun_two_processes_match_one_process(tmp_path):
         files = {s["file"] for s in ranks.meta["shards"]}
         assert len(files) == 2  # each rank wrote its own shard, rows interleaved by batch
         _assert_same(ranks, single)
+
+
+def test_torchrun_ranks_that_disagree_or_fail_all_raise_typed(tmp_path):
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node=2", str(WORKER), str(tmp_path), "--ranks"]  # fmt: skip
+    done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Process group cannot be None" not in done.stderr  # destroyed once, by the script
+    files = [tmp_path / f"outcomes-rank{rank}.jsonl" for rank in (0, 1)]
+    lines = [json.loads(line) for f in files for line in f.read_text().splitlines()]
+    cases = {(line["case"], line["rank"]): line for line in lines}
+    for rank in (0, 1):  # every rank raises the same typed error, naming what differs
+        own_dirs = cases["own_dirs", rank]
+        assert (
+            own_dirs["code"] == "ranks_differ"
+            and "own_dirs/rank1' on ranks [1]" in (own_dirs["message"])
+        )
+        for case in ("own_order", "own_subset"):  # its own order, its own part of the data
+            assert cases[case, rank]["code"] == "ranks_differ"
+            assert "batches:" in cases[case, rank]["message"]
+        split = cases["split_shapes", rank]
+        assert split["code"] == "shape_changed"
+        assert "(16, 8) (F32) in batches [1, 3]" in split["message"]
+        assert "(12, 8) (F32) in batches [0, 2]" in split["message"]
+        failed = cases["rank1_fails", rank]
+        assert (
+            failed["code"] == "bad_batch"
+            and "rejected batch 1 (rows 2 to 3)" in (failed["message"])
+        )
+    assert cases["rank1_fails", 0]["message"].startswith("rank 1 stopped the run: ")
+    assert _store.done_batches(tmp_path / "rank1_fails") == {0, 2}  # rank 0's batches kept
+    assert not (tmp_path / "own_dirs" / "rank1").exists()
+    # FSDP2: DTensor parameters are hashed whole, so both ranks agree with an unsharded copy
+    torch.manual_seed(0)
+    plain = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.ReLU()).eval()
+    for rank in (0, 1):
+        rows, reference, digest = cases["fsdp2", rank]["value"]
+        torch.testing.assert_close(torch.tensor(rows), torch.tensor(reference))
+        assert digest == _run._digest(plain)
+        assert cases["side_group", rank]["value"] == [6, True]

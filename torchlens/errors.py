@@ -197,7 +197,10 @@ class ExtractionError(TorchLensError, RuntimeError):
     ``shape_changed`` (a site's per-example shape differs between batches),
     ``sites_changed`` (a batch produced other sites than the first), ``not_batched`` (a
     site's first dimension is not the batch size), ``write_failed`` (the disk refused a
-    shard, e.g. it is full), ``distributed`` (the process group is not usable).
+    shard, e.g. it is full), ``distributed`` (the process group is not usable, or another
+    process of the run stopped), ``ranks_differ`` (the processes of a distributed run were
+    given different ``to=``, model weights, batches or arguments, or do not all see the run
+    directory; the message names what differs).
     """
 
     code = "extraction_failed"

@@ -9,12 +9,25 @@ read whole by every process, which keeps the batches it owns and only counts the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import copy
+import hashlib
+import traceback
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+    Subset,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+)
 
 from torchlens.capture.tree import fill, flatten
 from torchlens.errors import ExtractionError, InvalidArgumentError
@@ -51,17 +64,60 @@ def pick(batch: Any, spec: Any, what: str = "inputs") -> Any:
 
 def call_args(inputs: Any) -> tuple[tuple, dict]:
     """``(args, kwargs)`` for ``model(*args, **kwargs)``: a tuple or list is the positional
-    arguments, a dict the keyword arguments, anything else the one argument."""
-    if isinstance(inputs, dict):
+    arguments, a mapping (a dict, Hugging Face's ``BatchEncoding``) the keyword arguments,
+    anything else the one argument."""
+    if isinstance(inputs, Mapping):
         return (), dict(inputs)
     if isinstance(inputs, (tuple, list)):
         return tuple(inputs), {}
     return (inputs,), {}
 
 
+def _walked_mapping(obj: Any) -> bool:
+    """A mapping walked here rather than by ``tree.flatten``, which walks only dicts (so
+    misses ``BatchEncoding`` and other ``UserDict``-like batches)."""
+    return isinstance(obj, Mapping) and (type(obj) is dict or not isinstance(obj, dict))
+
+
+def _tensors(obj: Any) -> Iterator[torch.Tensor]:
+    """The tensors in ``obj``, in order, including those inside any mapping."""
+    if type(obj) in (tuple, list):
+        for item in obj:
+            yield from _tensors(item)
+    elif _walked_mapping(obj):
+        for item in obj.values():
+            yield from _tensors(item)
+    else:
+        yield from (tensor for _, tensor in flatten(obj)[0])
+
+
+def _moved(obj: Any, device: torch.device) -> Any:
+    """``obj`` rebuilt with its tensors on ``device``; a mapping keeps its type."""
+    if type(obj) in (tuple, list):
+        return type(obj)(_moved(item, device) for item in obj)
+    if _walked_mapping(obj):
+        items = {key: _moved(value, device) for key, value in obj.items()}
+        return items if type(obj) is dict else _same_mapping(obj, items)
+    leaves, template = flatten(obj)
+    return fill(template, [t.to(device, non_blocking=True) for _, t in leaves])
+
+
+def _same_mapping(original: Mapping, items: dict) -> Any:
+    """A mapping like ``original`` holding ``items``: a copy keeps its other attributes (a
+    ``BatchEncoding``'s encodings); a plain dict when the type cannot be rebuilt."""
+    try:
+        if isinstance(original, MutableMapping):
+            new = copy.copy(original)
+            new.update(items)
+            return new
+        return type(original)(items)
+    except (TypeError, ValueError, AttributeError, KeyError):
+        return items
+
+
 def count_examples(inputs: Any) -> int:
     """The batch size: the first dimension of the first tensor in ``inputs``."""
-    for _, tensor in flatten(inputs)[0]:
+    for tensor in _tensors(inputs):
         if tensor.dim() > 0:
             return int(tensor.shape[0])
     raise InvalidArgumentError(
@@ -73,40 +129,63 @@ def count_examples(inputs: Any) -> int:
 
 def to_device(obj: Any, device: torch.device | None) -> Any:
     """``obj`` with every tensor moved to ``device`` (unchanged when already there)."""
-    leaves, template = flatten(obj)
-    if device is None or all(t.device == device for _, t in leaves):
+    if device is None or all(t.device == device for t in _tensors(obj)):
         return obj
-    return fill(template, [t.to(device, non_blocking=True) for _, t in leaves])
+    return _moved(obj, device)
 
 
 class BatchPlan:
-    """Iterates this rank's batches that are not yet on disk.
+    """Iterates this rank's batches that are not yet on disk (``skip`` names those that are).
 
     After iteration, ``n_batches`` and ``n_examples`` count the whole run's batches and
-    examples (all ranks together).
+    examples (all ranks together). ``order`` identifies a map-style loader's batches (their
+    dataset indices) before anything is loaded, so that ranks can check they agree.
     """
 
-    def __init__(
-        self, data: Any, inputs: Any, rank: int, world: int, done: set[int] | frozenset[int]
-    ) -> None:
+    def __init__(self, data: Any, inputs: Any, rank: int, world: int) -> None:
         self.data, self.inputs = data, inputs
-        self.rank, self.world, self.done = rank, world, done
+        self.rank, self.world = rank, world
+        self.done: set[int] | frozenset[int] = frozenset()
         self.n_batches = 0
         self.n_examples = 0
         self.known_total: int | None = None  # examples this rank will run, when known ahead
-        self._mine: list[tuple[int, int, list[int]]] | None = None
+        self.order: str | None = None
+        self._mine: list[tuple[int, int, list[Any]]] | None = None
         if _map_style_loader(data):
             self._mine = self._own_batches(data)
 
-    def _own_batches(self, loader: DataLoader) -> list[tuple[int, int, list[int]]]:
+    def skip(self, done: set[int] | frozenset[int]) -> None:
+        """Leave out ``done``, the batches already on disk."""
+        self.done = done
+        if self._mine is not None:
+            self._mine = [batch for batch in self._mine if batch[0] not in done]
+            self.known_total = sum(len(i) for _, _, i in self._mine)
+
+    def _own_batches(self, loader: DataLoader) -> list[tuple[int, int, list[Any]]]:
         _check_sampler(loader)
         mine, start, b = [], 0, -1
+        digest = hashlib.sha256()
         for b, indices in enumerate(loader.batch_sampler):
             indices = list(indices)
-            if b % self.world == self.rank and b not in self.done:
+            digest.update(f"{_base_indices(loader.dataset, indices)!r};".encode())
+            if b % self.world == self.rank:
                 mine.append((b, start, indices))
             start += len(indices)
         self.n_batches, self.n_examples = b + 1, start
+        self.order = digest.hexdigest()[:16]
+        if not _sequential(loader):
+            again = hashlib.sha256()
+            for indices in loader.batch_sampler:
+                again.update(f"{list(indices)!r};".encode())
+            if again.hexdigest()[:16] != self.order:
+                raise InvalidArgumentError(
+                    f"the DataLoader's sampler ({type(loader.sampler).__name__}, batch sampler "
+                    f"{type(loader.batch_sampler).__name__}) gives its examples in another order "
+                    "each time it is iterated; rows are stored in the order the loader gives "
+                    "them and a resumed run (or another process) must see the same batches: "
+                    "use a sampler with a fixed order",
+                    code="shuffled_loader",
+                )
         self.known_total = sum(len(i) for _, _, i in mine)
         return mine
 
@@ -131,12 +210,29 @@ class BatchPlan:
             yield Batch(b, start, len(indices), data)
 
 
+def _base_indices(dataset: Any, indices: list[Any]) -> list[Any]:
+    """``indices`` into the dataset under any ``Subset``s, so that ranks handed different
+    parts of one dataset (each its own ``Subset``) are seen to run different batches."""
+    while isinstance(dataset, Subset):
+        indices = [dataset.indices[i] for i in indices]
+        dataset = dataset.dataset
+    return [int(i) if isinstance(i, torch.Tensor) else i for i in indices]
+
+
 def _map_style_loader(data: Any) -> bool:
     return (
         isinstance(data, DataLoader)
         and data.batch_sampler is not None
         and not isinstance(data.dataset, IterableDataset)
     )
+
+
+def _sequential(loader: DataLoader) -> bool:
+    """A plain loader (no shuffle, no sampler given): its order is the dataset's."""
+    return type(loader.batch_sampler) is BatchSampler and type(loader.sampler) is SequentialSampler
+
+
+_SHUFFLING = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
 
 
 def _check_sampler(loader: DataLoader) -> None:
@@ -147,10 +243,13 @@ def _check_sampler(loader: DataLoader) -> None:
             "loader: tl.extract gives each process its own batches itself",
             code="sharded_loader",
         )
-    if isinstance(sampler, RandomSampler):
+    if isinstance(sampler, _SHUFFLING):
         raise InvalidArgumentError(
-            "the DataLoader shuffles (shuffle=True); rows are stored in dataset order and a "
-            "resumed run must see the same batches, so build it with shuffle=False",
+            f"the DataLoader draws its examples in a random order ({type(sampler).__name__}"
+            f"{', shuffle=True' if type(sampler) is RandomSampler else ''}); rows are stored "
+            "in the order the loader gives them, and a resumed run (or another process) must "
+            "see the same batches: build it with shuffle=False, or a sampler with a fixed "
+            "order (e.g. a list of indices) to extract a subset",
             code="shuffled_loader",
         )
 
@@ -195,7 +294,17 @@ def batch_error(err: BaseException, batch: Batch) -> ExtractionError:
     """The typed error for a batch the model (or the input selection) rejected."""
     return ExtractionError(
         f"the model rejected batch {batch.index} (rows {batch.start} to "
-        f"{batch.start + batch.size - 1}): {type(err).__name__}: {err}; the batches before it "
-        "are saved: fix the data or inputs= and rerun tl.extract with the same arguments",
+        f"{batch.start + batch.size - 1}): {describe_error(err)}; the batches before it are "
+        "saved: fix the data or inputs= and rerun tl.extract with the same arguments",
         code="bad_batch",
     )
+
+
+def describe_error(err: BaseException) -> str:
+    """``Type: message``, and where it was raised when the message is empty."""
+    text = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+    frames = traceback.extract_tb(err.__traceback__)
+    if not str(err) and frames:
+        frame = frames[-1]
+        text += f" (no message; raised in {frame.name} at {frame.filename}:{frame.lineno})"
+    return text

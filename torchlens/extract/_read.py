@@ -71,8 +71,10 @@ class _Shards:
 class SiteArray:
     """One site's rows, one per example, read from disk only when indexed.
 
-    ``array[i]``, ``array[a:b]``, ``array[[i, j]]``, ``array[mask]`` give tensors;
-    ``array[:]`` or ``np.asarray(array)`` everything. ``shape[0]`` is the number of examples.
+    It indexes like the whole ``(n_examples, ...)`` tensor: ``array[i]``, ``array[a:b, j]``,
+    ``array[[i, k], :2]``, ``array[mask]`` give tensors, reading only the rows the first index
+    names; ``array[:]``, ``array[...]`` or ``np.asarray(array)`` everything. ``shape[0]`` is
+    the number of examples.
 
     Example:
         >>> import tempfile, torch, torchlens as tl
@@ -96,23 +98,35 @@ class SiteArray:
         return len(self.shape)
 
     def __getitem__(self, index: Any) -> torch.Tensor:
-        rest = ()
-        if isinstance(index, tuple):
-            index, rest = index[0], index[1:]
-        if isinstance(index, (int, np.integer)):
-            i = int(index) + (len(self) if index < 0 else 0)
+        """Index as the whole ``(n_examples, ...)`` tensor would be, reading only the rows
+        that the first index names (all rows when it is ``...``, ``None`` or a bool)."""
+        key = index if isinstance(index, tuple) else (index,)
+        if not key:
+            return self._rows(0, len(self))
+        rows, rest = _scalar(key[0]), key[1:]
+        if rows is None or rows is Ellipsis or isinstance(rows, bool):
+            return self._rows(0, len(self))[key]
+        if isinstance(rows, (int, np.integer)):
+            i = int(rows) + (len(self) if rows < 0 else 0)
             if not 0 <= i < len(self):
-                raise IndexError(f"row {index} is out of range for {len(self)} examples")
-            out = self._rows(i, i + 1)[0]
-        elif isinstance(index, slice):
-            start, stop, step = index.indices(len(self))
-            out = self._rows(start, stop) if step == 1 else self._take(range(start, stop, step))
-        else:
-            index = np.asarray(index)
-            if index.dtype == bool:  # a mask over the rows
-                index = np.flatnonzero(index)
-            out = self._take(index.reshape(-1).tolist())
-        return out[rest] if rest else out
+                raise IndexError(f"row {rows} is out of range for {len(self)} examples")
+            return self._rows(i, i + 1)[(0, *rest)]
+        if isinstance(rows, slice):
+            start, stop, step = rows.indices(len(self))
+            if step == 1:
+                return self._rows(start, stop)[(slice(None), *rest)]
+            rows = np.arange(start, stop, step)
+        rows = _index_array(rows)
+        if rows.dtype == bool:  # a mask over the rows (and maybe the next dimensions)
+            if rows.shape != self.shape[: rows.ndim]:
+                raise IndexError(
+                    f"a mask of shape {rows.shape} does not match the first dimensions of "
+                    f"{self.shape}"
+                )
+            rows, *more = np.nonzero(rows)
+            rest = (*(torch.from_numpy(m) for m in more), *rest)
+        block, positions = self._gather(rows)
+        return block[(positions, *rest)]
 
     def _rows(self, start: int, stop: int) -> torch.Tensor:
         parts = list(self._shards.read(self._key, start, stop))
@@ -120,22 +134,24 @@ class SiteArray:
             return torch.empty((0, *self.shape[1:]), dtype=self.dtype)
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-    def _take(self, rows: list[int]) -> torch.Tensor:
-        rows = [r + len(self) if r < 0 else r for r in rows]
-        if any(not 0 <= r < len(self) for r in rows):
+    def _gather(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows named (any shape of indices) read as runs of nearby rows, not the whole
+        span between them, and where each named row is in what was read."""
+        rows = np.where(rows < 0, rows + len(self), rows)
+        if rows.size and (rows.min() < 0 or rows.max() >= len(self)):
             raise IndexError(f"rows out of range for {len(self)} examples")
-        if not rows:
-            return torch.empty((0, *self.shape[1:]), dtype=self.dtype)
-        wanted = np.unique(rows)  # read runs of nearby rows, not the whole span between
+        wanted = np.unique(rows)
+        if not wanted.size:
+            empty = torch.empty((0, *self.shape[1:]), dtype=self.dtype)
+            return empty, torch.from_numpy(rows.astype(np.int64))
         cuts = np.flatnonzero(np.diff(wanted) > _GAP) + 1
-        blocks, where = [], {}
-        for run in np.split(wanted, cuts):
-            lo, hi = int(run[0]), int(run[-1]) + 1
-            base = sum(len(b) for b in blocks)
-            blocks.append(self._rows(lo, hi))
-            where.update((int(r), base + int(r) - lo) for r in run)
+        runs = np.split(wanted, cuts)
+        blocks = [self._rows(int(run[0]), int(run[-1]) + 1) for run in runs]
+        firsts = np.array([run[0] for run in runs])
+        offsets = np.cumsum([0] + [len(b) for b in blocks[:-1]])
+        k = np.searchsorted(firsts, rows, side="right") - 1
         block = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
-        return block[torch.tensor([where[r] for r in rows])]
+        return block, torch.from_numpy((offsets[k] + rows - firsts[k]).astype(np.int64))
 
     def numpy(self) -> np.ndarray:
         """Every row as one numpy array (bfloat16 is widened to float32)."""
@@ -148,6 +164,36 @@ class SiteArray:
 
     def __repr__(self) -> str:
         return f"SiteArray({self._key!r}, shape={self.shape}, dtype={self.dtype})"
+
+
+def _scalar(index: Any) -> Any:
+    """A 0-d integer (or bool) tensor or array as the Python number it holds."""
+    if isinstance(index, torch.Tensor) and index.ndim == 0:
+        if index.dtype == torch.bool:
+            return bool(index)
+        if not (index.dtype.is_floating_point or index.dtype.is_complex):
+            return int(index)
+    if isinstance(index, np.ndarray) and index.ndim == 0:
+        if index.dtype == bool:
+            return bool(index)
+        if np.issubdtype(index.dtype, np.integer):
+            return int(index)
+    return index
+
+
+def _index_array(index: Any) -> np.ndarray:
+    """Row indices (integers of any shape, or a mask) as a numpy array."""
+    if isinstance(index, torch.Tensor):
+        index = index.cpu().numpy()
+    array = np.asarray(index)
+    if array.size == 0 and array.dtype != bool:
+        return array.astype(np.int64)
+    if array.dtype != bool and not np.issubdtype(array.dtype, np.integer):
+        raise IndexError(
+            f"only integers, slices, ..., None, integer or boolean arrays and tensors index "
+            f"the rows; got {type(index).__name__} of {array.dtype}"
+        )
+    return array
 
 
 class _SiteDataset(Dataset):
@@ -193,8 +239,11 @@ class Extraction(Mapping):
     def __init__(self, root: Path, manifest: dict[str, Any]) -> None:
         self.root, self.meta = root, manifest
         shards = _Shards(root, manifest["shards"])
-        self._sites = {k: SiteArray(shards, k, v["shape"], v["dtype"])
-                       for k, v in manifest["sites"].items()}  # fmt: skip
+        sites = manifest["sites"]  # "site_order": the order the model computed them
+        order = [k for k in manifest.get("site_order", []) if k in sites]
+        order += [k for k in sites if k not in order]
+        self._sites = {k: SiteArray(shards, k, sites[k]["shape"], sites[k]["dtype"])
+                       for k in order}  # fmt: skip
         t = manifest.get("targets")
         self.targets = SiteArray(shards, TARGETS, t["shape"], t["dtype"]) if t else None
 

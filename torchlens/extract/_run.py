@@ -14,17 +14,19 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from torchlens._version import __version__
 from torchlens.capture.record import record
 from torchlens.errors import ExtractionError, InvalidArgumentError, TorchLensError
-from torchlens.extract import _store
+from torchlens.extract import _distributed, _store
 from torchlens.extract._batches import (
     Batch,
     BatchPlan,
     batch_error,
     call_args,
     describe,
+    describe_error,
     pick,
     to_device,
 )
@@ -63,13 +65,16 @@ def extract(
     Args:
         model: an ``nn.Module`` or a function of tensors, in eager mode (call ``.eval()``
             first: rows must not depend on which batch an example falls in).
-        data: an iterable of batches: a ``DataLoader`` (not shuffled), a list, a generator.
+        data: an iterable of batches: a ``DataLoader`` (in a fixed order: not shuffled, no
+            random sampler), a list, a generator.
         save: a selector (``tl.func``, ``tl.module``, ``tl.label``, ...): the sites to keep.
         to: the run directory (created; must be new, empty, or this run's own).
         inputs: what ``model`` takes from a batch: ``None`` (all of it), an index or key
             (``0`` for ``(x, y)`` batches), or a function of the batch. A tuple is passed
-            as positional arguments, a dict as keyword arguments.
-        targets: a part of each batch to store too (as ``inputs=``), e.g. ``1`` for labels.
+            as positional arguments, a mapping (a dict, a ``BatchEncoding``) as keyword
+            arguments.
+        targets: a part of each batch to store too (as ``inputs=``), e.g. ``1`` for labels:
+            a tensor or numbers, one row per example.
         reduce: applied to each site before it is stored: ``"spatial_mean"``,
             ``"token_mean"``, ``"token_last"``, ``"flatten"``, a function ``tensor ->
             tensor`` or ``(tensor, batch) -> tensor`` keeping the batch dimension, or
@@ -87,7 +92,8 @@ def extract(
     Raises:
         ExtractionError: ``exists``, ``args_changed``, ``not_an_extraction``, ``bad_batch``,
             ``shape_changed``, ``sites_changed``, ``not_batched``, ``write_failed``,
-            ``distributed`` (see :class:`~torchlens.errors.ExtractionError`).
+            ``distributed``, ``ranks_differ`` (see :class:`~torchlens.errors.ExtractionError`).
+            Under torchrun every rank raises it when one rank fails.
         SelectorMatchError: ``no_match`` when ``save=`` matches nothing in the first batch.
         InvalidArgumentError: ``bad_inputs``, ``bad_targets``, ``bad_reduce``,
             ``shuffled_loader``, ``sharded_loader``, ``bad_save``, ``empty_data``.
@@ -111,38 +117,51 @@ def extract(
     root = Path(to)
     with _process_group() as (rank, world):
         args = _run_args(model, data, selector, stop_after, inputs, targets, reduce)
-        _store.prepare(root, args, overwrite, rank)
-        _barrier(world)
-        plan = BatchPlan(data, inputs, rank, world, _store.done_batches(root))
+        plan = BatchPlan(data, inputs, rank, world)
+        _distributed.agree(world, root, args, overwrite, plan.order)
+        _distributed.on_rank0(world, rank, partial(_store.prepare, root, args, overwrite))
+        _distributed.check_shared(world, root)
+        plan.skip(_store.done_batches(root))
         run = _Run(model, selector, reducer, stop_after, targets, _device(model, device))
         run.schema = _store.disk_schema(root)
         writer = _store.ShardWriter(root, int(shard_mb * 2**20))
         bar = tqdm(total=plan.known_total, unit="ex", desc="tl.extract", dynamic_ncols=True,
                    disable=(rank != 0) or (None if progress is None else not progress))  # fmt: skip
-        trim = _heap_trimmer()
-        try:
-            for k, batch in enumerate(plan, 1):
-                writer.add(batch.index, batch.start, batch.size, run.sites(batch, inputs))
-                bar.update(batch.size)
-                if k % _TRIM_EVERY == 0:
-                    trim()
-        finally:
-            bar.close()
-            writer.flush()  # the batches that ran are kept, whatever stopped the loop
+        failure = _run_batches(plan, run, inputs, writer, bar)
+        _distributed.settle(world, rank, failure)  # every rank raises if one failed
         if plan.n_batches == 0:
             raise InvalidArgumentError(
                 "data gave no batch; pass a non-empty loader or list", code="empty_data"
             )
-        _barrier(world)
-        if rank == 0:
-            meta = {"args": args, "model": args["model"], "torch_version": torch.__version__,
-                    "torchlens_version": __version__, "world_size": world}  # fmt: skip
-            _store.finalize(root, plan.n_batches, plan.n_examples, meta)
-        _barrier(world)
+        meta = {"args": args, "model": args["model"], "torch_version": torch.__version__,
+                "torchlens_version": __version__, "world_size": world}  # fmt: skip
+        finish = partial(_store.finalize, root, plan.n_batches, plan.n_examples, meta)
+        _distributed.on_rank0(world, rank, finish)
         return load_extraction(root)
 
 
 _TRIM_EVERY = 8  # batches
+
+
+def _run_batches(plan: BatchPlan, run: _Run, inputs: Any, writer, bar) -> Exception | None:
+    """Run and write this rank's batches; what stopped them, if anything (the batches that
+    ran are written whatever it was)."""
+    trim, failure = _heap_trimmer(), None
+    try:
+        for k, batch in enumerate(plan, 1):
+            writer.add(batch.index, batch.start, batch.size, run.sites(batch, inputs))
+            bar.update(batch.size)
+            if k % _TRIM_EVERY == 0:
+                trim()
+    except Exception as err:
+        failure = err
+    finally:
+        bar.close()
+        try:
+            writer.flush()
+        except Exception as err:
+            failure = failure or err
+    return failure
 
 
 def _heap_trimmer() -> Callable[[], object]:
@@ -185,10 +204,29 @@ class _Run:
                 reduced = self.reducer(view, view.out, batch.data)
                 values[view.label] = self._row_block(view.label, reduced, batch)
         if self.targets is not None:
-            target = pick(batch.data, self.targets, "targets")
-            values[_store.TARGETS] = self._row_block("targets=", torch.as_tensor(target), batch)
+            target = self._target(pick(batch.data, self.targets, "targets"), batch)
+            values[_store.TARGETS] = self._row_block("targets=", target, batch)
         self._check(values, batch)
         return values
+
+    def _target(self, target: Any, batch: Batch) -> torch.Tensor:
+        """The ``targets=`` part of a batch as a tensor: numbers, not text or nested parts."""
+        if isinstance(target, torch.Tensor):
+            return target
+        try:
+            return torch.as_tensor(target)
+        except (TypeError, ValueError, RuntimeError) as err:
+            kind = type(target).__name__
+            if isinstance(target, (list, tuple)) and target:
+                kind += f" of {type(target[0]).__name__}"
+            raise InvalidArgumentError(
+                f"targets={describe(self.targets)} gave a {kind} in batch {batch.index}, which "
+                f"is not a tensor of numbers ({describe_error(err)}); targets= must give a "
+                "tensor or numbers with one row per example (class ids, values): pass a "
+                "function of the batch returning one (e.g. torch.stack of a collated tuple, "
+                "along dim 1), and keep text such as file names beside the run yourself",
+                code="bad_targets",
+            ) from None
 
     @staticmethod
     def _row_block(label: str, value: torch.Tensor, batch: Batch) -> torch.Tensor:
@@ -240,11 +278,13 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def _device(model: Any, device: str | torch.device | None) -> torch.device | None:
+    """``device=``, else the first parameter's device; not ``meta`` (weights an offloading
+    hook, e.g. accelerate's ``cpu_offload``, brings in at each call: inputs stay put)."""
     if device is not None:
         return torch.device(device)
     if isinstance(model, nn.Module):
         for p in model.parameters():
-            return p.device
+            return None if p.device.type == "meta" else p.device
     return None
 
 
@@ -270,21 +310,52 @@ _SAMPLE = 1 << 20  # larger ones: this many evenly spaced elements, plus their s
 def _digest(model: Any) -> str | None:
     """A hash of the model's parameters and buffers: names, dtypes, shapes and values (a
     tensor over 16M elements by an even sample and its sum, computed on its own device, so
-    that a large GPU model is not copied whole to the CPU)."""
+    that a large GPU model is not copied whole to the CPU).
+
+    A ``DTensor`` (FSDP2, tensor parallel) is hashed whole (gathered one tensor at a time,
+    a collective every rank makes in the same order), so every rank, and a resume with
+    another number of processes, gets the same hash. A tensor whose values are not here (on
+    the ``meta`` device, e.g. under an offloading hook; a lazy module's uninitialized
+    parameter) or cannot be read as bytes (another tensor subclass) counts by its name,
+    dtype and shape only.
+    """
     if not isinstance(model, nn.Module):
         return None
     h = hashlib.sha256()
     for name, t in model.state_dict().items():
-        t = t.detach()
+        if is_lazy(t):
+            h.update(f"{name}:{t.dtype}:uninitialized;".encode())
+            continue
+        t = _whole(t.detach())
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
-        flat = t.reshape(-1)
-        if flat.numel() > _WHOLE:
-            total = flat.double().sum() if flat.is_floating_point() else flat.sum()
-            h.update(repr(total.item()).encode())
-            flat = flat[:: flat.numel() // _SAMPLE]
-        if flat.numel():
-            h.update(flat.contiguous().cpu().view(torch.uint8).numpy().tobytes())
+        if t.is_meta:
+            continue
+        try:
+            h.update(_value_bytes(t))
+        except (RuntimeError, TypeError, NotImplementedError, ValueError):
+            h.update(f"unreadable {type(t).__qualname__};".encode())
     return h.hexdigest()[:16]
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    """A ``DTensor``'s full value (the same on every rank); any other tensor as it is."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch built without distributed
+        return t
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _value_bytes(t: torch.Tensor) -> bytes:
+    flat = t.reshape(-1)
+    out = b""
+    if flat.numel() > _WHOLE:
+        total = flat.double().sum() if flat.is_floating_point() else flat.sum()
+        out = repr(total.item()).encode()
+        flat = flat[:: flat.numel() // _SAMPLE]
+    if flat.numel():
+        out += flat.contiguous().cpu().view(torch.uint8).numpy().tobytes()
+    return out
 
 
 def _data_summary(data: Any) -> str:
@@ -302,7 +373,8 @@ def _data_summary(data: Any) -> str:
 def _process_group():
     """``(rank, world)``; starts a process group from torchrun's environment if none is up,
     so a plain script runs unchanged under torchrun. That group stays up for later calls
-    (tearing down and re-creating one races with the other ranks) and ends at exit."""
+    (tearing down and re-creating one races with the other ranks) and ends at exit, unless
+    the script destroyed it itself."""
     import torch.distributed as dist
 
     if dist.is_available() and not dist.is_initialized() and _env_world() > 1:
@@ -315,11 +387,18 @@ def _process_group():
                 f"({err}); launch with torchrun, or init torch.distributed yourself",
                 code="distributed",
             ) from err
-        atexit.register(dist.destroy_process_group)
+        atexit.register(_destroy_process_group)
     if dist.is_available() and dist.is_initialized():
         yield dist.get_rank(), dist.get_world_size()
     else:
         yield 0, 1
+
+
+def _destroy_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # the script may have destroyed it already
+        dist.destroy_process_group()
 
 
 def _env_world() -> int:
@@ -327,10 +406,3 @@ def _env_world() -> int:
         return int(os.environ.get("WORLD_SIZE", "1"))
     except ValueError:
         return 1
-
-
-def _barrier(world: int) -> None:
-    if world > 1:
-        import torch.distributed as dist
-
-        dist.barrier()

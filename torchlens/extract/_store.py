@@ -79,8 +79,9 @@ def _read_json(path: Path) -> dict:
         ) from None
 
 
-def prepare(root: Path, args: dict[str, Any], overwrite: bool, rank: int) -> None:
-    """Check ``root`` against this run's ``args``; rank 0 then makes it ready to write."""
+def prepare(root: Path, args: dict[str, Any], overwrite: bool) -> None:
+    """Check ``root`` against this run's ``args`` and make it ready to write (on rank 0 only:
+    the other ranks wait for its outcome)."""
     if root.exists() and not root.is_dir():
         raise ExtractionError(
             f"{root} is a file, not an extraction directory; pass another to=",
@@ -112,8 +113,6 @@ def prepare(root: Path, args: dict[str, Any], overwrite: bool, rank: int) -> Non
                 code="exists",
             )
         fresh = before != args  # a run that wrote nothing yet is simply started again
-    if rank != 0:
-        return
     if overwrite and run.exists():
         (root / MANIFEST).unlink(missing_ok=True)
         shutil.rmtree(root / SHARDS, ignore_errors=True)
@@ -135,12 +134,16 @@ def _shard_paths(root: Path) -> list[Path]:
 
 
 def _shard_header(path: Path) -> tuple[list[list[int]], dict[str, tuple[list[int], str]]]:
-    """A shard's ``[batch, start, size]`` list and ``{key: (shape, dtype)}``."""
+    """A shard's ``[batch, start, size]`` list and ``{key: (shape, dtype)}``, the keys in the
+    order the model computed them (safetensors itself lists them sorted)."""
     try:
         with safe_open(str(path), framework="pt") as f:
-            batches = json.loads(f.metadata()["batches"])
+            metadata = f.metadata()
+            batches = json.loads(metadata["batches"])
+            names = sorted(f.keys())
+            order = [k for k in json.loads(metadata.get("order", "[]")) if k in names]
             keys = {k: (list(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype())
-                    for k in f.keys()}  # fmt: skip
+                    for k in order + [k for k in names if k not in order]}  # fmt: skip
     except Exception as err:  # safetensors raises its own error types for bad headers
         raise ExtractionError(
             f"shard {path} is unreadable ({err}); delete it and rerun tl.extract with the same "
@@ -190,7 +193,8 @@ class ShardWriter:
         tensors = {}
         for key in list(parts):  # free each site's parts as soon as they are joined
             tensors[key] = torch.cat(parts.pop(key)).contiguous()
-        data = _to_bytes(tensors, metadata={"batches": json.dumps(batches)})
+        metadata = {"batches": json.dumps(batches), "order": json.dumps(list(tensors))}
+        data = _to_bytes(tensors, metadata=metadata)
         del tensors
         _write_file(self.root / SHARDS / f"shard-{batches[0][0]:09d}.safetensors", data)
 
@@ -198,18 +202,14 @@ class ShardWriter:
 def finalize(root: Path, n_batches: int, n_examples: int, meta: dict[str, Any]) -> None:
     """Check that the shards hold every batch exactly once with one schema, then write the
     manifest that marks the run finished."""
-    shards, seen, schema = [], {}, None
+    shards, seen, schema, first = [], {}, None, None
     for path in _shard_paths(root):
         batches, keys = _shard_header(path)
-        here = {k: (shape[1:], dtype) for k, (shape, dtype) in keys.items()}
+        here = {k: (tuple(shape[1:]), dtype) for k, (shape, dtype) in keys.items()}
         if schema is None:
-            schema = here
+            schema, first = here, (path, batches)
         elif here != schema:
-            raise ExtractionError(
-                f"shard {path.name} holds {here}, other shards {schema}; the run mixes two "
-                "sets of sites: pass overwrite=True to start over",
-                code="corrupt",
-            )
+            raise _mixed(first, schema, (path, batches), here)
         rows, offset = [], 0
         for b, start, size in batches:
             seen[b] = (start, size)
@@ -228,10 +228,38 @@ def finalize(root: Path, n_batches: int, n_examples: int, meta: dict[str, Any]) 
     targets = sites.pop(TARGETS, None)
     record = {"format": FORMAT, "format_version": FORMAT_VERSION, "complete": True,
               "n_examples": n_examples, "n_batches": n_batches, "sites": sites,
-              "targets": targets, "shards": shards, **meta}  # fmt: skip
+              "site_order": list(sites), "targets": targets, "shards": shards,
+              **meta}  # fmt: skip
     _write_file(root / MANIFEST, _dumps(record).encode())
     for tmp in (root / SHARDS).glob(".tmp-*"):  # left by killed processes
         tmp.unlink(missing_ok=True)
+
+
+def _mixed(first: tuple, schema: dict, other: tuple, here: dict) -> ExtractionError:
+    """Two shards whose sites differ: batches that different ranks ran (each rank compares
+    only its own batches), or shards left by an earlier selection."""
+    (path_a, batches_a), (path_b, batches_b) = first, other
+    where_a = f"batches {_some([b for b, _, _ in batches_a])} ({path_a.name})"
+    where_b = f"batches {_some([b for b, _, _ in batches_b])} ({path_b.name})"
+    if set(here) != set(schema):
+        return ExtractionError(
+            f"{where_b} gave sites {sorted(here)} but {where_a} gave {sorted(schema)}; select "
+            "sites every batch reaches, and pass overwrite=True to start over",
+            code="sites_changed",
+        )
+    key = next(k for k in schema if here[k] != schema[k])
+    name = "targets=" if key == TARGETS else key
+    (shape, dtype), (old_shape, old_dtype) = here[key], schema[key]
+    return ExtractionError(
+        f"site {name!r} has per-example shape {shape} ({dtype}) in {where_b} but {old_shape} "
+        f"({old_dtype}) in {where_a}; pass reduce='token_mean' (or another reduction) for a "
+        "fixed shape, or pad the batches to one length, and pass overwrite=True to start over",
+        code="shape_changed",
+    )
+
+
+def _some(batches: list[int]) -> str:
+    return str(batches) if len(batches) <= 8 else f"{str(batches[:8])[:-1]}, ...]"
 
 
 def _merge(rows: list[list[int]]) -> list[list[int]]:
