@@ -464,12 +464,6 @@ class TraceBuilder:
                     label, "not_saved", f"{label!r} was not selected by save=; trace again "
                     "with a selector that matches it to keep its value",
                 )  # fmt: skip
-        if not inplace:
-            before = self._live.get(id(tensor))
-            if before is not None and before[0]() is tensor and before[2] == version:
-                # an argument returned as it is (x.to(its own dtype), dropout in eval): its
-                # readers from here on read this label, whichever name they hold it by
-                op.meta["returns_argument"] = before[1]
         if self.observers:
             self._remember(tensor, label, version)
         else:  # _remember inline (the per-op path)

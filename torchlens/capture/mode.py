@@ -92,6 +92,10 @@ class CaptureMode(TorchFunctionMode):
         if autocast is not None:
             for op in ops:
                 op.meta["autocast"] = autocast
+        if args and result is args[0] and not targets and isinstance(result, Tensor):
+            # its argument returned as it is (x.to(its own dtype), dropout in eval): the
+            # argument's readers from here on read this label, whatever name they hold it by
+            ops[0].meta["returns_argument"] = parent_args[0][0]
         if self.op_hooks:
             result = self._run_hooks(ops, tensors, result, before)
         return result

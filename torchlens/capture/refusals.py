@@ -54,13 +54,17 @@ def check_traceable(model: Any, modules: list[tuple[str, nn.Module]] | None = No
         )
     if isinstance(model, nn.Module):
         for address, sub in named_modules(model) if modules is None else modules:
-            if isinstance(sub, torch.jit.ScriptModule):
-                raise UnsupportedModelError(
-                    f"submodule {address!r} is a TorchScript module whose operations cannot "
-                    f"be recorded; {_ADVICE} (the eager version of {address!r})",
-                    code="torchscript_module",
-                )
-            if _compiled(sub):
+            kind = type(sub)  # (every trace walks every module: the class is asked once)
+            if kind not in _EAGER_CLASSES:
+                if issubclass(kind, torch.jit.ScriptModule):
+                    raise UnsupportedModelError(
+                        f"submodule {address!r} is a TorchScript module whose operations "
+                        f"cannot be recorded; {_ADVICE} (the eager version of {address!r})",
+                        code="torchscript_module",
+                    )
+                if not _optimized(kind):
+                    _EAGER_CLASSES.add(kind)
+            if kind not in _EAGER_CLASSES or sub.__dict__.get("_compiled_call_impl") is not None:
                 raise UnsupportedModelError(
                     f"submodule {address!r} was compiled with torch.compile (or .compile()), "
                     "whose graphs hide the individual operations, and Dynamo would trace "
@@ -77,9 +81,11 @@ def check_traceable(model: Any, modules: list[tuple[str, nn.Module]] | None = No
         )
 
 
-def _compiled(module: nn.Module) -> bool:
-    """A torch.compile wrapper (OptimizedModule), or a module compiled in place."""
-    kind = type(module)
-    if kind.__name__ == "OptimizedModule" and kind.__module__ == "torch._dynamo.eval_frame":
-        return True
-    return module.__dict__.get("_compiled_call_impl") is not None
+# module classes that are neither TorchScript nor torch.compile wrappers (a module of one
+# may still be compiled in place: its _compiled_call_impl is asked every time)
+_EAGER_CLASSES: set[type] = set()
+
+
+def _optimized(kind: type) -> bool:
+    """Whether ``kind`` is torch.compile's wrapper class (OptimizedModule)."""
+    return kind.__name__ == "OptimizedModule" and kind.__module__ == "torch._dynamo.eval_frame"
