@@ -37,6 +37,8 @@ class MemoryPayloadStore:
         self.versions: dict[str, int] = {}
         self.missing: dict[str, tuple[str, str]] = {}  # label -> (code, message)
         self.default_missing = default_missing or ("not_saved", "no value was saved")
+        # label -> the size of its storage when that held all of it (see _released)
+        self._intact: dict[str, int] = {}
 
     def get(self, label: str) -> torch.Tensor:
         value = self.values.get(label)
@@ -50,14 +52,17 @@ class MemoryPayloadStore:
                 "clone the model's outputs before editing them, or trace again",
                 code="payload_overwritten",
             )
-        if _released(value):
-            raise PayloadUnavailableError(
-                f"the memory of the value saved for {label!r} was released after capture "
-                "(FSDP frees its gathered parameters after each forward); keep that "
-                "memory (FSDP: fully_shard(..., reshard_after_forward=False)) and trace "
-                "again",
-                code="payload_released",
-            )
+        nbytes = _storage_bytes(value)  # the full test only when the size moved
+        if nbytes != self._intact.get(label):
+            if nbytes is not None and _released(value, nbytes):
+                raise PayloadUnavailableError(
+                    f"the memory of the value saved for {label!r} was released after "
+                    "capture (FSDP frees its gathered parameters after each forward); keep "
+                    "that memory (FSDP: fully_shard(..., reshard_after_forward=False)) and "
+                    "trace again",
+                    code="payload_released",
+                )
+            self._intact[label] = nbytes
         if value.requires_grad or type(value) is not torch.Tensor:  # kept undetached
             value = self.values[label] = value.detach()
         return value
@@ -79,16 +84,23 @@ class MemoryPayloadStore:
         self.missing[label] = (code, message)
 
 
-def _released(value: torch.Tensor) -> bool:
-    """Whether the storage under ``value`` no longer reaches all of it: the memory was
-    released (``untyped_storage().resize_(0)``, which moves no version counter); reading
-    such a value would read freed memory."""
+def _storage_bytes(value: torch.Tensor) -> int | None:
+    """The size of ``value``'s storage in bytes; None without a plain storage."""
+    try:
+        return value.untyped_storage().nbytes()
+    except Exception:  # noqa: BLE001 - sparse, nested, subclasses without storage
+        return None
+
+
+def _released(value: torch.Tensor, nbytes: int) -> bool:
+    """Whether the storage under ``value``, of ``nbytes``, no longer reaches all of it: the
+    memory was released (``untyped_storage().resize_(0)``, which moves no version
+    counter); reading such a value would read freed memory."""
     if not value.numel() or value.dtype in _PACKED:  # several elements to a byte
         return False
     try:
-        nbytes = value.untyped_storage().nbytes()
         end = geometry_end((value.shape, value.stride(), value.storage_offset()))
-    except (RuntimeError, NotImplementedError, TypeError):  # no plain storage
+    except Exception:  # noqa: BLE001 - symbolic sizes (a jagged nested tensor)
         return False
     return nbytes < end * value.element_size()
 
