@@ -636,3 +636,12 @@ def test_an_input_the_forward_makes_require_grad_is_checked_where_it_does():
     torch.manual_seed(0)
     status = validate_backward(Tracking(), torch.randn(2, 4))
     assert status.state == "passed", str(status)
+
+
+def test_backward_validation_leaves_a_populated_grad_as_it_was():
+    torch.manual_seed(0)
+    model, x = nn.Linear(4, 2), torch.randn(3, 4)
+    model(x).pow(2).sum().backward()  # a step accumulating micro-batches leaves .grad
+    before = model.weight.grad.clone()
+    assert tl.replay(model, (x,), scope="backward").state == "passed"
+    assert torch.equal(model.weight.grad, before)  # nothing added into it in place

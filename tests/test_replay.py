@@ -270,3 +270,38 @@ def test_refusals_come_before_the_model_runs():
     assert refusals == ["reentrant_capture"]
     assert int(inner.calls) == 0  # never ran, so nothing leaked into the outer trace
     assert [op.func_name for op in trace] == ["mul"]
+
+
+class AutocastOffInside(nn.Module):
+    """timm's efficientvit in small: a float32 region inside an autocast forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = self.lin(x)
+        with torch.autocast("cpu", enabled=False):
+            return h.float() @ h.float().transpose(-1, -2)
+
+
+def test_a_region_with_autocast_off_replays_off_under_the_callers_autocast():
+    torch.manual_seed(0)
+    model, x = AutocastOffInside().eval(), torch.randn(2, 8, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        status = tl.replay(model, (x,))
+    assert status.state == "passed", status
+
+
+def test_matmul_replays_with_the_kernel_its_requires_grad_chose():
+    # aten's matmul folds a batched product into one mm only when an operand needs a
+    # gradient; in half precision the two paths round apart by far more than the
+    # tolerance, so replay hands the operands back with the flags they had
+    def product(a, w):
+        return torch.matmul(a.transpose(1, 2), w * 1.0)
+
+    torch.manual_seed(0)
+    a = (torch.randn(2, 256, 32) * 10).half()
+    w = (torch.randn(256, 32) * 3).half().requires_grad_()
+    status = tl.replay(product, (a, w))
+    assert status.state == "passed", status

@@ -418,9 +418,15 @@ def _input_labels(trace: Any, originals: list[Tensor]) -> list[str | None]:
 
 
 def _saved_grads(model: Any, inputs: list[Tensor]) -> list[tuple[Tensor, Tensor | None]]:
+    """The ``.grad`` of every leaf the check's backward may reach, taken off them: a
+    backward accumulates into a ``.grad`` in place (a step accumulating micro-batches, or
+    ``zero_grad(set_to_none=False)``), so the caller's is set aside and put back."""
     tensors = list(model.parameters()) if isinstance(model, torch.nn.Module) else []
     tensors += [t for t in inputs if t.is_leaf and t.requires_grad]
-    return [(t, t.grad) for t in tensors]
+    saved = [(t, t.grad) for t in tensors]
+    for tensor in tensors:
+        tensor.grad = None
+    return saved
 
 
 def _restore_grads(saved: list[tuple[Tensor, Tensor | None]]) -> None:

@@ -69,9 +69,12 @@ class Interpreter:
         self._runners: dict[int, tuple[Any, Callable[[list[Tensor]], list[Tensor]]]] = {}
 
     def run(self) -> None:
-        """Visit every recorded call in execution order."""
-        for ops in calls(self.trace):
-            self.visit(ops)
+        """Visit every recorded call in execution order, with the caller's autocast off: a
+        call recorded outside autocast (or in an ``enabled=False`` region) runs as it ran,
+        and one recorded inside runs under its own recorded state (:meth:`execute`)."""
+        with autocast_applied(None):
+            for ops in calls(self.trace):
+                self.visit(ops)
 
     def visit(self, ops: list[Any]) -> None:
         raise NotImplementedError
@@ -173,8 +176,10 @@ def _flat_runner(func: Callable[..., Any], rest: tuple, kwargs: dict) -> Callabl
 
 # Functions whose kernel choice reads requires_grad of an argument, even under no_grad:
 # on CPU, scaled_dot_product_attention takes another kernel for a mask that requires grad
-# (a learned position bias, a Parameter), and in bfloat16 the two round differently
-READS_REQUIRES_GRAD = frozenset({"scaled_dot_product_attention"})
+# (a learned position bias, a Parameter), and matmul (so linear on 3-d inputs) folds a
+# batched product into one mm only when no operand needs a gradient; the paths round
+# differently (by an ulp in float32, more in half precision)
+READS_REQUIRES_GRAD = frozenset({"scaled_dot_product_attention", "matmul", "linear"})
 
 
 def _with_grad_flags(run: Callable, flags: list[bool]) -> Callable:
@@ -282,7 +287,7 @@ class Checker(Interpreter):
 
     def run(self) -> None:
         """Check every call; the caller's RNG state is put back once, at the end."""
-        with rng.restored(rng.snapshot()):
+        with rng.restored(rng.snapshot()), autocast_applied(None):  # (finish too)
             super().run()
             self.edges.finish()
 
