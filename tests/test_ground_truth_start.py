@@ -318,3 +318,17 @@ def test_tensor_attributes_are_rewound_for_the_capture_and_left_as_one_forward_l
     assert status.state == "passed", status
     plain(x)
     assert torch.equal(model.total, plain.total) and torch.equal(model.calls, plain.calls)
+
+
+def test_a_frozen_transformer_encoder_is_rerun_on_the_path_the_capture_took():
+    # without grad, nn.TransformerEncoderLayer takes a fused fast path, unless a torch
+    # function mode is active (as under the capture): with a padding mask that path
+    # returns zeros at padded positions, so the plain rerun and the capture differ
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True, dropout=0.0)
+    model = nn.TransformerEncoder(layer, 2).eval().requires_grad_(False)
+    x = torch.randn(2, 6, 16)
+    pad = torch.zeros(2, 6, dtype=torch.bool)
+    pad[-1, 4:] = True
+    status = tl.replay(model, (x,), {"src_key_padding_mask": pad})
+    assert status.state == "passed", status

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from torchlens._tensors import version_of
 from torchlens.capture import rng
@@ -289,8 +290,18 @@ def rerun(
     """
     with rng.restored(rng_state):
         if intervene is None:
-            return model(*args, **kwargs)
+            with _Unrecorded():
+                return model(*args, **kwargs)
         return record(model, args, kwargs, intervene=intervene).output
+
+
+class _Unrecorded(TorchFunctionMode):
+    """A mode that records nothing. Under the capture a mode is active, so code that asks
+    whether one is (``has_torch_function``: the fast paths of ``nn.MultiheadAttention`` and
+    ``nn.TransformerEncoderLayer``) takes its general path; the rerun takes the same."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **kwargs) if kwargs else func(*args)
 
 
 def expected_outputs(trace: Any) -> list[Tensor | None]:
