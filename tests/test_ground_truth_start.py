@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import torchlens as tl
+from torchlens._tensors import copy_keeping_layout
 from torchlens.capture import rng
 from torchlens.replay.ground_truth import copy_inputs
 
@@ -332,3 +333,20 @@ def test_a_frozen_transformer_encoder_is_rerun_on_the_path_the_capture_took():
     pad[-1, 4:] = True
     status = tl.replay(model, (x,), {"src_key_padding_mask": pad})
     assert status.state == "passed", status
+
+
+def test_a_broadcast_input_is_copied_with_its_strides():
+    # linear takes another kernel for a contiguous 3-d input than for an expanded one,
+    # and in bfloat16 the two round apart: the copies replay and the rerun run on keep
+    # the input's layout (clone() would make it contiguous)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 64))
+    model = model.to(torch.bfloat16).eval()
+    x = torch.randn(1, 16, 64, dtype=torch.bfloat16).expand(4, 16, 64)
+    status = tl.replay(model, (x,))
+    assert status.state == "passed", status
+    copy = copy_keeping_layout(x)
+    assert copy.stride() == x.stride() and torch.equal(copy, x)
+    sliced = torch.randn(4, 10)[:, ::2]
+    assert copy_keeping_layout(sliced).stride() == sliced.stride()
+    assert copy_keeping_layout(torch.randn(100, 100)[:2, :2]).is_contiguous()  # a corner

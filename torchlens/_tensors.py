@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["version_of", "storage_key", "geometry_end"]
+__all__ = ["version_of", "storage_key", "geometry_end", "copy_keeping_layout"]
 
 
 def version_of(tensor: torch.Tensor) -> int | None:
@@ -51,3 +51,23 @@ def geometry_end(geometry: tuple) -> int:
     if any(size == 0 for size in shape):
         return offset
     return offset + sum((size - 1) * step for size, step in zip(shape, stride)) + 1
+
+
+def copy_keeping_layout(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of ``tensor`` with its strides. ``clone()`` keeps the strides of a dense
+    tensor only: an expanded or a sliced one comes back contiguous, and kernels choose
+    their path by layout (``linear`` fuses its bias only for some), so a value replayed
+    from such a copy may round apart from what the forward computed. The storage span
+    under the tensor is copied instead, and viewed the same way, unless the view is a
+    small part of a large storage (then the contiguous copy)."""
+    if tensor.is_contiguous() or not tensor.numel():
+        return tensor.clone()
+    try:
+        start = tensor.storage_offset()
+        span = geometry_end((tuple(tensor.shape), tensor.stride(), start)) - start
+        if span > 4 * tensor.numel():
+            return tensor.clone()
+        flat = tensor.as_strided((span,), (1,), start).clone()
+        return flat.as_strided(tensor.shape, tensor.stride(), 0)
+    except (RuntimeError, NotImplementedError):  # no plain storage (sparse, nested)
+        return tensor.clone()

@@ -25,7 +25,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchlens._tensors import _storage_address, geometry_end, storage_key, version_of
+from torchlens._tensors import (
+    _storage_address,
+    copy_keeping_layout,
+    geometry_end,
+    storage_key,
+    version_of,
+)
 from torchlens.capture.composite import group_address
 from torchlens.capture.sinks import PayloadSink
 from torchlens.capture.tree import _POSITIONS, _SLOTS, ATOMS, flatten_call, plain_slice
@@ -371,7 +377,7 @@ class TraceBuilder:
             # function) stays as it is: the store reports it, a copy would vouch for it
             if value is not None and version_of(value) == self._versions.get(label):
                 try:
-                    copy = value.detach().clone()
+                    copy = copy_keeping_layout(value.detach())
                 except (RuntimeError, NotImplementedError):  # quint4x2 cannot be copied
                     self.store.mark_missing(
                         label, "payload_overwritten",

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from torchlens._tensors import version_of
+from torchlens._tensors import copy_keeping_layout, version_of
 from torchlens.capture import rng
 from torchlens.capture.record import record
 from torchlens.capture.tree import fill, flatten
@@ -83,9 +83,10 @@ def _clones(tensors: list[Tensor], memo: dict[int, Any] | None = None) -> dict[i
             if id(tensor) in memo:
                 continue
             if tensor.grad_fn is not None:
-                memo[id(tensor)] = tensor.clone()
+                memo[id(tensor)] = copy_keeping_layout(tensor)
             else:
-                memo[id(tensor)] = tensor.detach().clone().requires_grad_(tensor.requires_grad)
+                copy = copy_keeping_layout(tensor.detach())
+                memo[id(tensor)] = copy.requires_grad_(tensor.requires_grad)
     return memo
 
 
