@@ -531,3 +531,12 @@ def test_an_edge_silenced_by_a_dead_quantized_partner_is_proved_at_a_neutral_poi
     status = tl.replay(QuantizedProduct().eval(), (a, dead))
     assert status.state == "passed", status
     assert status.perturbation_verified == 1
+
+
+def test_the_imaginary_part_of_a_parent_with_none_is_probed():
+    def imaginary(x):
+        return torch.imag(x.to(torch.cfloat) * 1j) * 2  # reads the real part's image
+
+    status = tl.replay(lambda z: torch.imag(z) * 2, (torch.randn(4).to(torch.cfloat),))
+    assert status.state == "passed", status  # every real-valued probe left imag at 0
+    assert tl.replay(imaginary, (torch.randn(4),)).state == "passed"

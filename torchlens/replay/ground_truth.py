@@ -153,11 +153,15 @@ class ModelState:
         self.attributes: list[tuple[nn.Module, str, Tensor, int | None, Tensor]] = []
         if self.model is None:
             return
+        # generators a module holds (torch.randn(..., generator=self.gen)): their states
+        self.generators: list[tuple[torch.Generator, Tensor]] = []
         for module in self.model.modules():
             for name, value in module.__dict__.items():
                 if type(value) is Tensor:
                     copy = value.detach().clone()
                     self.attributes.append((module, name, value, version_of(value), copy))
+                elif type(value) is torch.Generator:
+                    self.generators.append((value, value.get_state()))
         for name, buf in self.model.named_buffers(remove_duplicate=False):
             self.buffers[name] = (buf, version_of(buf), buf.detach().clone())
         for name, param in self.model.named_parameters(remove_duplicate=False):
@@ -210,7 +214,10 @@ class ModelState:
 
     def _rewind_attributes(self) -> None:
         """Put tensor attributes back: the object the attribute held, with its values
-        (the forward may have rebound the name or written into the tensor)."""
+        (the forward may have rebound the name or written into the tensor); and the
+        generators modules hold, to their states."""
+        for generator, state in self.generators:
+            generator.set_state(state)
         with torch.no_grad():
             for module, name, tensor, version, copy in self.attributes:
                 if version_of(tensor) != version and tensor.shape == copy.shape:

@@ -113,6 +113,9 @@ class Perturber:
             fresh = torch.rand(value.shape, generator=self._generator, dtype=draw) + 0.5
         else:
             fresh = torch.randn(value.shape, generator=self._generator, dtype=draw)
+        if value.is_complex():  # an imaginary part too (x.to(cfloat).imag reads only it)
+            imag = torch.randn(value.shape, generator=self._generator, dtype=draw)
+            fresh = torch.complex(fresh, imag)
         return (fresh * scale).to(dtype=value.dtype, device=value.device)
 
     def neutral_points(self, values: list[Tensor], keep: set[int]) -> Iterator[list[Tensor]]:

@@ -127,6 +127,10 @@ def equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     """
     if _plain_cpu(a) and _plain_cpu(b) and a.shape == b.shape and a.dtype == b.dtype:
         return _equal_plain(a, b)
+    if a.layout != _STRIDED or b.layout != _STRIDED:  # torch.equal refuses sparse values
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        a, b = (t.to_dense() if t.layout != _STRIDED else t for t in (a, b))
     return torch.equal(a, b)
 
 
