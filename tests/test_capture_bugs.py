@@ -745,3 +745,19 @@ def test_a_value_computed_out_of_sight_during_the_forward_is_unverified_not_pass
     status = tl.replay(model, (x,))
     assert status.state == "unverified" and not status.failures, status
     assert [(gap.label, gap.arm) for gap in status.unchecked] == [(source, "lint")]
+
+
+class _Tagged(torch.Tensor):
+    """A tensor subclass, as torchvision's tv_tensors wrap images."""
+
+
+def test_a_value_rewrapped_by_as_subclass_keeps_its_edge():
+    def rewraps(x):
+        y = (x * 2).as_subclass(_Tagged)  # torch hides as_subclass from function modes
+        return y.as_subclass(torch.Tensor) + 1
+
+    x = torch.randn(4)
+    trace = tl.trace(rewraps, x)
+    assert trace["add_1"].parents == ("mul_1",)  # not a constant cut off from the graph
+    assert [s.kind for s in trace.sources] == ["input"]
+    assert tl.replay(rewraps, (x,)).state == "passed"

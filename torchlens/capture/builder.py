@@ -234,10 +234,34 @@ class TraceBuilder:
             label = address if address not in self._records else self._new_label(address)
             self._add_source(label, kind, address, tensor)
             return label
+        same = self._same_memory(tensor)
+        if same is not None:  # a recorded value under another object (as_subclass)
+            self._remember(tensor, same)
+            return same
         label = self._new_label("constant")
         unseen = tensor.grad_fn is not None and self._made_during_forward(tensor)
         self._add_source(label, "constant", UNSEEN_COMPUTATION if unseen else "closure", tensor)
         return label
+
+    def _same_memory(self, tensor: Tensor) -> str | None:
+        """The label of a saved value that ``tensor``, an object not seen before, is: the
+        same memory, layout, dtype and version. ``Tensor.as_subclass`` (torchvision's
+        tv_tensors) makes such objects out of the capture's sight."""
+        key = storage_key(tensor)
+        aliases = self._aliases.get(key) if key is not None else None
+        if not aliases:
+            return None
+        geometry, version = _geometry(tensor), version_of(tensor)
+        for label in reversed((aliases,) if type(aliases) is str else aliases):
+            value = self._values.get(label)
+            if (
+                value is not None
+                and value.dtype == tensor.dtype
+                and self._versions.get(label) == version
+                and _geometry(value) == geometry
+            ):
+                return label
+        return None
 
     def _made_during_forward(self, tensor: Tensor) -> bool:
         """Whether ``tensor`` (with autograd history, and no recorded op that made it) got
