@@ -761,3 +761,17 @@ def test_a_value_rewrapped_by_as_subclass_keeps_its_edge():
     assert trace["add_1"].parents == ("mul_1",)  # not a constant cut off from the graph
     assert [s.kind for s in trace.sources] == ["input"]
     assert tl.replay(rewraps, (x,)).state == "passed"
+
+
+def test_nested_tensors_jagged_validate_and_strided_ones_are_refused_with_a_code():
+    linear = nn.Linear(3, 2)
+    jagged = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)], layout=torch.jagged)
+    assert tl.replay(linear, (jagged,)).state == "passed"
+
+    def packs(a, b):
+        return (torch.nested.nested_tensor([a, b]) * 2).to_padded_tensor(0.0)
+
+    with pytest.raises(tl.errors.CaptureError) as caught:  # it has no shape to record
+        tl.trace(packs, (torch.randn(2, 3), torch.randn(4, 3)))
+    assert caught.value.code == "nested_tensor"
+    assert "layout=torch.jagged" in str(caught.value)

@@ -69,7 +69,10 @@ class InvalidArgumentError(TorchLensError, ValueError):
 
 
 class CaptureError(TorchLensError, RuntimeError):
-    """Capture could not record the forward pass faithfully."""
+    """Capture could not record the forward pass faithfully.
+
+    Codes: ``nested_tensor`` (a strided nested tensor, which has no shape to record).
+    """
 
     code = "capture_failed"
 

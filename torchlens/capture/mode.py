@@ -23,6 +23,7 @@ from torchlens.capture.hooks import run_exit_hooks
 from torchlens.capture.naming import FUNC_INFOS, func_info
 from torchlens.capture.special import SPECIAL_OUTPUTS
 from torchlens.capture.tree import fill, flatten, flatten_call
+from torchlens.errors import CaptureError
 from torchlens.trace import Op
 
 __all__ = ["CaptureMode", "OpHook", "functorch_level"]
@@ -59,7 +60,10 @@ class CaptureMode(TorchFunctionMode):
             return self._open(info.name, func, args, kwargs)
         if info.inplace and not args and kwargs:  # torch.nn.init passes tensor=...
             args, kwargs = _target_first(args, kwargs)
-        parent_args, args_template, kwargs_template = self.builder.arguments(args, kwargs)
+        try:
+            parent_args, args_template, kwargs_template = self.builder.arguments(args, kwargs)
+        except RuntimeError as err:  # a strided nested tensor has no sizes to record
+            _refuse_nested(err, [t for _, t in flatten_call(args, kwargs)[0]])
         targets = _inplace_targets(info.inplace, args, kwargs) if info.inplace or kwargs else ()
         for target in targets:
             self.builder.protect(target)
@@ -85,10 +89,13 @@ class CaptureMode(TorchFunctionMode):
         # an op that returns an argument as it is (x.to(its own dtype), dropout in eval)
         # takes over its label; an edit that replaces that output must give it back
         before = self.builder.live_entry(tensors) if self.op_hooks and not targets else None
-        ops = self.builder.record_call(
-            info.name, func, args_template, kwargs_template, parent_args, tensors,
-            inplace=bool(targets), rng_state=rng_state,
-        )  # fmt: skip
+        try:
+            ops = self.builder.record_call(
+                info.name, func, args_template, kwargs_template, parent_args, tensors,
+                inplace=bool(targets), rng_state=rng_state,
+            )  # fmt: skip
+        except RuntimeError as err:
+            _refuse_nested(err, tensors)
         if autocast is not None:
             for op in ops:
                 op.meta["autocast"] = autocast
@@ -137,6 +144,17 @@ class CaptureMode(TorchFunctionMode):
             return tensors[0]
         _, template = flatten(result)
         return fill(template, tensors)
+
+
+def _refuse_nested(err: RuntimeError, tensors: list[Tensor]) -> None:
+    """Raise ``err`` again, or the typed refusal when a strided nested tensor caused it."""
+    if any(t.is_nested and t.layout == torch.strided for t in tensors):
+        raise CaptureError(  # (not a TypeError: a binary operator would swallow it)
+            "a strided nested tensor (torch.nested with layout=torch.strided) has no shape "
+            "to record; use layout=torch.jagged, or pad it (torch.nested.to_padded_tensor)",
+            code="nested_tensor",
+        ) from None
+    raise err
 
 
 _TARGET_KEYWORDS = ("tensor", "input")  # how an in-place call may name its target

@@ -254,7 +254,9 @@ class _Points:
         return self._next is not None
 
     def _worth_slicing(self) -> bool:
-        if self._head.func is None or not large_enough(self.values, self._shapes):
+        if self._head.func is None or any(value.is_nested for value in self.values):
+            return False  # (a jagged tensor's sizes are symbolic: no slicing plan)
+        if not large_enough(self.values, self._shapes):
             return False
         trace = self._prover.runner.trace
         self._kinds = [getattr(trace[ref.label], "kind", "op") for ref in self._head.parent_args]

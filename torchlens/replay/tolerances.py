@@ -174,7 +174,9 @@ def comparable(t: torch.Tensor) -> torch.Tensor:
     ):
         return t
     t = t.detach()
-    if t.layout != torch.strided:
+    if t.is_nested:  # (to_dense refuses them)
+        t = torch.nested.to_padded_tensor(t, 0.0)
+    elif t.layout != torch.strided:
         t = t.to_dense()
     if t.is_quantized:
         t = t.int_repr()
