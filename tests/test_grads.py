@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import warnings
 import weakref
 from pathlib import Path
 
@@ -645,3 +646,17 @@ def test_backward_validation_leaves_a_populated_grad_as_it_was():
     before = model.weight.grad.clone()
     assert tl.replay(model, (x,), scope="backward").state == "passed"
     assert torch.equal(model.weight.grad, before)  # nothing added into it in place
+
+
+def test_a_full_backward_hook_makes_its_view_unverified_not_failed():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    calls = []
+    model[0].register_full_backward_hook(lambda module, grad_in, grad_out: calls.append(1))
+    with warnings.catch_warnings():  # torch warns that no input requires grad
+        warnings.simplefilter("ignore")
+        status = tl.replay(model, (torch.randn(5, 4),), scope="backward")
+    # the hook's autograd.Function returns a view the trace records but cannot hook
+    assert status.state == "unverified" and not status.failures, status
+    assert "full backward hooks" in str(status)
+    assert calls  # the user's hook still ran

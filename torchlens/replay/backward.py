@@ -213,6 +213,13 @@ def compare_sources(
         _judge(findings, source.label, "ground_truth", _captured(source), expected, atol, rtol)
 
 
+_UNTRACKED_VIEW = (
+    "{label!r} was made without gradient tracking (a view a custom autograd.Function "
+    "returned, as nn.Module's full backward hooks make), so its gradient passes by an "
+    "autograd node the trace did not hook"
+)
+
+
 def check_grads(trace: Any, findings: Findings, atol, rtol, loss_fn: LossFn | None) -> None:
     """Arm 2: every record's captured grad against the VJPs of its consumers."""
     vjp = _VjpReplay(trace)
@@ -233,6 +240,8 @@ def check_grads(trace: Any, findings: Findings, atol, rtol, loss_fn: LossFn | No
             findings.unchecked(label, "replay", vjp.blocked[label])
         elif label in vjp.opaque and _problem(captured, vjp.expected.get(label), atol, rtol):
             findings.unchecked(label, "replay", vjp.opaque[label])
+        elif grad_untracked(record) and _problem(captured, vjp.expected.get(label), atol, rtol):
+            findings.unchecked(label, "replay", _UNTRACKED_VIEW.format(label=label))
         elif _judge(findings, label, "replay", captured, vjp.expected.get(label), atol, rtol):
             if label in op_labels:
                 findings.replayed(label)
