@@ -660,3 +660,11 @@ def test_a_full_backward_hook_makes_its_view_unverified_not_failed():
     assert status.state == "unverified" and not status.failures, status
     assert "full backward hooks" in str(status)
     assert calls  # the user's hook still ran
+
+
+def test_a_loss_fn_returning_a_float_is_a_typed_error():
+    model = nn.Linear(4, 2)
+    trace = tl.trace(model, torch.randn(3, 4), save_grads=True)
+    with pytest.raises(tl.errors.InvalidArgumentError) as caught:
+        trace.backward(lambda out: out.sum().item())
+    assert caught.value.code == "bad_loss" and ".item()" in str(caught.value)

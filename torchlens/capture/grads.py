@@ -35,7 +35,7 @@ from torch.utils.hooks import RemovableHandle
 
 from torchlens.capture.grad_alias import AliasTracker
 from torchlens.capture.tree import flatten
-from torchlens.errors import GradUnavailableError
+from torchlens.errors import GradUnavailableError, InvalidArgumentError
 from torchlens.trace import Op, Source, Trace
 
 __all__ = ["GradCapture", "GradStore", "GradMapping", "default_loss", "grad_untracked"]
@@ -223,6 +223,12 @@ class GradCapture:
     ) -> Tensor:
         """Compute the loss from ``output`` and backpropagate it; see ``Trace.backward``."""
         loss = (loss_fn or default_loss)(output)
+        if not isinstance(loss, Tensor):
+            raise InvalidArgumentError(
+                f"loss_fn returned {type(loss).__name__}, not a tensor: backward needs the "
+                "loss as a tensor with its graph (drop a .item() or float())",
+                code="bad_loss",
+            )
         self.active = True
         try:
             torch.autograd.backward(loss, retain_graph=retain_graph)
