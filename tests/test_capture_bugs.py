@@ -775,3 +775,36 @@ def test_nested_tensors_jagged_validate_and_strided_ones_are_refused_with_a_code
         tl.trace(packs, (torch.randn(2, 3), torch.randn(4, 3)))
     assert caught.value.code == "nested_tensor"
     assert "layout=torch.jagged" in str(caught.value)
+
+
+@torch.library.custom_op("torchlens_tests::add_into", mutates_args=("out",))
+def _add_into(x: torch.Tensor, out: torch.Tensor) -> None:
+    out.add_(x)
+
+
+def test_a_custom_op_that_writes_its_arguments_records_the_write():
+    def accumulates(x):
+        buffer = torch.zeros_like(x)
+        _add_into(x * 2, buffer)  # returns nothing: the write is the call's output
+        return buffer + 1
+
+    x = torch.randn(3)
+    trace = tl.trace(accumulates, x)
+    written = trace["add_1"].parents[0]
+    assert trace[written].func_name == "add_into"
+    assert set(trace[written].parents) == {"mul_1", "zeros_like_1"}
+    torch.testing.assert_close(trace[written].out, x * 2)
+    assert tl.replay(accumulates, (x,)).state == "passed"
+
+
+def test_foreach_writes_are_in_place_and_keep_the_values_before_them():
+    def scales(x):
+        a, b = x * 1.0, x * 2.0
+        torch._foreach_mul_([a, b], 2.0)
+        return a + b
+
+    x = torch.randn(3)
+    trace = tl.trace(scales, x)
+    torch.testing.assert_close(trace["mul_1"].out, x)  # copied before the write
+    assert trace["add_1"].parents == ("_foreach_mul__1:0", "_foreach_mul__1:1")
+    assert tl.replay(scales, (x,)).state == "passed"

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from torchlens.capture.special import SIDE_WRITES
+from torchlens.capture.special import SIDE_WRITES, SPECIAL_OUTPUTS, side_writes
 
 __all__ = [
     "FuncInfo",
@@ -127,6 +127,28 @@ def func_info(func: Callable[..., Any]) -> FuncInfo:
     return info
 
 
+def _schema_writes(func: Callable[..., Any], name: str) -> tuple[int, ...] | None:
+    """The positions of the arguments an op writes besides ``out=``, when other than its
+    first alone (which its name says): from an op's schema (a ``torch.library`` custom op
+    with ``mutates_args``, an aten overload), or a ``_foreach_*_`` call's tensor list.
+    They become outputs of the call (``special.side_writes``)."""
+    schema = getattr(func, "_schema", None)
+    if schema is not None:
+        written = tuple(
+            i for i, argument in enumerate(schema.arguments)
+            if argument.alias_info is not None and argument.alias_info.is_write
+            and not argument.kwarg_only
+        )  # fmt: skip
+    elif name.startswith("_foreach_") and name.endswith("_"):
+        written = (0,)
+    else:
+        return None
+    if not written or (written == (0,) and not name.startswith("_")):
+        return None  # nothing, or an in-place op of the usual kind
+    SPECIAL_OUTPUTS.setdefault(name, side_writes(written))
+    return written
+
+
 def _describe(func: Callable[..., Any]) -> FuncInfo:
     packet = getattr(func, "_overloadpacket", None)
     if packet is not None:  # torch.ops.aten.relu_.default, as torch.export's modules call
@@ -143,7 +165,9 @@ def _describe(func: Callable[..., Any]) -> FuncInfo:
             return FuncInfo(name, True, False, False)
         name = _DUNDER_NAMES.get(stem, stem)
         return FuncInfo(name, stem == "setitem", stem in _NEVER_TENSOR_DUNDERS, False)
-    inplace = SIDE_WRITES.get(raw) or (raw.endswith("_") and not raw.startswith("_"))
+    inplace = SIDE_WRITES.get(raw) or _schema_writes(func, raw)
+    if inplace is None:
+        inplace = raw.endswith("_") and not raw.startswith("_")
     never = raw in _NEVER_TENSOR_METHODS
     try:
         opens = func in OPENED

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["SPECIAL_OUTPUTS", "SIDE_WRITES"]
+__all__ = ["SPECIAL_OUTPUTS", "SIDE_WRITES", "side_writes"]
 
 Outputs = list[tuple[str, torch.Tensor]]
 
@@ -30,18 +30,32 @@ def _written_first_argument(args: tuple, result: Any) -> Outputs:
 SIDE_WRITES: dict[str, tuple[int, ...]] = {
     # QAT's fused observer: running min/max, scale and zero point (Tensor(a!) in its schema)
     "fused_moving_avg_obs_fake_quant": (3, 4, 5, 6),
+    # GradScaler's: the gradients and the found-inf flag; the scale and its tracker
+    "_amp_foreach_non_finite_check_and_unscale_": (0, 1),
+    "_amp_update_scale_": (0, 1),
 }
 
 
-def _with_side_writes(positions: tuple[int, ...]) -> Callable[[tuple, Any], Outputs]:
+def side_writes(positions: tuple[int, ...]) -> Callable[[tuple, Any], Outputs]:
+    """The outputs of a call that writes the arguments at ``positions``: what it returns
+    (when a tensor), then each tensor written, those in a written list one by one."""
+
     def outputs(args: tuple, result: Any) -> Outputs:
-        written = [(str(i), args[i]) for i in positions if i < len(args)]
-        return [("", result), *((p, t) for p, t in written if isinstance(t, torch.Tensor))]
+        found = [("", result)] if isinstance(result, torch.Tensor) else []
+        for i in positions:
+            written = args[i] if i < len(args) else None
+            if isinstance(written, torch.Tensor):
+                if written is not result:  # (an op returning what it wrote: once)
+                    found.append((str(i), written))
+            elif isinstance(written, (list, tuple)):  # _foreach_mul_(tensors, ...)
+                found += [(f"{i}.{k}", t) for k, t in enumerate(written)
+                          if isinstance(t, torch.Tensor)]  # fmt: skip
+        return found
 
     return outputs
 
 
 SPECIAL_OUTPUTS: dict[str, Callable[[tuple, Any], Outputs]] = {
     "setitem": _written_first_argument,
-    **{name: _with_side_writes(positions) for name, positions in SIDE_WRITES.items()},
+    **{name: side_writes(positions) for name, positions in SIDE_WRITES.items()},
 }
