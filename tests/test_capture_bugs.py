@@ -108,10 +108,12 @@ def test_init_functions_are_recorded_as_writes_into_their_target():
     trace = tl.trace(FreshLinear(), torch.randn(2, 4))
     init = trace["kaiming_uniform__1"]
     assert init.is_inplace and init.rng_state is not None
-    assert init.parents == ("constant_1",)
+    # the Parameter is the memory torch.empty made (an object the capture had not seen,
+    # with that value's storage, layout and version): it reads as that op
+    assert init.parents == ("empty_1",)
     assert trace["linear_1"].parents == ("input_1", "kaiming_uniform__1", "uniform__1")
-    # the constant keeps the value it had before the init wrote into it
-    assert not torch.equal(trace["constant_1"].out, init.out)
+    # the empty op keeps the value it had before the init wrote into it
+    assert not torch.equal(trace["empty_1"].out, init.out)
 
 
 def test_record_keeps_the_value_an_init_function_overwrote():
