@@ -48,8 +48,10 @@ class MemoryPayloadStore:
         saved_version = self.versions.get(label)
         if saved_version is not None and version_of(value) != saved_version:
             raise PayloadUnavailableError(
-                f"the value saved for {label!r} was modified in place after capture; "
-                "clone the model's outputs before editing them, or trace again",
+                f"the value saved for {label!r} was modified in place after capture (an "
+                "optimizer step on a parameter, an edit of a returned tensor); read the "
+                "values you need before that, clone outputs before editing them, or trace "
+                "again",
                 code="payload_overwritten",
             )
         nbytes = _storage_bytes(value)  # the full test only when the size moved
