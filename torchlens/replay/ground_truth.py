@@ -135,6 +135,9 @@ def detached(obj: Any) -> Any:
     return fill(template, [t.detach() for _, t in leaves])
 
 
+_STATE = frozenset({Tensor, torch.Generator})  # module attributes a forward may advance
+
+
 class ModelState:
     """The model's buffers (copied) and parameters (versions) before a forward.
 
@@ -156,11 +159,11 @@ class ModelState:
         # generators a module holds (torch.randn(..., generator=self.gen)): their states
         self.generators: list[tuple[torch.Generator, Tensor]] = []
         for module in self.model.modules():
-            for name, value in module.__dict__.items():
+            for name, value in [kv for kv in module.__dict__.items() if type(kv[1]) in _STATE]:
                 if type(value) is Tensor:
                     copy = value.detach().clone()
                     self.attributes.append((module, name, value, version_of(value), copy))
-                elif type(value) is torch.Generator:
+                else:
                     self.generators.append((value, value.get_state()))
         for name, buf in self.model.named_buffers(remove_duplicate=False):
             self.buffers[name] = (buf, version_of(buf), buf.detach().clone())

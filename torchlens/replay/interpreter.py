@@ -106,9 +106,11 @@ class Interpreter:
         return self.execute_call(op, values)
 
     def execute_call(self, op: Any, values: list[Tensor]) -> list[Tensor]:
-        return self.call_runner(op)(values)
+        return self.call_runner(op, values)(values)
 
-    def call_runner(self, op: Any) -> Callable[[list[Tensor]], list[Tensor]]:
+    def call_runner(
+        self, op: Any, values: list[Tensor] | None = None
+    ) -> Callable[[list[Tensor]], list[Tensor]]:
         """``op``'s call as a function of its tensor values, made once per op (argument
         fillers, special outputs): most calls are re-run several times."""
         known = self._runners.get(id(op))
@@ -116,9 +118,9 @@ class Interpreter:
             return known[1]
         run = self._make_runner(op)
         if op.func_name in READS_REQUIRES_GRAD:
-            flags = [getattr(self.trace[ref.label], "requires_grad", False)
-                     for ref in op.parent_args]  # fmt: skip
-            if any(flags):
+            parents = [self.trace[ref.label] for ref in op.parent_args]
+            flags = [getattr(parent, "requires_grad", False) for parent in parents]
+            if any(flags) and _grad_flags_matter(op.func_name, parents, values):
                 run = _with_grad_flags(run, flags)
         self._runners[id(op)] = (op, run)
         return run
@@ -182,16 +184,54 @@ def _flat_runner(func: Callable[..., Any], rest: tuple, kwargs: dict) -> Callabl
 READS_REQUIRES_GRAD = frozenset({"scaled_dot_product_attention", "matmul", "linear"})
 
 
+def _grad_flags_matter(name: str, parents: list[Any], values: list[Tensor] | None) -> bool:
+    """Whether the kernel ``name`` takes at the recorded values can depend on
+    ``requires_grad`` (flagging costs a little at every run of the call, which the
+    perturbation arm makes many times). matmul folds a batched operand into one mm
+    anyway when its leading dimensions are laid out contiguously, and linear reaches
+    matmul only for such an input that is not (aten's should_fold and linear)."""
+    if name not in ("matmul", "linear") or len(parents) < 2:
+        return True
+    try:  # the values the call is made with first (the recorded ones), else the saved
+        a, b = values[:2] if values else (parents[0].out, parents[1].out)
+    except Exception:  # noqa: BLE001 - a value not at hand (rerun): flag, to be safe
+        return True
+    if name == "linear":
+        return a.dim() >= 3 and not _leading_contiguous(a)
+    if a.dim() < b.dim():
+        return b.dim() >= 3 and a.dim() <= 2  # (folded transposed: not worked out here)
+    if not (a.dim() >= 3 and b.dim() <= 2):
+        return False  # a batched product: no folding question
+    return not (a.numel() == 0 or _leading_contiguous(a))  # else folded whatever the flag
+
+
+def _leading_contiguous(t: Tensor) -> bool:
+    """Whether ``t.view(-1, t.size(-1))`` needs no copy (its leading dimensions are laid
+    out one after another)."""
+    shape, stride = t.shape, t.stride()
+    return all(stride[i] == stride[i + 1] * shape[i + 1] for i in range(t.dim() - 2))
+
+
 def _with_grad_flags(run: Callable, flags: list[bool]) -> Callable:
-    """``run`` given its values with ``requires_grad`` as the recorded parents had it."""
+    """``run`` given its values with ``requires_grad`` as the recorded parents had it.
+
+    A call is run many times (each probe moves one argument): the flagged alias of the
+    last value seen at each position is kept, so the unmoved ones are not made again.
+    """
+    positions = [i for i, flag in enumerate(flags) if flag]
+    last: list[tuple[Tensor, Tensor] | None] = [None] * len(flags)
 
     def flagged(values: list[Tensor]) -> list[Tensor]:
-        values = [
-            value.detach().requires_grad_()
-            if flag and not value.requires_grad and value.is_floating_point()
-            else value
-            for value, flag in zip(values, flags)
-        ]
+        values = list(values)
+        for i in positions:
+            value = values[i]
+            kept = last[i]
+            if kept is not None and kept[0] is value:
+                values[i] = kept[1]
+            elif not value.requires_grad and value.is_floating_point():
+                alias = value.detach().requires_grad_()
+                last[i] = (value, alias)
+                values[i] = alias
         return run(values)
 
     return flagged
@@ -297,7 +337,7 @@ class Checker(Interpreter):
         known = self._kinds.get(id(op))
         if known is None:  # the op is held, so its id is not reused while this runs
             kind = _call_kind(op)
-            plain = self.call_runner(op) if kind == "plain" else None
+            plain = self.call_runner(op, values) if kind == "plain" else None
             known = self._kinds[id(op)] = (op, kind, plain)
         plain = known[2]
         if plain is not None:  # most calls: straight to the function
