@@ -21,7 +21,7 @@ from torchlens.capture.composite import opened_body
 from torchlens.capture.failures import note_model_error
 from torchlens.capture.hooks import run_exit_hooks
 from torchlens.capture.naming import FUNC_INFOS, func_info
-from torchlens.capture.special import SPECIAL_OUTPUTS, side_writes
+from torchlens.capture.special import SPECIAL_OUTPUTS, written_arguments
 from torchlens.capture.tree import fill, flatten, flatten_call
 from torchlens.errors import CaptureError
 from torchlens.trace import Op
@@ -164,7 +164,7 @@ def _inplace_targets(inplace: bool | tuple, args: tuple, kwargs: dict) -> list[T
     """The tensors a call writes into: ``out=``, ``inplace=True``, an in-place method, or
     the arguments at the positions ``inplace`` names (a FuncInfo's side writes)."""
     if type(inplace) is tuple:
-        return [t for _, t in side_writes(inplace)(args, None)]
+        return [t for _, t in written_arguments(inplace, args)]
     out = kwargs.get("out")
     if out is not None:
         return [out] if isinstance(out, Tensor) else [t for t in out if isinstance(t, Tensor)]

@@ -8,11 +8,12 @@ than branching inside the capture mode.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
 
-__all__ = ["SPECIAL_OUTPUTS", "SIDE_WRITES", "side_writes"]
+__all__ = ["SPECIAL_OUTPUTS", "SIDE_WRITES", "side_writes", "written_arguments"]
 
 Outputs = list[tuple[str, torch.Tensor]]
 
@@ -36,23 +37,24 @@ SIDE_WRITES: dict[str, tuple[int, ...]] = {
 }
 
 
-def side_writes(positions: tuple[int, ...]) -> Callable[[tuple, Any], Outputs]:
+def written_arguments(positions: tuple[int, ...], args: tuple, result: Any = None) -> Outputs:
     """The outputs of a call that writes the arguments at ``positions``: what it returns
     (when a tensor), then each tensor written, those in a written list one by one."""
+    found = [("", result)] if isinstance(result, torch.Tensor) else []
+    for i in positions:
+        written = args[i] if i < len(args) else None
+        if isinstance(written, torch.Tensor):
+            if written is not result:  # (an op returning what it wrote: once)
+                found.append((str(i), written))
+        elif isinstance(written, (list, tuple)):  # _foreach_mul_(tensors, ...)
+            found += [(f"{i}.{k}", t) for k, t in enumerate(written)
+                      if isinstance(t, torch.Tensor)]  # fmt: skip
+    return found
 
-    def outputs(args: tuple, result: Any) -> Outputs:
-        found = [("", result)] if isinstance(result, torch.Tensor) else []
-        for i in positions:
-            written = args[i] if i < len(args) else None
-            if isinstance(written, torch.Tensor):
-                if written is not result:  # (an op returning what it wrote: once)
-                    found.append((str(i), written))
-            elif isinstance(written, (list, tuple)):  # _foreach_mul_(tensors, ...)
-                found += [(f"{i}.{k}", t) for k, t in enumerate(written)
-                          if isinstance(t, torch.Tensor)]  # fmt: skip
-        return found
 
-    return outputs
+def side_writes(positions: tuple[int, ...]) -> Callable[[tuple, Any], Outputs]:
+    """:func:`written_arguments` at ``positions``, as a :data:`SPECIAL_OUTPUTS` entry."""
+    return partial(written_arguments, positions)
 
 
 SPECIAL_OUTPUTS: dict[str, Callable[[tuple, Any], Outputs]] = {

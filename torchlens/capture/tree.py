@@ -178,7 +178,7 @@ def _walk(obj: Any, path: str, leaves: list[tuple[str, Tensor]]) -> Any:
             f.name: _walk(getattr(obj, f.name), _join(path, f.name), leaves)
             for f in dataclasses.fields(obj)
         }
-        return _TemplateDataclass(kind, walked)
+        return TemplateDataclass(kind, walked)
     return obj
 
 
@@ -202,7 +202,7 @@ def _fill(template: Any, values: Sequence[Any]) -> Any:
         return tuple([_fill(item, values) for item in template])
     if kind is list:
         return [_fill(item, values) for item in template]
-    if kind is _TemplateDataclass:
+    if kind is TemplateDataclass:
         return template.build(lambda t: _fill(t, values))
     if isinstance(template, tuple) and hasattr(template, "_fields"):
         return kind(*(_fill(item, values) for item in template))
@@ -213,8 +213,9 @@ def _fill(template: Any, values: Sequence[Any]) -> Any:
     return template
 
 
-class _TemplateDataclass:
-    """A dataclass instance waiting for its fields (dataclasses may forbid placeholders)."""
+class TemplateDataclass:
+    """A dataclass instance waiting for its fields (dataclasses may forbid placeholders);
+    io rebuilds saved dataclass outputs as these too."""
 
     __slots__ = ("cls", "fields")
 
@@ -230,9 +231,6 @@ class _TemplateDataclass:
             if name not in init:
                 object.__setattr__(obj, name, value)
         return obj
-
-
-TemplateDataclass = _TemplateDataclass  # (io rebuilds saved dataclass outputs as these)
 
 
 def _rebuild_namedtuple(kind: type, items: list[Any]) -> Any:

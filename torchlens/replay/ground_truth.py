@@ -154,10 +154,10 @@ class ModelState:
         # tensors kept as plain module attributes (torchmetrics' accumulators, counters):
         # (module, name, tensor, version, copy)
         self.attributes: list[tuple[nn.Module, str, Tensor, int | None, Tensor]] = []
-        if self.model is None:
-            return
         # generators a module holds (torch.randn(..., generator=self.gen)): their states
         self.generators: list[tuple[torch.Generator, Tensor]] = []
+        if self.model is None:
+            return
         for module in self.model.modules():
             for name, value in [kv for kv in module.__dict__.items() if type(kv[1]) in _STATE]:
                 if type(value) is Tensor:

@@ -130,7 +130,7 @@ def equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.layout != _STRIDED or b.layout != _STRIDED:  # torch.equal refuses sparse values
         if a.shape != b.shape or a.dtype != b.dtype:
             return False
-        a, b = (t.to_dense() if t.layout != _STRIDED else t for t in (a, b))
+        a, b = comparable(a), comparable(b)
     return torch.equal(a, b)
 
 
