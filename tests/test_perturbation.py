@@ -83,6 +83,56 @@ def test_sliced_cuts_batch_like_arguments_and_optionally_weights():
     assert sliced([x], ["input"], [(8, 64, 256)], dims=2, weights=True) is None  # no weights
 
 
+def test_sliced_cuts_an_argument_broadcast_over_a_leading_dimension_too():
+    q, mask = torch.randn(2, 4, 128, 64), torch.zeros(2, 1, 128, 128)  # a mask of one head
+    kinds, shapes = ["input", "input"], [(2, 4, 128, 64)]
+    point = sliced([q, mask], kinds, shapes, dims=2)
+    assert [tuple(t.shape) for t in point] == [(1, 1, 128, 64), (1, 1, 128, 128)]
+    other = torch.zeros(3, 1, 128, 128)  # neither the batch nor broadcast over it: kept
+    point = sliced([q, other], kinds, shapes, dims=2)
+    assert [tuple(t.shape) for t in point] == [(1, 1, 128, 64), (3, 1, 128, 128)]
+    ones = torch.zeros(1, 1, 128, 128)  # broadcast over both: nothing to cut
+    assert sliced([ones, ones], kinds, shapes, dims=2) is None
+
+
+def test_attention_with_a_mask_over_heads_is_probed_at_one_head_of_one_sequence(monkeypatch):
+    q, k, v = (torch.randn(2, 4, 128, 64) for _ in range(3))
+    mask = torch.randn(2, 1, 128, 128)
+
+    def attend(q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    trace = tl.trace(attend, (q, k, v, mask))
+    seen = _spy_calls(monkeypatch)
+    status = check_trace(trace)
+    assert status.state == "passed" and status.perturbation_verified == 1
+    small = ((1, 1, 128, 64),) * 3 + ((1, 1, 128, 128),)
+    probes = [shapes for name, shapes in seen if name == "scaled_dot_product_attention"]
+    assert probes.count(small) == 5  # its baseline, then one probe per parent
+    assert len(probes) == 6  # and the replay at full size, nothing else
+
+
+def test_sliced_points_run_without_the_requires_grad_flags_of_the_capture():
+    bias = nn.Parameter(torch.randn(2, 4, 64, 64) * 0.1)  # a learned position bias
+    q, k, v = (torch.randn(2, 4, 64, 64) for _ in range(3))
+    trace = tl.trace(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=bias),
+                     (q, k, v))  # fmt: skip
+    op = trace["scaled_dot_product_attention_1"]
+    calls, real = [], op.func
+
+    def spy(*args, **kwargs):
+        calls.append((args[0].shape[0], kwargs["attn_mask"].requires_grad))
+        return real(*args, **kwargs)
+
+    op.func = spy
+    assert check_trace(trace).state == "passed"
+    # the replay runs with the bias's flag (it picks the kernel the capture ran), the
+    # perturbation arm's own sliced points without it (both its baseline and its probes)
+    assert calls[0] == (2, True)
+    sliced_calls = [flag for batch, flag in calls if batch == 1]
+    assert len(sliced_calls) == 5 and not any(sliced_calls)
+
+
 def test_differs_under_the_tolerance_table():
     x = torch.randn(4, 5)
     c = torch.randn(3, dtype=torch.complex64)
@@ -106,9 +156,9 @@ def _spy_calls(monkeypatch) -> list[tuple[str, tuple]]:
     seen: list[tuple[str, tuple]] = []
     original = Checker.run_call
 
-    def spy(self, op, values, skip=frozenset()):
+    def spy(self, op, values, skip=frozenset(), sliced=False):
         seen.append((op.func_name, tuple(tuple(v.shape) for v in values)))
-        return original(self, op, values, skip)
+        return original(self, op, values, skip, sliced)
 
     monkeypatch.setattr(Checker, "run_call", spy)
     return seen

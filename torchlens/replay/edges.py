@@ -65,7 +65,9 @@ class Runner(Protocol):
     atol: float | None
     rtol: float | None
 
-    def run_call(self, op: Any, values: list[Tensor], skip: set[int] = ...) -> list[Tensor]: ...
+    def run_call(
+        self, op: Any, values: list[Tensor], skip: set[int] = ..., sliced: bool = ...
+    ) -> list[Tensor]: ...
 
 
 class EdgeProver:
@@ -190,7 +192,7 @@ class EdgeProver:
             bumped = self.perturber.probe(values[indices[0]], name)
             for i in indices:
                 changed[i] = bumped
-            outputs = self.runner.run_call(head, changed, skip=trial.skip)
+            outputs = self.runner.run_call(head, changed, skip=trial.skip, sliced=not full)
         except Exception as err:  # noqa: BLE001 - the probed value is outside the domain
             trial.errors.append(f"{type(err).__name__}: {err}")
             return False
@@ -315,7 +317,8 @@ class _Points:
             return None
         small = cut(self.values, plan)
         try:
-            return small, prover.baselines(prover.runner.run_call(self._head, small))
+            outputs = prover.runner.run_call(self._head, small, sliced=True)
+            return small, prover.baselines(outputs)
         except Exception:  # noqa: BLE001 - the call is not separable this way
             if weights:  # e.g. layer_norm: its weight's shape is fixed; do not try again
                 prover.uncut_weights.add(self._weights_key)

@@ -234,6 +234,7 @@ def _with_grad_flags(run: Callable, flags: list[bool]) -> Callable:
                 values[i] = alias
         return run(values)
 
+    flagged.unflagged = run  # for points where kernel parity with the capture is moot
     return flagged
 
 
@@ -331,9 +332,16 @@ class Checker(Interpreter):
             super().run()
             self.edges.finish()
 
-    def run_call(self, op: Any, values: list[Tensor], skip: set[int] = frozenset()) -> list:
+    def run_call(
+        self, op: Any, values: list[Tensor], skip: set[int] = frozenset(), sliced: bool = False
+    ) -> list:
         """The call's outputs on ``values``, copying first any value it may write into
-        (except those at ``skip``, fresh values already), so saved values stay as saved."""
+        (except those at ``skip``, fresh values already), so saved values stay as saved.
+
+        ``sliced``: a point of the perturbation arm's own (both its baseline and its probes
+        run so), where matching the capture's kernel does not matter: the arguments go
+        without the ``requires_grad`` flags that would pick it (see READS_REQUIRES_GRAD).
+        """
         known = self._kinds.get(id(op))
         if known is None:  # the op is held, so its id is not reused while this runs
             kind = _call_kind(op)
@@ -341,6 +349,8 @@ class Checker(Interpreter):
             known = self._kinds[id(op)] = (op, kind, plain)
         plain = known[2]
         if plain is not None:  # most calls: straight to the function
+            if sliced:
+                plain = getattr(plain, "unflagged", plain)
             return plain(values)
         kind = known[1]
         if kind == "copies":

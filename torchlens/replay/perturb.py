@@ -202,13 +202,14 @@ def sliced(
     """The arguments cut to the first entry of the output's ``dims`` leading dimensions.
 
     ``shapes`` are the call's output shapes. Batch-like arguments (not parameters or
-    buffers) whose leading sizes equal the first output's are cut to one entry in each of
-    those dimensions: ``dims=1`` keeps one row of a batch, ``dims=2`` one position of one
-    sequence. With ``weights``, parameters and buffers are cut to their first entry too (a
-    linear or convolution layer's first output unit); then reading a large weight no longer
-    dominates each perturbed call. A parent that changes the sliced call's output is read
-    by the function: the same proof as at full size, for a fraction of the cost. Calls that
-    are small (see :data:`SLICE_MIN_ELEMENTS`), have nothing to cut, or fail when cut are
+    buffers) whose leading sizes equal the first output's (or are 1 there: broadcast, as
+    an attention mask over heads) are cut to one entry in each of those dimensions:
+    ``dims=1`` keeps one row of a batch, ``dims=2`` one position of one sequence. With
+    ``weights``, parameters and buffers are cut to their first entry too (a linear or
+    convolution layer's first output unit); then reading a large weight no longer dominates
+    each perturbed call. A parent that changes the sliced call's output is read by the
+    function: the same proof as at full size, for a fraction of the cost. Calls that are
+    small (see :data:`SLICE_MIN_ELEMENTS`), have nothing to cut, or fail when cut are
     perturbed at a larger point.
     """
     if not large_enough(values, shapes):
@@ -238,13 +239,25 @@ def slice_plan(
     plan, cut_batch, cut_weights = [], False, False
     for i, (value, kind) in enumerate(zip(values, kinds)):
         if kind not in ("parameter", "buffer"):
-            if tuple(value.shape[:dims]) == lead:
+            if _batch_like(tuple(value.shape[:dims]), lead):
                 plan.append((i, dims))
                 cut_batch = True
         elif weights and value.dim() and value.shape[0] > 1:
             plan.append((i, 1))
             cut_weights = True
     return plan if (cut_weights if weights else cut_batch) else None
+
+
+def _batch_like(head: tuple[int, ...], lead: tuple[int, ...]) -> bool:
+    """Whether an argument whose leading sizes are ``head`` is cut with the output's
+    ``lead`` (each at least 2): each size is the output's or 1, a dimension broadcast
+    over it (an attention mask of one head beside queries of four), and one at least is
+    the output's. Cutting a size-1 dimension to its first entry leaves it as it is."""
+    if head == lead:
+        return True
+    if len(head) != len(lead):
+        return False
+    return all(n == m or n == 1 for n, m in zip(head, lead)) and any(map(int.__eq__, head, lead))
 
 
 def cut(values: list[Tensor], plan: list[tuple[int, int]]) -> list[Tensor]:
