@@ -19,7 +19,7 @@ from __future__ import annotations
 import operator
 import weakref
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -146,16 +146,16 @@ class TraceBuilder:
         self._writers: dict[int, list[tuple[int, str]]] = defaultdict(list)
         self._call_count = 0
         self._module_call_counts: dict[int | str, int] = {}
-        # the open calls, innermost last, each with its index in module_calls
-        self._open_calls: list[tuple[ModuleCall, int]] = []
+        # the open calls, innermost last, each with its index in module_calls and the
+        # module stack (self._frames) it replaced, to pop back to
+        self._open_calls: list[tuple[ModuleCall, int, tuple[tuple[str, int], ...]]] = []
         # per module call, the ops recorded while it was open: ops[start:end] (end None
         # while open); ops are only appended, so a call's ops are one run of them
         self._starts: list[int] = []
         self._ends: list[int | None] = []
         # the open module calls as (address, call number), outermost first: one tuple, shared
-        # by every op recorded meanwhile; the tuples the open calls replaced, to pop back to
+        # by every op recorded meanwhile
         self._frames: tuple[tuple[str, int], ...] = ()
-        self._frame_trail: list[tuple[tuple[str, int], ...]] = []
 
     @property
     def module_stack(self) -> tuple[tuple[str, int], ...]:
@@ -579,49 +579,64 @@ class TraceBuilder:
         self,
         module: nn.Module,
         address: str,
-        inputs: Iterable[Tensor],
+        inputs: Sequence[Tensor],
         type_name: str | None = None,
     ) -> None:
         """A module's forward starts: push it on the module stack (``type_name``: its class
         name, when the caller knows it already)."""
         counts = self._module_call_counts
         call_index = counts[id(module)] = counts.get(id(module), 0) + 1
-        labels = tuple(map(self.label_of, inputs))
+        labels = self._labels(inputs)
         self._push(ModuleCall(address, call_index, type_name or type(module).__name__, labels))
 
+    def _labels(self, tensors: Sequence[Tensor]) -> tuple[str, ...]:
+        """``label_of`` each tensor; a module call's one tensor (the usual call, once on
+        entry and once on exit) with the identity check of :meth:`label_of` inline."""
+        if len(tensors) != 1:
+            return tuple(map(self.label_of, tensors))
+        tensor = tensors[0]
+        entry = self._live.get(id(tensor))
+        if (
+            entry is not None
+            and entry[0]() is tensor
+            and entry[2] is not None  # an inference tensor: label_of asks
+            and entry[2] == tensor._version
+            and not self._unshared_versions
+        ):
+            return (entry[1],)
+        return (self.label_of(tensor),)
+
     def _push(self, call: ModuleCall) -> None:
-        self._frame_trail.append(self._frames)
+        self._open_calls.append((call, len(self.module_calls), self._frames))
         self._frames += ((call.address, call.call_index),)
-        self._open_calls.append((call, len(self.module_calls)))
         self.module_calls.append(call)
         self._starts.append(len(self.ops))
         self._ends.append(None)
 
-    def exit_module(self, outputs: Iterable[Tensor]) -> ModuleCall | None:
+    def exit_module(self, outputs: Sequence[Tensor]) -> ModuleCall | None:
         """A module's forward returned: pop it and note what it returned; returns the call."""
         if not self._open_calls:
             return None
-        call, index = self._open_calls.pop()
+        call, index, self._frames = self._open_calls.pop()
         self._ends[index] = len(self.ops)
-        self._frames = self._frame_trail.pop()
-        call.outputs = tuple(map(self.label_of, outputs))
+        call.outputs = self._labels(outputs)
         return call
 
     def record(self, label: str) -> Op | Source | None:
         """The op or source recorded under ``label`` so far."""
         return self._records.get(label)
 
-    def enter_group(self, name: str, inputs: Iterable[Tensor]) -> None:
+    def enter_group(self, name: str, inputs: Sequence[Tensor]) -> None:
         """An opened composite function starts (``capture/composite.py``): a call like a
         module's, at the enclosing module's address plus ``"." + name``."""
         parent = self._frames[-1][0] if self._frames else ""
         address = group_address(parent, name)
         counts = self._module_call_counts  # str keys: apart from modules' ids
         call_index = counts[address] = counts.get(address, 0) + 1
-        labels = tuple(map(self.label_of, inputs))
+        labels = self._labels(inputs)
         self._push(ModuleCall(address, call_index, name, labels))
 
-    def exit_group(self, outputs: Iterable[Tensor]) -> ModuleCall | None:
+    def exit_group(self, outputs: Sequence[Tensor]) -> ModuleCall | None:
         """An opened composite function returned ``outputs`` (or raised: none)."""
         return self.exit_module(outputs)
 
