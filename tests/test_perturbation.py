@@ -112,6 +112,19 @@ def test_attention_with_a_mask_over_heads_is_probed_at_one_head_of_one_sequence(
     assert len(probes) == 6  # and the replay at full size, nothing else
 
 
+def test_a_convolution_with_as_many_input_as_output_channels_is_probed_at_one_unit(
+    monkeypatch,
+):
+    conv = nn.Conv1d(64, 64, 3, padding=1)  # its input channels look like a sequence
+    trace = tl.trace(conv, torch.randn(2, 64, 256))
+    seen = _spy_calls(monkeypatch)
+    assert check_trace(trace).state == "passed"
+    points = {shapes for name, shapes in seen if name == "conv1d"}
+    # one row with the first output unit: no probe computes every output channel
+    assert ((1, 64, 256), (1, 64, 3), (1,)) in points
+    assert ((1, 64, 256), (64, 64, 3), (64,)) not in points
+
+
 def test_sliced_points_run_without_the_requires_grad_flags_of_the_capture():
     bias = nn.Parameter(torch.randn(2, 4, 64, 64) * 0.1)  # a learned position bias
     q, k, v = (torch.randn(2, 4, 64, 64) for _ in range(3))

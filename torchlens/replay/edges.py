@@ -53,8 +53,11 @@ Tensor = torch.Tensor
 Verdict = tuple[str, str]  # (verified | exempt | unread | failed | unchecked, reason or label)
 
 # The sliced points tried before the recorded one, cheapest first: (leading batch-like
-# dimensions cut, whether parameters and buffers are cut too).
-SLICES = ((2, True), (2, False), (1, False))
+# dimensions cut, whether parameters and buffers are cut too). One row with cut weights
+# comes before one row with whole ones: a convolution whose input channels number its
+# output channels has them cut as if they were a sequence (and refuses), and at one row
+# with whole weights each probe would compute every output channel.
+SLICES = ((2, True), (2, False), (1, True), (1, False))
 
 
 class Runner(Protocol):
@@ -76,10 +79,11 @@ class EdgeProver:
     def __init__(self, runner: Runner) -> None:
         self.runner = runner
         self.perturber = Perturber()
-        # (function, argument ranks) of calls that refused cut weights: a layer norm's weight
-        # must match its input, while a 2-d linear refuses only because its features were
-        # cut with the rows, so a 3-d one still takes cut weights
-        self.uncut_weights: set[tuple[str, tuple[int, ...]]] = set()
+        # ((function, argument ranks), dimensions cut) of calls that refused cut weights: a
+        # layer norm's weight must match its input, while a 2-d linear refuses only because
+        # its features were cut with the rows, so a 3-d one (or the 2-d one at one row)
+        # still takes cut weights
+        self.uncut_weights: set[tuple[tuple[str, tuple[int, ...]], int]] = set()
         self._later: list[tuple[list[Any], dict, list, _Points]] = []
 
     def prove(self, ops: list[Any], values: list[Tensor], outputs: list[Tensor]) -> None:
@@ -264,15 +268,15 @@ class _Points:
         self._kinds = [getattr(trace[ref.label], "kind", "op") for ref in self._head.parent_args]
         return True
 
-    def _next_slice(self) -> tuple[list, bool] | None:
+    def _next_slice(self) -> tuple[list, bool, int] | None:
         """The next of :data:`SLICES` that exists for this call, as a plan (it is cut when
         tried); the later ones are only worked out if an edge needs them."""
         for dims, weights in self._specs:
-            if weights and self._weights_key in self._prover.uncut_weights:
+            if weights and (self._weights_key, dims) in self._prover.uncut_weights:
                 continue
             plan = slice_plan(self.values, self._kinds, self._shapes, dims, weights)
             if plan is not None:
-                return plan, weights
+                return plan, weights, dims
         return None
 
     def release(self) -> None:
@@ -311,9 +315,9 @@ class _Points:
             yield (*self._ready[index], False)
             index += 1
 
-    def _run(self, plan: list, weights: bool) -> tuple[list, list] | None:
+    def _run(self, plan: list, weights: bool, dims: int) -> tuple[list, list] | None:
         prover = self._prover
-        if weights and self._weights_key in prover.uncut_weights:
+        if weights and (self._weights_key, dims) in prover.uncut_weights:
             return None
         small = cut(self.values, plan)
         try:
@@ -321,5 +325,5 @@ class _Points:
             return small, prover.baselines(outputs)
         except Exception:  # noqa: BLE001 - the call is not separable this way
             if weights:  # e.g. layer_norm: its weight's shape is fixed; do not try again
-                prover.uncut_weights.add(self._weights_key)
+                prover.uncut_weights.add((self._weights_key, dims))
             return None
