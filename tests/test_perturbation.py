@@ -67,6 +67,13 @@ def test_same_elements_holds_for_permutations_and_reshapes_only():
     assert not same_elements(x.clone(), x)
     assert not same_elements(x.as_strided((2, 2), (1, 1)), x.as_strided((4,), (1,)))
     assert not same_elements(x[:0], x[:0])  # nothing to change
+    fused = torch.randn(2, 8, 96)  # a fused projection; keys are its middle third
+    keys = fused[..., 32:64]
+    assert same_elements(keys.view(2, 8, 4, 8), keys)  # heads split off a strided slice
+    assert same_elements(keys.view(2, 8, 4, 8).transpose(1, 2), keys)
+    assert not same_elements(keys.view(2, 8, 4, 8)[:, :, :2], keys)
+    flat = torch.randn(8)
+    assert same_elements(flat.as_strided((2, 2), (1, 2)), flat.as_strided((4,), (1,)))
 
 
 def test_sliced_cuts_batch_like_arguments_and_optionally_weights():

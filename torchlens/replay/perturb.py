@@ -276,9 +276,12 @@ def same_elements(a: Tensor, b: Tensor) -> bool:
     """Whether ``a`` reads exactly the memory elements ``b`` reads, in some order.
 
     True when both start at the same address with the same dtype and element count, and
-    either both are contiguous (a reshape) or their (size, stride) pairs are the same up
-    to order (a permutation). Every change to ``b`` then changes ``a``: such an edge (a
-    transpose, a view, dropout in eval mode returning its input) is proved without a call.
+    either both are contiguous (a reshape) or their layouts address the same offsets: the
+    (size, stride) pairs, ordered by stride and with each dimension that continues the
+    next merged into it, are the same (a permutation, or a view of a strided tensor that
+    splits or merges such dimensions: heads split off a slice of a fused projection). Every
+    change to ``b`` then changes ``a``: such an edge (a transpose, a view, dropout in eval
+    mode returning its input) is proved without a call.
     """
     if a.layout != _STRIDED or b.layout != _STRIDED or a.is_quantized:
         return False
@@ -292,7 +295,20 @@ def same_elements(a: Tensor, b: Tensor) -> bool:
 
 
 def _layout(t: Tensor) -> list[tuple[int, int]]:
-    return sorted((size, stride) for size, stride in zip(t.shape, t.stride()) if size != 1)
+    """The offsets ``t`` addresses from its start, as (size, stride) pairs by decreasing
+    stride, a pair merged into the one before it when that one steps over it exactly
+    (``(4, 64), (64, 1)`` is ``(256, 1)``): the same set of offsets, one form for it."""
+    pairs = sorted(
+        ((size, stride) for size, stride in zip(t.shape, t.stride()) if size != 1),
+        key=lambda pair: (-pair[1], pair[0]),
+    )
+    merged: list[tuple[int, int]] = []
+    for size, stride in pairs:
+        if merged and merged[-1][1] == stride * size:
+            merged[-1] = (merged[-1][0] * size, stride)
+        else:
+            merged.append((size, stride))
+    return merged
 
 
 _NUMPY_FLOATS = frozenset({torch.float32, torch.float64})
