@@ -42,7 +42,7 @@ class ExitTracker:
         multi = len(tensors) > 1
         for k, tensor in enumerate(tensors):
             label = f"{name}_{count}:{k}" if multi else f"{name}_{count}"
-            entry = [label, index + k, name, k, mode._frames, mode._types[-1], ()]
+            entry = [label, index + k, name, k, mode._frames, mode._type, ()]
             self.live[id(tensor)] = (weakref.ref(tensor), entry)
 
     def on_exit(self, frame: tuple[str, int], type_name: str, output: Any) -> Any:

@@ -91,15 +91,15 @@ class RecordMode(TorchFunctionMode):
         self._plans: dict[str, _Plan | None] = {}
         self._memo: dict[tuple[str, int], Any] = {}
         self._aliases: dict[Any, list[str]] = {}
-        self._types: list[str] = [""]  # class names along the stack; the root's first
-        # the open calls as (address, call number), outermost first, and the tuples they
-        # replaced, to pop back to
+        # the open calls as (address, call number), outermost first; the class name of the
+        # innermost (the root's outside every call); and for each open call, the three as
+        # they were before it, to pop back to in one step
         self._frames: tuple[tuple[str, int], ...] = ()
-        self._frame_trail: list[tuple[tuple[str, int], ...]] = []
+        self._type = ""
         self._path = 0  # id of the current module address path, for the memo
+        self._trail: list[tuple[tuple[tuple[str, int], ...], str, int]] = []
         self._paths_needed = any(rule.static for rule in controls.rules)  # any memo at all
         self._paths: dict[tuple[int, str], int] = {}
-        self._path_trail: list[int] = []
         self._calls: dict[int | str, int] = {}  # module ids; addresses of opened groups
         self._thread = threading.get_ident()
         self.exits = ExitTracker(self) if controls.at_exit else None
@@ -173,7 +173,7 @@ class RecordMode(TorchFunctionMode):
         halt_at, replaced = None, False
         for k, tensor in enumerate(tensors):
             label = f"{name}_{count}" if n == 1 else f"{name}_{count}:{k}"
-            view = OpView(label, index + k, name, k, self._frames, tensor, self._types[-1])
+            view = OpView(label, index + k, name, k, self._frames, tensor, self._type)
             if not plan.static or decision is _UNSEEN:
                 decision = plan.decide(view)
                 if plan.static:
@@ -261,7 +261,7 @@ class RecordMode(TorchFunctionMode):
         each submodule's ``forward`` wrapped, or a pair of hooks for a submodule with hooks
         of its own, so that ops run by those hooks fall inside or outside the module call
         exactly as in ``tl.trace``. Returns what to remove when the recording ends."""
-        self._types[0] = (  # the root's type, as the trace's root module call names it
+        self._type = (  # the root's type, as the trace's root module call names it
             type(model).__name__
             if isinstance(model, nn.Module)
             else getattr(model, "__qualname__", None) or type(model).__name__
@@ -316,11 +316,10 @@ class RecordMode(TorchFunctionMode):
     def _push_frame(self, key: int | str, address: str, type_name: str) -> None:
         """A call starts: ``key`` counts its calls (a module's id; a group's address)."""
         call = self._calls[key] = self._calls.get(key, 0) + 1
-        self._types.append(type_name)
-        self._frame_trail.append(self._frames)
+        self._trail.append((self._frames, self._type, self._path))
         self._frames += ((address, call),)
+        self._type = type_name
         if self._paths_needed:
-            self._path_trail.append(self._path)
             self._path = self._paths.setdefault((self._path, address), len(self._paths) + 1)
 
     def _exit(self, module: nn.Module, args: Any, output: Any) -> Any:
@@ -332,11 +331,8 @@ class RecordMode(TorchFunctionMode):
     def _pop_frame(self, output: Any) -> Any:
         """The innermost call returned ``output`` (``None``: it raised); returns a
         replacement for the output, or ``None`` to keep it."""
-        frame = self._frames[-1]
-        type_name = self._types.pop()
-        self._frames = self._frame_trail.pop()
-        if self._paths_needed:
-            self._path = self._path_trail.pop()
+        frame, type_name = self._frames[-1], self._type
+        self._frames, self._type, self._path = self._trail.pop()
         if self.exits is not None and output is not None:
             return self.exits.on_exit(frame, type_name, output)
         return None

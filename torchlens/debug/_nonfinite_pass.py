@@ -371,7 +371,7 @@ class NonFiniteMode(RecordMode):
                 values[parent] = targets[id(arg)]
         store = MemoryPayloadStore()
         op = CulpritOp(
-            label, index, name, k, self._frames, tensor, self._types[-1],
+            label, index, name, k, self._frames, tensor, self._type,
             parents=tuple(parents), source=source,
         )  # fmt: skip
         op._store = store
