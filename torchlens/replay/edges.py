@@ -250,7 +250,9 @@ class _Points:
         self._shapes = [out.shape for out in outputs]
         self._weights_key = (head.func_name, tuple(value.dim() for value in values))
         self._kinds: list[str] = []
-        self._specs = iter(SLICES if self._worth_slicing() else ())
+        self._specs: Iterator[tuple[int, bool]] = iter(SLICES)
+        if not self._worth_slicing():
+            self._specs = iter(())
         self._next = self._next_slice()  # the first sliced point, as a plan (or None)
         self._ready: list[tuple[list, list]] = []
 
@@ -266,6 +268,8 @@ class _Points:
             return False
         trace = self._prover.runner.trace
         self._kinds = [getattr(trace[ref.label], "kind", "op") for ref in self._head.parent_args]
+        if "parameter" not in self._kinds and "buffer" not in self._kinds:
+            self._specs = iter(spec for spec in SLICES if not spec[1])  # no weights to cut
         return True
 
     def _next_slice(self) -> tuple[list, bool, int] | None:
