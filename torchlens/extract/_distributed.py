@@ -10,6 +10,7 @@ no-ops that only re-raise. A failed collective (a peer that died) becomes
 
 from __future__ import annotations
 
+import atexit
 import os
 import time
 from collections.abc import Callable
@@ -58,6 +59,8 @@ def _group() -> Any:
             side = dist.new_group(backend="gloo")
         except Exception:  # a build without gloo: the default group it is
             side = None
+        if not _SIDE:  # let go of it at exit, not while the interpreter tears torch down
+            atexit.register(_SIDE.clear)
         _SIDE.update(world=dist.group.WORLD, group=side)
     return _SIDE["group"]
 
