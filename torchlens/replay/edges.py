@@ -58,6 +58,7 @@ Verdict = tuple[str, str]  # (verified | exempt | unread | failed | unchecked, r
 # output channels has them cut as if they were a sequence (and refuses), and at one row
 # with whole weights each probe would compute every output channel.
 SLICES = ((2, True), (2, False), (1, True), (1, False))
+_WHOLE_WEIGHTS = tuple(spec for spec in SLICES if not spec[1])  # a call without weights
 
 
 class Runner(Protocol):
@@ -250,9 +251,7 @@ class _Points:
         self._shapes = [out.shape for out in outputs]
         self._weights_key = (head.func_name, tuple(value.dim() for value in values))
         self._kinds: list[str] = []
-        self._specs: Iterator[tuple[int, bool]] = iter(SLICES)
-        if not self._worth_slicing():
-            self._specs = iter(())
+        self._specs = iter(self._slices())
         self._next = self._next_slice()  # the first sliced point, as a plan (or None)
         self._ready: list[tuple[list, list]] = []
 
@@ -261,16 +260,18 @@ class _Points:
         """Whether the call has a sliced point (asked before any point is tried)."""
         return self._next is not None
 
-    def _worth_slicing(self) -> bool:
+    def _slices(self) -> tuple[tuple[int, bool], ...]:
+        """The points of :data:`SLICES` worth trying: none for a small call, and only
+        those keeping whole weights for a call without parameters or buffers."""
         if self._head.func is None or any(value.is_nested for value in self.values):
-            return False  # (a jagged tensor's sizes are symbolic: no slicing plan)
+            return ()  # (a jagged tensor's sizes are symbolic: no slicing plan)
         if not large_enough(self.values, self._shapes):
-            return False
+            return ()
         trace = self._prover.runner.trace
         self._kinds = [getattr(trace[ref.label], "kind", "op") for ref in self._head.parent_args]
-        if "parameter" not in self._kinds and "buffer" not in self._kinds:
-            self._specs = iter(spec for spec in SLICES if not spec[1])  # no weights to cut
-        return True
+        if "parameter" in self._kinds or "buffer" in self._kinds:
+            return SLICES
+        return _WHOLE_WEIGHTS
 
     def _next_slice(self) -> tuple[list, bool, int] | None:
         """The next of :data:`SLICES` that exists for this call, as a plan (it is cut when
