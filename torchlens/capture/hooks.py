@@ -147,12 +147,7 @@ class _ModuleCalls:
                 with _no_torch_function():
                     builder.exit_module(())
                 raise
-            with _no_torch_function():  # (_exit inline: this runs at every module call)
-                tensors = [output] if isinstance(output, torch.Tensor) else _tensors_in(output)
-                call = builder.exit_module(tensors)
-                if call is None or not builder.exit_hooks:
-                    return output
-                new = run_exit_hooks(builder, call, output, tensors)
+            new = self._exit(output)
             return output if new is None else new
 
         return forward_traced
