@@ -17,6 +17,8 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 
 import torch
@@ -102,6 +104,24 @@ class _Batches(torch.utils.data.Sampler):
         return len(self.batches)
 
 
+@contextmanager
+def _rank0_late(rank: int, seconds: float = 1.0) -> Iterator[None]:
+    """Rank 0 sleeps once every rank sees the run directory, so the other ranks' shards
+    are on disk before rank 0 starts (the order a loaded machine may give by chance)."""
+    real = _distributed.check_shared
+
+    def late(world: int, root) -> None:
+        real(world, root)
+        if rank == 0:
+            time.sleep(seconds)
+
+    _distributed.check_shared = late
+    try:
+        yield
+    finally:
+        _distributed.check_shared = real
+
+
 def ranks(out: str) -> None:
     import torch.distributed as dist
 
@@ -118,7 +138,10 @@ def ranks(out: str) -> None:
     torch.manual_seed(0)  # the same weights on every rank
     tokens = nn.Sequential(nn.Embedding(50, 8), nn.ReLU()).eval()  # rank 0 gets length 12,
     lengths = [torch.randint(0, 50, (4, n)) for n in (12, 16, 12, 16)]  # rank 1 length 16
-    _case(out, "split_shapes", lambda: extract(tokens, lengths, to=f"{out}/split_shapes") and None)
+    with _rank0_late(rank):  # rank 1 then writes its shard first: rank 0 must not read it
+        _case(
+            out, "split_shapes", lambda: extract(tokens, lengths, to=f"{out}/split_shapes") and None
+        )
     linear = nn.Sequential(nn.Linear(4, 3), nn.ReLU()).eval()
     bad = [torch.ones(2, 4), torch.ones(2, 5), torch.ones(2, 4)]  # batch 1 (rank 1's) is bad
     _case(out, "rank1_fails", lambda: extract(linear, bad, to=f"{out}/rank1_fails") and None)

@@ -120,10 +120,13 @@ def extract(
         plan = BatchPlan(data, inputs, rank, world)
         _distributed.agree(world, root, args, overwrite, plan.order)
         _distributed.on_rank0(world, rank, partial(_store.prepare, root, args, overwrite))
+        # what earlier runs left on disk, read before check_shared's gather, which no rank
+        # leaves (to write shards of its own) before every rank has read it
+        done, disk_schema = _store.done_batches(root), _store.disk_schema(root)
         _distributed.check_shared(world, root)
-        plan.skip(_store.done_batches(root))
+        plan.skip(done)
         run = _Run(model, selector, reducer, stop_after, targets, _device(model, device))
-        run.schema = _store.disk_schema(root)
+        run.schema = disk_schema
         writer = _store.ShardWriter(root, int(shard_mb * 2**20))
         bar = tqdm(total=plan.known_total, unit="ex", desc="tl.extract", dynamic_ncols=True,
                    disable=(rank != 0) or (None if progress is None else not progress))  # fmt: skip
