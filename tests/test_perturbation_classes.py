@@ -289,6 +289,10 @@ def test_unknown_probe_is_refused():
         (torch.tensor([float("nan"), 1.0]), torch.tensor([float("nan"), 1.0]), False),
         (torch.tensor([float("nan"), 1.0]), torch.tensor([2.0, 1.0]), True),
         (torch.tensor([float("inf"), 1.0]), torch.tensor([float("inf"), 1.0]), False),
+        (torch.tensor([1.0, 2.0]), torch.tensor([float("nan"), 2.0]), True),  # a new NaN
+        (torch.tensor([1.0, float("nan")]), torch.tensor([float("nan")] * 2), True),
+        (torch.tensor([1.0, 2.0]), torch.tensor([float("-inf"), float("nan")]), True),
+        (torch.tensor([1.0, 2.0]), torch.tensor([float("inf"), 2.0]), True),
         (torch.zeros(2), torch.tensor([0.0, 1e-30]), True),
         (torch.tensor([1, 2]), torch.tensor([1, 3]), True),
         (torch.ones(2, 2), torch.ones(4), True),
@@ -297,6 +301,14 @@ def test_unknown_probe_is_refused():
 )
 def test_baseline_judges_moves_on_each_elements_scale(base, other, moved):
     assert Baseline(base).moved(other) is moved
+
+
+@pytest.mark.parametrize("first", [float("nan"), float("inf"), float("-inf")])
+def test_a_number_turned_nan_or_infinite_is_a_move_seen_at_the_first_element(first):
+    # rsqrt of a variance the noise probe made negative: decided without the full test
+    other = torch.tensor([first, float("nan"), 3.0])
+    assert Baseline(torch.tensor([1.0, 2.0, 3.0]))._first_moved(other) is True
+    assert Baseline(torch.tensor([float("nan"), 2.0, 3.0]))._first_moved(other) is False
 
 
 class Ignored(nn.Module):

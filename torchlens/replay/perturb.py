@@ -375,8 +375,10 @@ class Baseline:
 
     def _first_moved(self, a: Tensor) -> bool:
         """Whether the first element alone moved on its own scale (a probe usually moves
-        every element): both are numbers and ``|a - b| > 4 * eps * |b|`` there, computed in
-        their dtype as the elementwise test below computes it, which then finds it too."""
+        every element), as the elementwise test below would find: the baseline's first
+        element is a number, and the probed one is NaN or infinite (a new NaN, or an
+        infinite difference: ``rsqrt`` of a variance the noise made negative), or
+        ``|a - b| > 4 * eps * |b|`` there, computed in their dtype as that test does."""
         if self._first is None:
             self._first = self._first_element()
         if self._first is False or type(a) is not Tensor or not a.is_cpu or a.is_neg():
@@ -384,7 +386,7 @@ class Baseline:
         base, y, threshold, clear = self._first
         x = a.numpy().item(0)  # a Python float, exact
         if not math.isfinite(x):
-            return False  # left to the full test
+            return True  # y is finite (see _first_element)
         if x * y < 0:  # opposite signs: |a - b| > |b| > 4 * eps * |b|, rounded or not
             return True
         if abs(x - y) > clear:  # twice the bound in doubles: no rounding can undo that
