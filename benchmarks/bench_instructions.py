@@ -11,6 +11,9 @@ Arms, each counted over ``--runs`` calls after two warm-up calls, the garbage co
 
 * ``forward``: the plain forward (its row gives instructions per op of the forward itself);
 * ``bare``: a ``TorchFunctionMode`` that only calls each function, the floor of any capture;
+* ``count`` and ``graph``: the floors of ``floors.py``, what a recorder that names ops and
+  module calls (``count``, beside ``record``) and a capture with edges and module calls
+  (``graph``, beside ``trace``) cannot skip;
 * ``record``: ``tl.record`` keeping one op; ``struct``: ``tl.trace(structure_only=True)``;
   ``trace``: ``tl.trace``.
 
@@ -33,7 +36,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ARMS = ("forward", "bare", "record", "struct", "trace")
+ARMS = ("forward", "bare", "count", "graph", "record", "struct", "trace")
 N_OPS = 200
 # callgrind starts counting when a C function of this name is entered and stops when it
 # returns: the timed calls run inside functools.reduce, a C function called nowhere else
@@ -47,6 +50,9 @@ def _count(arm: str, runs: int) -> None:
     from torch.overrides import TorchFunctionMode
 
     import torchlens as tl
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from floors import count_floor, graph_floor
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -67,6 +73,8 @@ def _count(arm: str, runs: int) -> None:
     call = {
         "forward": lambda: model(x),
         "bare": bare,
+        "count": lambda: count_floor(model, (x,)),
+        "graph": lambda: graph_floor(model, (x,)),
         "record": lambda: tl.record(model, x, save=tl.label("linear_3")),
         "struct": lambda: tl.trace(model, x, structure_only=True),
         "trace": lambda: tl.trace(model, x),

@@ -8,11 +8,17 @@ interleaved, medians after a warm-up:
   (target at most 1.10x on the transformer and conv models);
 * ``hooks``: forward hooks on the same modules that keep their outputs / plain forward;
   ``record / hooks`` must be at most 1.5;
+* ``floor``: those hooks under the counting floor (``floors.py``: a mode that counts each
+  call by function and follows module calls by wrapping each ``forward``), the least pure
+  Python a recorder that names every op and module call and keeps the same values runs;
 * ``module``: ``save=tl.module(...)`` selecting the same module calls (every op inside them);
 * ``clone``: the same record, copying each kept value at once instead of copy-on-write;
 * ``trace``: full ``tl.trace`` for reference;
 * ``stop``: ``tl.trace`` / ``tl.record`` with ``stop_after=`` the first selected op (an early
   layer), against the full trace / full forward: the saving of halting early.
+
+Issue 14's targets for ``record`` are at most 1.05x on the conv and transformer models and
+1.2x on mlp100; the last column says which are met, and which lie below ``floor``.
 
 Run: ``python benchmarks/bench_record.py [--repeats N] [--models a,b] [--clock wall]``.
 By default torch runs on one thread and each run is timed by that thread's CPU time, which
@@ -34,6 +40,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from floors import count_floor  # noqa: E402
 from models import BENCH_MODELS  # noqa: E402
 from timing import interleaved_times  # noqa: E402
 
@@ -49,6 +56,8 @@ SELECTION = {
     "gpt_decoder": (nn.Linear, 2),
 }
 TARGETS = {"convnet8": 1.10, "transformer_encoder": 1.10}  # record / forward
+# issue 14's targets for record / forward (reported; the run fails on TARGETS only)
+ISSUE_TARGETS = {"mlp100": 1.2, "convnet8": 1.05, "transformer_encoder": 1.05, "gpt_decoder": 1.05}
 HOOK_TARGET = 1.5  # record / hand-written hooks
 
 
@@ -119,6 +128,9 @@ def bench_model(
             "forward": lambda: model(*args),
             "record": lambda: tl.record(model, args, save=by_label),
             "hooks": lambda: _hooked_forward(model, modules, args),
+            "floor": lambda: count_floor(
+                model, args, run=lambda: _hooked_forward(model, modules, args)
+            ),
             "module": lambda: tl.record(model, args, save=by_module),
             "clone": lambda: _record_cloning(model, args, by_label),
             "trace": lambda: tl.trace(model, args),
@@ -133,6 +145,18 @@ def bench_model(
     return times, info
 
 
+_ROW = "{:<20}" + "{:>8}" * 2 + "{:>9}" + "{:>8}" * 6 + "{:>8}{:>7}{:>18}{:>17}"
+
+
+def _issue_verdict(target: float | None, record: float, floor: float) -> str:
+    """``  <=1.05x met`` or ``MISSED``, noting a missed target below the counting floor."""
+    if target is None:
+        return ""
+    if record <= target:
+        return f"  <={target:g}x met"
+    return f"  <={target:g}x MISSED" + (" (below the floor)" if floor > target else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=15)
@@ -143,9 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     if opts.clock == "cpu":
         torch.set_num_threads(1)
         clock = time.thread_time
-    head = ("model", "ops", "kept", "fwd ms", "record", "hooks", "rec/hk", "module", "clone")
-    head += ("trace", "stop@", "trace_stop/trace", "record_stop/fwd")
-    print(("{:<20}" + "{:>8}" * 2 + "{:>9}" + "{:>8}" * 5 + "{:>8}{:>7}{:>18}{:>17}").format(*head))
+    head = ("model", "ops", "kept", "fwd ms", "record", "hooks", "rec/hk", "floor", "module")
+    head += ("clone", "trace", "stop@", "trace_stop/trace", "record_stop/fwd", "  issue 14")
+    print((_ROW + "{}").format(*head))
     failed = False
     for name in opts.models.split(","):
         m, info = bench_model(name, opts.repeats, clock)
@@ -153,17 +177,17 @@ def main(argv: list[str] | None = None) -> int:
         rec, vs_hooks = ratio(m, "record", "forward"), ratio(m, "record", "hooks")
         failed |= rec > TARGETS.get(name, float("inf")) or vs_hooks > HOOK_TARGET
         row = (name, info["ops"], info["kept"], f"{fwd * 1e3:.2f}", f"{rec:.3f}")
-        row += (f"{ratio(m, 'hooks', 'forward'):.3f}", f"{vs_hooks:.3f}")
+        floor = ratio(m, "floor", "forward")
+        row += (f"{ratio(m, 'hooks', 'forward'):.3f}", f"{vs_hooks:.3f}", f"{floor:.3f}")
         row += (f"{ratio(m, 'module', 'forward'):.3f}", f"{ratio(m, 'clone', 'forward'):.3f}")
         row += (f"{ratio(m, 'trace', 'forward'):.3f}", info["stop_at"])
         row += (
             f"{ratio(m, 'trace_stop', 'trace'):.3f}",
             f"{ratio(m, 'record_stop', 'forward'):.3f}",
+            _issue_verdict(ISSUE_TARGETS.get(name), rec, floor),
         )
-        print(
-            ("{:<20}" + "{:>8}" * 2 + "{:>9}" + "{:>8}" * 5 + "{:>8}{:>7}{:>18}{:>17}").format(*row)
-        )
-    print("record, hooks, module, clone, trace: ratio to the plain forward of the same run")
+        print((_ROW + "{}").format(*row))
+    print("record, hooks, floor, module, clone, trace: ratio to the plain forward of the same run")
     return 1 if failed else 0
 
 

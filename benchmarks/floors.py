@@ -1,0 +1,119 @@
+"""Floors: the least pure Python any capture of the same facts pays, measured beside it.
+
+Each floor is a function mode stripped to what a recorder of its kind cannot skip, so a
+benchmark can print how far ``tl.trace`` and ``tl.record`` are above the cost of the facts
+they keep, on the same machine and in the same run as the plain forward:
+
+* :func:`graph_floor`: every call's tensor parents found by identity, one tuple per call,
+  every output kept, and the module stack followed by wrapping each submodule's
+  ``forward`` (as ``capture/hooks.py`` does). No labels, no sources, no versions, no
+  payload bookkeeping: the least a capture with edges and module calls runs per op.
+* :func:`count_floor`: every call counted by function, and the module stack followed the
+  same way: the least a recorder that names ops and module calls (as ``tl.record`` must,
+  so that labels and ``tl.module`` selectors mean what they mean in a trace) runs per op.
+
+Neither is a faithful capture (no in-place writes, no nested arguments, no keywords):
+they undercount, which is what a floor should do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+__all__ = ["count_floor", "graph_floor"]
+
+Tensor = torch.Tensor
+_TENSOR_TYPES = (Tensor, nn.Parameter)
+
+
+class _FramesMode(TorchFunctionMode):
+    """A mode that knows the open module calls as ``(module id, call number)`` frames."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frames: tuple[tuple[int, int], ...] = ()
+        self.calls: dict[int, int] = {}
+
+
+class _GraphFloor(_FramesMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: dict[int, tuple[Tensor, int]] = {}  # id -> (tensor, its call's index)
+        self.ops: list[tuple] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **kwargs) if kwargs else func(*args)
+        live = self.live
+        parents = []
+        for arg in args:
+            if type(arg) in _TENSOR_TYPES:
+                entry = live.get(id(arg))
+                parents.append(entry[1] if entry is not None and entry[0] is arg else -1)
+        index = len(self.ops)
+        self.ops.append((func, parents, self.frames, out))
+        if type(out) is Tensor:
+            live[id(out)] = (out, index)
+        return out
+
+
+class _CountFloor(_FramesMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: dict[Any, int] = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **kwargs) if kwargs else func(*args)
+        counts = self.counts
+        counts[func] = counts.get(func, 0) + 1
+        return out
+
+
+@contextmanager
+def _frames_followed(model: nn.Module, mode: _FramesMode) -> Iterator[None]:
+    """Each submodule's ``forward`` wrapped to push and pop its frame on ``mode``."""
+
+    def wrapped(module: nn.Module, forward: Callable[..., Any]) -> Callable[..., Any]:
+        key = id(module)
+
+        def forward_followed(*args: Any, **kwargs: Any) -> Any:
+            before = mode.frames
+            call = mode.calls[key] = mode.calls.get(key, 0) + 1
+            mode.frames = (*before, (key, call))
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                mode.frames = before
+
+        return forward_followed
+
+    modules = list(model.modules())
+    before = [module.__dict__.get("forward") for module in modules]  # instance forwards
+    for module in modules:
+        module.__dict__["forward"] = wrapped(module, module.forward)
+    try:
+        with mode:
+            yield
+    finally:
+        for module, forward in zip(modules, before):
+            if forward is None:
+                del module.__dict__["forward"]
+            else:
+                module.__dict__["forward"] = forward
+
+
+def graph_floor(model: nn.Module, args: tuple, run: Callable[[], Any] | None = None) -> Any:
+    """Run ``model(*args)`` (or ``run()``) under the graph floor; returns its output."""
+    with _frames_followed(model, _GraphFloor()):
+        return run() if run is not None else model(*args)
+
+
+def count_floor(model: nn.Module, args: tuple, run: Callable[[], Any] | None = None) -> Any:
+    """Run ``model(*args)`` (or ``run()``) under the counting floor; returns its output."""
+    with _frames_followed(model, _CountFloor()):
+        return run() if run is not None else model(*args)
