@@ -1,0 +1,296 @@
+"""Validation across whole model libraries: every architecture that builds small enough.
+
+Validation must never accuse a correct capture. The zoo (``tests/realworld``) pins a few
+dozen architectures with inputs chosen by hand; this sweep asks a whole library, with
+random weights and generic inputs:
+
+* ``transformers``: every base model type it registers (``AutoModel``), from its default
+  config shrunk to a tiny size, called on token ids with a padded row, an image, a
+  waveform or mel frames, by the model's ``main_input_name``;
+* ``timm``: one model of each family (the smallest-looking name), on images of its
+  configured size, at most 96 pixels unless the size is fixed;
+* ``torchvision``: its classification, segmentation and video models, on small images or
+  clips.
+
+A model whose plain forward does not run on those inputs, or that has more than
+:data:`MAX_PARAMETERS` parameters, is skipped with the reason; every other one goes through
+``tl.replay``, and a state other than ``passed`` is printed with its first findings. The run
+exits 1 if any such state was seen. ``--train`` runs train mode (dropout on; stochastic
+depth too in timm).
+
+Run: ``python benchmarks/sweep_models.py [--library transformers|timm|torchvision]
+[--attn eager|sdpa] [--train] [--names a,b,...] [--jsonl FILE]`` (needs the library; most
+models take under a second or two, a whole library a few minutes on one core).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import re
+import signal
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import torchlens as tl
+
+# config attributes set wherever a config has them (sub-configs too): a tiny model
+TINY = {
+    "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+    "num_key_value_heads": 1, "intermediate_size": 64, "vocab_size": 128,
+    "max_position_embeddings": 128, "d_model": 32, "encoder_layers": 2, "decoder_layers": 2,
+    "encoder_attention_heads": 2, "decoder_attention_heads": 2, "encoder_ffn_dim": 64,
+    "decoder_ffn_dim": 64, "n_embd": 32, "n_layer": 2, "n_head": 2, "num_layers": 2,
+    "num_heads": 2, "d_ff": 64, "d_kv": 16, "embed_dim": 32, "image_size": 32,
+    "patch_size": 8, "num_channels": 3, "head_dim": 16, "num_experts": 4,
+    "num_local_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+    "max_source_positions": 32,  # speech encoders (Whisper) then take 64 mel frames
+}  # fmt: skip
+SPECIAL_TOKENS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
+MAX_PARAMETERS = 40_000_000  # a model larger than this (after shrinking) is skipped
+BUILD_SECONDS, REPLAY_SECONDS = 60, 240
+SEQ, BATCH = 16, 2
+IMAGE_SIDE = 96  # at most, where a model's input size is not fixed
+
+Built = tuple[Any, tuple, dict]  # (model, args, kwargs) whose plain forward ran
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _alarm(signum: int, frame: Any) -> None:
+    raise _Timeout(f"over the time limit (signal {signum})")
+
+
+def _shrink(config: Any, depth: int = 0) -> None:
+    """Set :data:`TINY` on ``config`` and its sub-configs (text, vision, audio towers)."""
+    from transformers import PretrainedConfig
+
+    for key, value in TINY.items():
+        if hasattr(config, key):
+            try:
+                setattr(config, key, value)
+            except Exception:  # noqa: BLE001 - a derived or per-layer attribute: left as is
+                pass
+    for i, key in enumerate(SPECIAL_TOKENS):  # token ids beyond the tiny vocabulary
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value >= 100:
+            setattr(config, key, i)
+    if depth < 2:
+        for value in list(vars(config).values()):
+            if isinstance(value, PretrainedConfig):
+                _shrink(value, depth + 1)
+
+
+def _inputs(model: Any, config: Any) -> dict[str, torch.Tensor] | None:
+    """Generic inputs by the model's ``main_input_name``; None when it takes another kind."""
+    name = getattr(model, "main_input_name", "input_ids")
+    g = torch.Generator().manual_seed(0)
+    encoder_decoder = getattr(config, "is_encoder_decoder", False)
+    if name == "input_ids":
+        vocab = min(getattr(config, "vocab_size", 128) or 128, 128)
+        ids = torch.randint(3, vocab, (BATCH, SEQ), generator=g)
+        mask = torch.ones(BATCH, SEQ, dtype=torch.long)
+        mask[-1, -3:] = 0  # a padded row
+        kwargs = {"input_ids": ids, "attention_mask": mask}
+        if encoder_decoder:
+            kwargs["decoder_input_ids"] = ids[:, : SEQ // 2].clone()
+        return kwargs
+    if name == "pixel_values":
+        size = getattr(config, "image_size", 32)
+        size = size if isinstance(size, int) else size[0]
+        channels = getattr(config, "num_channels", 3)
+        return {"pixel_values": torch.randn(BATCH, channels, size, size, generator=g)}
+    if name == "input_values":
+        return {"input_values": torch.randn(BATCH, 4000, generator=g)}
+    if name == "input_features":
+        bins = getattr(config, "num_mel_bins", None) or getattr(config, "feature_size", 80)
+        frames = 2 * getattr(config, "max_source_positions", 32)  # after a stride-2 conv
+        kwargs = {"input_features": torch.randn(BATCH, bins, frames, generator=g)}
+        if encoder_decoder:
+            kwargs["decoder_input_ids"] = torch.randint(3, 100, (BATCH, SEQ // 2), generator=g)
+        return kwargs
+    return None
+
+
+def _small_enough(model: Any) -> None:
+    n_parameters = sum(p.numel() for p in model.parameters())
+    if n_parameters > MAX_PARAMETERS:
+        raise _Skip(f"{n_parameters / 1e6:.0f}M parameters")
+
+
+class _Skip(Exception):
+    """The model cannot be swept here (too large, or it takes other inputs)."""
+
+
+def _transformers(model_type: str, attn: str, train: bool) -> Built:
+    from transformers import AutoConfig, AutoModel
+
+    config = AutoConfig.for_model(model_type)
+    _shrink(config)
+    model = AutoModel.from_config(config, attn_implementation=attn).train(train)
+    _small_enough(model)
+    kwargs = _inputs(model, config)
+    if kwargs is None:
+        raise _Skip(f"takes {model.main_input_name}")
+    return model, (), kwargs
+
+
+def _transformers_names() -> list[str]:
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    return sorted(MODEL_MAPPING_NAMES)
+
+
+_SMALL_WORDS = ("atto", "femto", "pico", "nano", "tiny", "xxs", "xs", "small", "b0", "18")
+
+
+def _timm_names() -> list[str]:
+    """One model per family (the name up to its first digit or underscore)."""
+    import timm
+
+    families: dict[str, list[str]] = {}
+    for name in timm.list_models():
+        families.setdefault(re.split(r"[_\d]", name)[0], []).append(name)
+
+    def smallness(name: str) -> tuple[int, int]:
+        rank = next((i for i, w in enumerate(_SMALL_WORDS) if w in name), len(_SMALL_WORDS))
+        return rank, len(name)
+
+    return sorted(min(names, key=smallness) for names in families.values())
+
+
+def _timm(name: str, attn: str, train: bool) -> Built:
+    import timm
+
+    try:
+        rates = {"drop_rate": 0.1, "drop_path_rate": 0.1} if train else {}
+        model = timm.create_model(name, pretrained=False, num_classes=10, **rates)
+    except TypeError:  # a family without stochastic depth
+        model = timm.create_model(name, pretrained=False, num_classes=10)
+    model.train(train)
+    _small_enough(model)
+    config = model.pretrained_cfg or {}
+    channels, height, width = config.get("input_size", (3, 224, 224))
+    image = torch.randn(BATCH, channels, height, width, generator=torch.Generator().manual_seed(0))
+    if config.get("fixed_input_size", False) or max(height, width) <= IMAGE_SIDE:
+        return model, (image,), {}
+    small = image[:, :, :IMAGE_SIDE, :IMAGE_SIDE].contiguous()
+    try:
+        with torch.no_grad():
+            model(small)
+    except Exception:  # noqa: BLE001 - a size its blocks need (halo attention): the full one
+        return model, (image,), {}
+    return model, (small,), {}
+
+
+def _torchvision_names() -> list[str]:
+    import torchvision.models as tvm
+
+    kinds = (tvm, tvm.segmentation, tvm.video)
+    return sorted(name for kind in kinds for name in tvm.list_models(module=kind))
+
+
+def _torchvision(name: str, attn: str, train: bool) -> Built:
+    import torchvision.models as tvm
+
+    video = name in tvm.list_models(module=tvm.video)
+    extra = {"weights_backbone": None} if name in tvm.list_models(module=tvm.segmentation) else {}
+    model = tvm.get_model(name, weights=None, num_classes=10, **extra).train(train)
+    _small_enough(model)
+    side = 64
+    if name.startswith(("vit", "swin", "maxvit")):
+        side = 224  # fixed by their position embeddings or windows
+    elif name.startswith("inception"):
+        side = 299
+    shape = (BATCH, 3, 8, 32, 32) if video else (BATCH, 3, side, side)
+    return model, (torch.randn(*shape, generator=torch.Generator().manual_seed(0)),), {}
+
+
+LIBRARIES: dict[str, tuple[Callable[[], list[str]], Callable[[str, str, bool], Built]]] = {
+    "transformers": (_transformers_names, _transformers),
+    "timm": (_timm_names, _timm),
+    "torchvision": (_torchvision_names, _torchvision),
+}
+
+
+def sweep_one(build: Callable[[], Built], name: str) -> dict[str, Any]:
+    """One model's record: ``skip`` with the reason, or the replay ``state`` (and findings)."""
+    record: dict[str, Any] = {"name": name}
+    start = time.perf_counter()
+    try:
+        signal.alarm(BUILD_SECONDS)
+        torch.manual_seed(0)
+        model, args, kwargs = build()
+        with torch.no_grad():
+            model(*args, **kwargs)
+    except _Skip as why:
+        record["skip"] = str(why)
+        return record
+    except Exception as err:  # noqa: BLE001 - the model's own build or forward failed
+        record["skip"] = f"build or forward: {type(err).__name__}: {str(err)[:160]}"
+        return record
+    finally:
+        signal.alarm(0)
+    try:
+        signal.alarm(REPLAY_SECONDS)
+        status = tl.replay(model, args, kwargs)
+        record["state"] = status.state
+        record["failures"] = [list(map(str, f)) for f in status.failures[:3]]
+        record["unchecked"] = [list(map(str, f)) for f in status.unchecked[:3]]
+    except Exception as err:  # noqa: BLE001 - torchlens raised: reported as such
+        record["state"] = "raised"
+        record["error"] = f"{type(err).__name__}: {str(err)[:400]}"
+    finally:
+        signal.alarm(0)
+    record["seconds"] = round(time.perf_counter() - start, 2)
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--library", choices=sorted(LIBRARIES), default="transformers")
+    parser.add_argument("--attn", default="eager", help="transformers' attn_implementation")
+    parser.add_argument("--train", action="store_true", help="train mode (dropout on)")
+    parser.add_argument("--names", default="", help="comma-separated models (default all)")
+    parser.add_argument("--jsonl", default="", help="also write one JSON line per model here")
+    opts = parser.parse_args(argv)
+    list_names, builder = LIBRARIES[opts.library]
+    try:
+        names = [n for n in opts.names.split(",") if n] or list_names()
+    except ImportError:
+        print(f"skipped: {opts.library} is not installed (pip install {opts.library})")
+        return 0
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    signal.signal(signal.SIGALRM, _alarm)
+    counts: dict[str, int] = {}
+    out = open(opts.jsonl, "w") if opts.jsonl else None  # noqa: SIM115 - closed below
+    try:
+        for name in names:
+            build = functools.partial(builder, name, opts.attn, opts.train)
+            record = sweep_one(build, name)
+            outcome = record.get("state", "skipped")
+            counts[outcome] = counts.get(outcome, 0) + 1
+            if out is not None:
+                out.write(json.dumps(record) + "\n")
+            if outcome not in ("passed", "skipped"):
+                print(json.dumps(record), flush=True)
+    finally:
+        if out is not None:
+            out.close()
+    summary = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+    mode = "train" if opts.train else "eval"
+    print(f"{len(names)} {opts.library} models ({mode}, attention {opts.attn}): {summary}")
+    return 0 if set(counts) <= {"passed", "skipped"} else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
