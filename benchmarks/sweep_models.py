@@ -265,8 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     list_names, builder = LIBRARIES[opts.library]
     try:
         names = [n for n in opts.names.split(",") if n] or list_names()
-    except ImportError:
-        print(f"skipped: {opts.library} is not installed (pip install {opts.library})")
+    except Exception as err:  # noqa: BLE001 - not installed, or a build that fails to load
+        # (PyPI's torchvision beside a CPU torch: its compiled ops raise at import)
+        print(f"skipped: {opts.library} cannot be imported here ({type(err).__name__}: {err})")
         return 0
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
