@@ -191,18 +191,26 @@ def _timm(name: str, attn: str, train: bool) -> Built:
     return model, (small,), {}
 
 
-def _torchvision_names() -> list[str]:
+@functools.cache
+def _torchvision_kinds() -> dict[str, frozenset[str]]:
+    """torchvision's model names by kind (``classification``, ``segmentation``, ``video``),
+    listed once for the names and for every build."""
     import torchvision.models as tvm
 
-    kinds = (tvm, tvm.segmentation, tvm.video)
-    return sorted(name for kind in kinds for name in tvm.list_models(module=kind))
+    modules = {"classification": tvm, "segmentation": tvm.segmentation, "video": tvm.video}
+    return {kind: frozenset(tvm.list_models(module=m)) for kind, m in modules.items()}
+
+
+def _torchvision_names() -> list[str]:
+    return sorted(frozenset().union(*_torchvision_kinds().values()))
 
 
 def _torchvision(name: str, attn: str, train: bool) -> Built:
     import torchvision.models as tvm
 
-    video = name in tvm.list_models(module=tvm.video)
-    extra = {"weights_backbone": None} if name in tvm.list_models(module=tvm.segmentation) else {}
+    kinds = _torchvision_kinds()
+    video = name in kinds["video"]
+    extra = {"weights_backbone": None} if name in kinds["segmentation"] else {}
     model = tvm.get_model(name, weights=None, num_classes=10, **extra).train(train)
     _small_enough(model)
     side = 64
