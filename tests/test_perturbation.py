@@ -203,17 +203,79 @@ def test_weights_are_cut_before_the_call_is_perturbed(monkeypatch):
     assert perturbed and all(shapes == ((1, 1, 256), (1, 256), (1,)) for shapes in perturbed)
 
 
+def test_a_convolution_is_perturbed_at_one_image_and_one_output_channel(monkeypatch):
+    """Its input's channels are no sequence: the point that cuts only the weights (every
+    image, one output channel) is passed over for the one that cuts the batch as well."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 16, 3, padding=1)
+    trace = tl.trace(conv, torch.randn(8, 3, 32, 32))
+    seen = _spy_calls(monkeypatch)
+    assert check_trace(trace).state == "passed"
+    replay, *perturbed = [shapes for name, shapes in seen if name == "conv2d"]
+    assert replay == ((8, 3, 32, 32), (16, 3, 3, 3), (16,))
+    assert perturbed and all(shapes == ((1, 3, 32, 32), (1, 3, 3, 3), (1,)) for shapes in perturbed)
+
+
+def test_a_refused_cut_is_remembered_for_calls_of_the_same_shapes_only(monkeypatch):
+    """A depthwise convolution refuses cut weights (its groups are fixed); the 1x1
+    convolution after it, of the same ranks, still takes them, and a second depthwise one
+    of the same shapes does not try the refused points again."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(16, 16, 3, padding=1, groups=16),  # depthwise
+        nn.Conv2d(16, 32, 1),
+        nn.Conv2d(32, 32, 3, padding=1, groups=32),
+        nn.Conv2d(32, 32, 3, padding=1, groups=32),
+    )
+    trace = tl.trace(model, torch.randn(4, 16, 32, 32))
+    seen: list[tuple[str, tuple]] = []
+    original = Checker.run_call
+
+    def spy(self, op, values, skip=frozenset(), sliced=False):
+        seen.append((op.label, tuple(tuple(v.shape) for v in values)))
+        return original(self, op, values, skip, sliced)
+
+    monkeypatch.setattr(Checker, "run_call", spy)
+    assert check_trace(trace).state == "passed"
+    pointwise = [shapes for label, shapes in seen if label == "conv2d_2"][1:]
+    assert pointwise and all(
+        shapes == ((1, 16, 32, 32), (1, 16, 1, 1), (1,)) for shapes in pointwise
+    )
+    third = [shapes for label, shapes in seen if label == "conv2d_3"][1:]
+    fourth = [shapes for label, shapes in seen if label == "conv2d_4"][1:]
+    assert len(fourth) < len(third)  # the refused points were not tried again
+    assert fourth == [((1, 32, 32, 32), (32, 1, 3, 3), (32,))] * len(fourth)
+
+
+def test_an_edge_behind_a_zero_scale_is_proved_by_nan_at_a_sliced_point(monkeypatch):
+    """A batch norm whose scale is zero (timm's ResNets start each block's last one so)
+    hides its input and mean from every finite move; NaN shows them at one sliced point,
+    without running the full call again."""
+    torch.manual_seed(0)
+    norm = nn.BatchNorm2d(16).eval()
+    nn.init.zeros_(norm.weight)
+    trace = tl.trace(norm, torch.randn(8, 16, 32, 32))
+    seen = _spy_calls(monkeypatch)
+    status = check_trace(trace)
+    assert status.state == "passed" and status.perturbation_verified == 1, str(status)
+    full = [shapes for name, shapes in seen if name == "batch_norm" and shapes[0][0] == 8]
+    assert len(full) == 1  # the replay only
+
+
 def test_recorded_point_is_recomputed_when_no_sliced_point_shows_the_edge(monkeypatch):
-    """Row 0 of x is zero, so w cannot matter at any sliced point; the full call shows it."""
+    """Row 0 of x is negative, so ``where`` takes none of w there, whatever its value (NaN
+    too): no sliced point can show w; the full call does."""
     w = nn.Parameter(torch.randn(256))
-    x = torch.randn(4, 64, 256)
-    x[0] = 0.0
-    trace = tl.trace(lambda t: t * w, x)
+    x = torch.randn(4, 64, 256).abs()
+    x[0] = -x[0]
+    trace = tl.trace(lambda t: torch.where(t > 0, w, t), x)
     seen = _spy_calls(monkeypatch)
     status = check_trace(trace)
     assert status.state == "passed", str(status)
-    full = ((4, 64, 256), (256,))
-    assert seen.count(("mul", full)) >= 2  # the replay, then the recorded point again
+    full = ((4, 64, 256), (256,), (4, 64, 256))
+    assert seen.count(("where", full)) >= 2  # the replay, then the recorded point again
+    sliced = [shapes for name, shapes in seen if name == "where" and shapes[0][0] == 1]
+    assert len(sliced) >= 5  # a baseline and the four sliced probes of w, at one point
 
 
 def test_a_function_that_ignores_its_bias_fails_even_with_weights_cut():

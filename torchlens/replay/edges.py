@@ -4,10 +4,11 @@ For each tensor parent of each call, the parent's value is moved and the call re
 output must move (judged on its own scale, see :class:`~torchlens.replay.perturb.Baseline`).
 Edges decided without a call come first: exempt kinds and positions, outputs with no
 elements, and outputs that are the parent's own memory (a view). The rest are probed at
-cheap sliced points (see :class:`_Points`), which can only *prove* an edge; then, before any
-edge may fail, the full recorded call is probed with every move of
-:data:`~torchlens.replay.perturb.BATTERY` (noise, halving, shift, sign flip, zero, a huge
-value, a random point, NaN, inf), and at neutral points where the other arguments are
+cheap sliced points (see :class:`_Points`) with the moves of
+:data:`~torchlens.replay.perturb.SLICED_PROBES`, which can only *prove* an edge; then, before
+any edge may fail, the full recorded call is probed with every move of
+:data:`~torchlens.replay.perturb.BATTERY` (noise, halving, shift, NaN, sign flip, zero, a
+huge value, a random point, inf), and at neutral points where the other arguments are
 replaced by fresh values. An edge no probe shows is *unread* when an argument-level rule
 of :mod:`~torchlens.replay.exemptions` says why, and *failed* otherwise.
 
@@ -38,7 +39,7 @@ from torchlens.replay.exemptions import (
 from torchlens.replay.perturb import (
     BATTERY,
     NEUTRAL_PROBES,
-    QUICK_PROBES,
+    SLICED_PROBES,
     Baseline,
     Perturber,
     cut,
@@ -80,11 +81,12 @@ class EdgeProver:
     def __init__(self, runner: Runner) -> None:
         self.runner = runner
         self.perturber = Perturber()
-        # ((function, argument ranks), dimensions cut) of calls that refused cut weights: a
-        # layer norm's weight must match its input, while a 2-d linear refuses only because
-        # its features were cut with the rows, so a 3-d one (or the 2-d one at one row)
-        # still takes cut weights
-        self.uncut_weights: set[tuple[tuple[str, tuple[int, ...]], int]] = set()
+        # ((function, argument shapes), dimensions cut, weights cut) of sliced points that
+        # raised: a call of the same function on the same shapes is not cut so again (a
+        # layer norm's weight must match its input; a depthwise convolution's groups
+        # refuse a cut channel). Shapes, not only ranks: a 1x1 convolution beside the
+        # depthwise one still takes cut weights
+        self.refused: set[tuple[tuple[str, tuple], int, bool]] = set()
         self._later: list[tuple[list[Any], dict, list, _Points]] = []
 
     def prove(self, ops: list[Any], values: list[Tensor], outputs: list[Tensor]) -> None:
@@ -148,13 +150,13 @@ class EdgeProver:
         return None
 
     def _perturb(self, head, label, indices, points: _Points) -> Verdict:
-        """Probe the parent at each point: the cheap probes at sliced points, which can only
-        prove an edge, then every probe of :data:`BATTERY` at the recorded point, then a few
+        """Probe the parent at each point: :data:`SLICED_PROBES` at sliced points, which can
+        only prove an edge, then every probe of :data:`BATTERY` at the recorded point, then a few
         at neutral points (the other arguments replaced, for an edge silenced by a zero
         weight or a NaN partner). Only then may a rule exempt the edge, or the edge fail."""
         trial = _Trial(indices)
         for point_values, baselines, recorded in points:
-            for name in BATTERY if recorded else QUICK_PROBES:
+            for name in BATTERY if recorded else SLICED_PROBES:
                 if self._effect(head, point_values, indices, name, baselines, trial, recorded):
                     return "verified", label
         if points.recorded is None:
@@ -249,7 +251,7 @@ class _Points:
         self._outputs: list[Tensor] | None = outputs
         self._recorded: tuple[list, list] | None = None
         self._shapes = [out.shape for out in outputs]
-        self._weights_key = (head.func_name, tuple(value.dim() for value in values))
+        self._key: tuple[str, tuple] = (head.func_name, ())  # with shapes when sliceable
         self._kinds: list[str] = []
         self._specs = iter(self._slices())
         self._next = self._next_slice()  # the first sliced point, as a plan (or None)
@@ -267,6 +269,7 @@ class _Points:
             return ()  # (a jagged tensor's sizes are symbolic: no slicing plan)
         if not large_enough(self.values, self._shapes):
             return ()
+        self._key = (self._head.func_name, tuple(value.shape for value in self.values))
         trace = self._prover.runner.trace
         self._kinds = [getattr(trace[ref.label], "kind", "op") for ref in self._head.parent_args]
         if "parameter" in self._kinds or "buffer" in self._kinds:
@@ -277,9 +280,12 @@ class _Points:
         """The next of :data:`SLICES` that exists for this call, as a plan (it is cut when
         tried); the later ones are only worked out if an edge needs them."""
         for dims, weights in self._specs:
-            if weights and (self._weights_key, dims) in self._prover.uncut_weights:
+            if (self._key, dims, weights) in self._prover.refused:
                 continue
             plan = slice_plan(self.values, self._kinds, self._shapes, dims, weights)
+            if plan is not None and weights and dims > 1 and all(n < dims for _, n in plan):
+                continue  # only weights cut (a convolution's input is no sequence): the
+                # one-row point with cut weights cuts the same weights and the batch too
             if plan is not None:
                 return plan, weights, dims
         return None
@@ -322,13 +328,12 @@ class _Points:
 
     def _run(self, plan: list, weights: bool, dims: int) -> tuple[list, list] | None:
         prover = self._prover
-        if weights and (self._weights_key, dims) in prover.uncut_weights:
+        if (self._key, dims, weights) in prover.refused:
             return None
         small = cut(self.values, plan)
         try:
             outputs = prover.runner.run_call(self._head, small, sliced=True)
             return small, prover.baselines(outputs)
         except Exception:  # noqa: BLE001 - the call is not separable this way
-            if weights:  # e.g. layer_norm: its weight's shape is fixed; do not try again
-                prover.uncut_weights.add((self._weights_key, dims))
+            prover.refused.add((self._key, dims, weights))
             return None

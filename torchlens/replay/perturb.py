@@ -1,6 +1,6 @@
 """How the perturbation arm changes values and tells whether an output moved.
 
-Probes are named moves of one argument (:data:`QUICK_PROBES` at every point,
+Probes are named moves of one argument (:data:`SLICED_PROBES` at every point,
 :data:`BATTERY` at the recorded point before any edge may fail); :class:`Baseline` judges
 a probed output against the unperturbed one on the output's own scale; :func:`sliced`
 makes a cheap sliced version of a large call to try first."""
@@ -21,6 +21,7 @@ __all__ = [
     "NEUTRAL_PROBES",
     "Perturber",
     "QUICK_PROBES",
+    "SLICED_PROBES",
     "SLICE_MIN_ELEMENTS",
     "cut",
     "large_enough",
@@ -46,12 +47,17 @@ NOISE_PERIOD = 4093
 # halving (stays inside ranges such as [0, 1]), and negating with a shift.
 QUICK_PROBES = ("noise", "half", "shift")
 _QUICK_ATTEMPT = {name: attempt for attempt, name in enumerate(QUICK_PROBES)}
-# Tried at the recorded point before an edge may fail: each reaches a class of values the
-# cheap moves leave silent. A sign flip un-saturates tanh/softmax and flips comparisons; zero
-# turns a mask of ones false; a huge value outweighs a huge partner (``1e20 + x``); a random
-# point breaks ties a broadcast noise keeps (arg-max along a constant column); NaN and inf
-# pass through every arithmetic path, even ``x * 0`` and a softmax over one entry.
-BATTERY = (*QUICK_PROBES, "sign", "zero", "large", "random", "nan", "inf")
+# Tried at sliced points: the cheap moves, then NaN, which passes through every arithmetic
+# path, even ``x * 0``: a batch norm whose scale starts at zero (the last one of each timm
+# ResNet block) hides its input and mean from every finite move, at any point.
+SLICED_PROBES = (*QUICK_PROBES, "nan")
+# Tried at the recorded point before an edge may fail, in that order: each reaches a class
+# of values the cheap moves leave silent. NaN and inf pass through every arithmetic path,
+# even ``x * 0`` and a softmax over one entry (NaN comes first: it shows the most such
+# edges); a sign flip un-saturates tanh/softmax and flips comparisons; zero turns a mask of
+# ones false; a huge value outweighs a huge partner (``1e20 + x``); a random point breaks
+# ties a broadcast noise keeps (arg-max along a constant column).
+BATTERY = (*SLICED_PROBES, "sign", "zero", "large", "random", "inf")
 # Tried at neutral points (the other arguments replaced by fresh finite values).
 NEUTRAL_PROBES = ("noise", "sign", "nan")
 
