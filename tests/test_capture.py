@@ -774,6 +774,35 @@ def test_owned_tensors_are_named_as_named_parameters_and_named_buffers_name_them
     assert all(v[2] is t for v, t in ((owned[id(t)], t) for t in model.parameters()))
 
 
+def test_walk_at_every_address_equals_torchs_walk_without_removing_duplicates():
+    """``every_address`` and ``named_tensors`` give what ``named_modules``,
+    ``named_parameters`` and ``named_buffers`` give with ``remove_duplicate=False``: a shared
+    module (and its tensors) at each of its addresses, in torch's order; a model that
+    overrides the method is asked itself."""
+    from torchlens.capture.walk import every_address, named_tensors
+
+    shared = nn.Linear(2, 2)
+    tree = nn.Sequential(
+        nn.Sequential(shared, nn.BatchNorm1d(2)),
+        nn.ModuleDict({"a": shared, "b": nn.Sequential(nn.Tanh(), nn.Linear(2, 2))}),
+    )
+    tree.register_module("empty", None)
+    tree[0][1].register_buffer("nothing", None)
+    expected = list(tree.named_modules(remove_duplicate=False))
+    assert [(a, id(m)) for a, m in every_address(tree)] == [(a, id(m)) for a, m in expected]
+    assert "1.a.weight" in named_tensors(tree, "_parameters")  # the shared one, again
+    for members, method in (("_parameters", "named_parameters"), ("_buffers", "named_buffers")):
+        found = named_tensors(tree, members)
+        torchs = dict(getattr(tree, method)(remove_duplicate=False))
+        assert list(found) == list(torchs) and all(found[k] is torchs[k] for k in found)
+
+    class OwnParameters(nn.Sequential):
+        def named_parameters(self, *args, **kwargs):
+            yield "custom", shared.weight
+
+    assert list(named_tensors(OwnParameters(nn.Linear(2, 2)), "_parameters")) == ["custom"]
+
+
 def test_saved_values_are_served_detached_and_faithful():
     """Values are kept undetached during capture (see builder._save) and detached when
     first read: what a reader gets holds no autograd graph and equals the value computed."""

@@ -9,9 +9,14 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-__all__ = ["named_modules", "owned_tensors"]
+__all__ = ["every_address", "named_modules", "named_tensors", "owned_tensors"]
 
 _TORCH_WALK = nn.Module.named_modules
+_TORCH_MEMBERS = {
+    "_parameters": nn.Module.named_parameters,
+    "_buffers": nn.Module.named_buffers,
+}
+_MAX_DEPTH = 1000  # deeper is a module holding itself: torch's own walk raises then
 
 
 def named_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -69,3 +74,53 @@ def owned_tensors(modules: list[tuple[str, nn.Module]]) -> dict[int, tuple[str, 
             if tensor is not None and id(tensor) not in owned:
                 owned[id(tensor)] = ("buffer", dot + name, tensor)
     return owned
+
+
+def every_address(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``list(model.named_modules(remove_duplicate=False))``, without the recursive
+    generators: a module held at two addresses comes at both, depth first.
+
+    Example:
+        >>> shared = nn.Linear(2, 2)
+        >>> [address for address, _ in every_address(nn.Sequential(shared, shared))]
+        ['', '0', '1']
+    """
+    found: list[tuple[str, nn.Module]] = []
+    stack: list[tuple[str, nn.Module, int]] = [("", model, 0)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        prefix, module, depth = pop()
+        if type(module).named_modules is not _TORCH_WALK or depth > _MAX_DEPTH:
+            return list(model.named_modules(remove_duplicate=False))
+        found.append((prefix, module))
+        children = module._modules
+        if children:
+            dot = prefix + "." if prefix else ""
+            for name, child in reversed(children.items()):
+                if child is not None:
+                    push((dot + name, child, depth + 1))
+    return found
+
+
+def named_tensors(model: nn.Module, members: str, walk: list | None = None) -> dict[str, Tensor]:
+    """``dict(model.named_parameters(remove_duplicate=False))`` for ``members`` of
+    ``"_parameters"``, and of ``named_buffers`` for ``"_buffers"``, from the
+    :func:`every_address` ``walk`` (made here when not given). A model overriding the
+    method is asked itself.
+
+    Example:
+        >>> list(named_tensors(nn.Sequential(nn.Linear(2, 2)), "_parameters"))
+        ['0.weight', '0.bias']
+    """
+    method = _TORCH_MEMBERS[members]
+    if getattr(type(model), method.__name__) is not method:
+        return dict(getattr(model, method.__name__)(remove_duplicate=False))
+    found: dict[str, Tensor] = {}
+    for prefix, module in every_address(model) if walk is None else walk:
+        tensors = getattr(module, members)
+        if tensors:
+            dot = prefix + "." if prefix else ""
+            for name, tensor in tensors.items():
+                if tensor is not None:
+                    found[dot + name] = tensor
+    return found

@@ -135,14 +135,15 @@ def replay(
     rng.restore(host)  # (torch's generators the rerun puts back itself)
     del pristine
     after_rerun = state.rewind()
-    if state.changed_parameters() and not uncopied:
+    moved_parameters = state.changed_parameters()
+    if moved_parameters and not uncopied:
         # the forward wrote its own weights (RWKV rescales its layers at its first call in
         # eval mode): from the weights it left, rerun once more, keeping them to rewind to
         state = ModelState(model, keep_parameters=True)
         reference = detached(rerun(model, *copy_inputs(args, kwargs), start, intervene))
         rng.restore(host)
         after_rerun = state.rewind()
-    moved_parameters = state.changed_parameters()
+        moved_parameters = state.changed_parameters()
     trace = capture(model, args, kwargs, intervene=intervene)
     after_capture = rng.snapshot()  # the checks touch torch's generators only
     trace.output = detached(trace.output)  # private to this check: its graph is not needed

@@ -23,6 +23,7 @@ from torchlens._tensors import copy_keeping_layout, version_of
 from torchlens.capture import rng
 from torchlens.capture.record import record
 from torchlens.capture.tree import fill, flatten
+from torchlens.capture.walk import every_address, named_tensors
 from torchlens.errors import PayloadUnavailableError
 from torchlens.replay.findings import Findings
 from torchlens.replay.tolerances import equal, mismatch
@@ -158,16 +159,21 @@ class ModelState:
         self.generators: list[tuple[torch.Generator, Tensor]] = []
         if self.model is None:
             return
-        for module in self.model.modules():
+        walk = every_address(self.model)
+        seen: set[int] = set()
+        for _, module in walk:
+            if id(module) in seen or _STATE.isdisjoint(map(type, module.__dict__.values())):
+                continue  # (most modules hold no tensor or generator of their own)
+            seen.add(id(module))
             for name, value in [kv for kv in module.__dict__.items() if type(kv[1]) in _STATE]:
                 if type(value) is Tensor:
                     copy = value.detach().clone()
                     self.attributes.append((module, name, value, version_of(value), copy))
                 else:
                     self.generators.append((value, value.get_state()))
-        for name, buf in self.model.named_buffers(remove_duplicate=False):
+        for name, buf in named_tensors(self.model, "_buffers", walk).items():
             self.buffers[name] = (buf, version_of(buf), buf.detach().clone())
-        for name, param in self.model.named_parameters(remove_duplicate=False):
+        for name, param in named_tensors(self.model, "_parameters", walk).items():
             self.params[name] = (param, version_of(param))
             if keep_parameters:
                 self.kept[name] = param.detach().clone()
@@ -176,7 +182,7 @@ class ModelState:
         """Parameters the forward modified or replaced by other values (the rerun cannot
         start from before). One replaced by a new object holding the same values (what
         accelerate's offload hooks do at every call) is not changed."""
-        current = dict(self.model.named_parameters(remove_duplicate=False)) if self.model else {}
+        current = named_tensors(self.model, "_parameters") if self.model else {}
         return [
             name
             for name, (param, version) in self.params.items()
@@ -198,7 +204,7 @@ class ModelState:
             return after
         self.rewind_parameters()
         self._rewind_attributes()
-        current = dict(self.model.named_buffers(remove_duplicate=False))
+        current = named_tensors(self.model, "_buffers")
         rewound: dict[int, Tensor] = {}  # a buffer under two names (a module kept twice)
         with torch.no_grad():
             for name, (buf, version, saved) in self.buffers.items():
@@ -240,7 +246,9 @@ class ModelState:
 
     def compare_buffers(self, after: dict[str, Tensor], findings: Findings, atol, rtol) -> None:
         """Buffers now (after the second forward) must equal ``after`` (after the first)."""
-        current = dict(self.model.named_buffers(remove_duplicate=False)) if self.model else {}
+        if not after:
+            return
+        current = named_tensors(self.model, "_buffers") if self.model else {}
         for name, expected in after.items():
             now = current.get(name)
             problem = "missing" if now is None else mismatch(now, expected, atol, rtol)
