@@ -171,13 +171,14 @@ def test_mismatch_skips_the_pass_only_for_the_very_same_memory():
     assert mismatch(x[:, :2], x[:, 1:3]) is not None  # same storage, other elements
 
 
-def _spy_calls(monkeypatch) -> list[tuple[str, tuple]]:
-    """Record every call the checker runs: (function name, its tensor arguments' shapes)."""
+def _spy_calls(monkeypatch, by_label: bool = False) -> list[tuple[str, tuple]]:
+    """Record every call the checker runs: (function name, or the op's label with
+    ``by_label``; its tensor arguments' shapes)."""
     seen: list[tuple[str, tuple]] = []
     original = Checker.run_call
 
     def spy(self, op, values, skip=frozenset(), sliced=False):
-        seen.append((op.func_name, tuple(tuple(v.shape) for v in values)))
+        seen.append((op.label if by_label else op.func_name, tuple(tuple(v.shape) for v in values)))
         return original(self, op, values, skip, sliced)
 
     monkeypatch.setattr(Checker, "run_call", spy)
@@ -228,14 +229,7 @@ def test_a_refused_cut_is_remembered_for_calls_of_the_same_shapes_only(monkeypat
         nn.Conv2d(32, 32, 3, padding=1, groups=32),
     )
     trace = tl.trace(model, torch.randn(4, 16, 32, 32))
-    seen: list[tuple[str, tuple]] = []
-    original = Checker.run_call
-
-    def spy(self, op, values, skip=frozenset(), sliced=False):
-        seen.append((op.label, tuple(tuple(v.shape) for v in values)))
-        return original(self, op, values, skip, sliced)
-
-    monkeypatch.setattr(Checker, "run_call", spy)
+    seen = _spy_calls(monkeypatch, by_label=True)
     assert check_trace(trace).state == "passed"
     pointwise = [shapes for label, shapes in seen if label == "conv2d_2"][1:]
     assert pointwise and all(

@@ -30,25 +30,7 @@ def named_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
         >>> [address for address, _ in named_modules(nn.Sequential(shared, nn.ReLU(), shared))]
         ['', '0', '1']
     """
-    found: list[tuple[str, nn.Module]] = []
-    seen: set[int] = set()
-    stack: list[tuple[str, nn.Module]] = [("", model)]
-    pop, push = stack.pop, stack.append  # (bound once: this loop runs per module per trace)
-    while stack:
-        prefix, module = pop()
-        if id(module) in seen:
-            continue
-        if type(module).named_modules is not _TORCH_WALK:
-            return list(model.named_modules())
-        seen.add(id(module))
-        found.append((prefix, module))
-        children = module._modules
-        if children:
-            dot = prefix + "." if prefix else ""
-            for name, child in reversed(children.items()):
-                if child is not None:
-                    push((dot + name, child))
-    return found
+    return _walk(model, unique=True)
 
 
 def owned_tensors(modules: list[tuple[str, nn.Module]]) -> dict[int, tuple[str, str, Tensor]]:
@@ -85,13 +67,25 @@ def every_address(model: nn.Module) -> list[tuple[str, nn.Module]]:
         >>> [address for address, _ in every_address(nn.Sequential(shared, shared))]
         ['', '0', '1']
     """
+    return _walk(model, unique=False)
+
+
+def _walk(model: nn.Module, unique: bool) -> list[tuple[str, nn.Module]]:
+    """Depth first from ``model``: each module once, at its first address (``unique``), or
+    at every address; torch's own walk where a class has a ``named_modules`` of its own, or
+    where the tree holds a module inside itself (torch's walk raises on that)."""
     found: list[tuple[str, nn.Module]] = []
+    seen: set[int] = set()
     stack: list[tuple[str, nn.Module, int]] = [("", model, 0)]
-    pop, push = stack.pop, stack.append
+    pop, push = stack.pop, stack.append  # (bound once: this loop runs per module per trace)
     while stack:
         prefix, module, depth = pop()
+        if unique:
+            if id(module) in seen:
+                continue
+            seen.add(id(module))
         if type(module).named_modules is not _TORCH_WALK or depth > _MAX_DEPTH:
-            return list(model.named_modules(remove_duplicate=False))
+            return list(model.named_modules(remove_duplicate=unique))
         found.append((prefix, module))
         children = module._modules
         if children:
