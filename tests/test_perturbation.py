@@ -217,28 +217,40 @@ def test_a_convolution_is_perturbed_at_one_image_and_one_output_channel(monkeypa
     assert perturbed and all(shapes == ((1, 3, 32, 32), (1, 3, 3, 3), (1,)) for shapes in perturbed)
 
 
-def test_a_refused_cut_is_remembered_for_calls_of_the_same_shapes_only(monkeypatch):
-    """A depthwise convolution refuses cut weights (its groups are fixed); the 1x1
-    convolution after it, of the same ranks, still takes them, and a second depthwise one
-    of the same shapes does not try the refused points again."""
+def test_a_grouped_convolution_is_perturbed_at_one_image_with_whole_weights(monkeypatch):
+    """A depthwise convolution refuses a cut channel and cut weights (its groups are
+    fixed): no such point is tried, and the 1x1 convolution after it, of the same ranks,
+    still takes cut weights."""
     torch.manual_seed(0)
     model = nn.Sequential(
         nn.Conv2d(16, 16, 3, padding=1, groups=16),  # depthwise
         nn.Conv2d(16, 32, 1),
-        nn.Conv2d(32, 32, 3, padding=1, groups=32),
-        nn.Conv2d(32, 32, 3, padding=1, groups=32),
+        nn.Conv2d(32, 32, 3, padding=1, groups=4),
     )
     trace = tl.trace(model, torch.randn(4, 16, 32, 32))
     seen = _spy_calls(monkeypatch, by_label=True)
     assert check_trace(trace).state == "passed"
+    depthwise = [shapes for label, shapes in seen if label == "conv2d_1"][1:]
+    assert depthwise == [((1, 16, 32, 32), (16, 1, 3, 3), (16,))] * 4  # baseline, 3 probes
     pointwise = [shapes for label, shapes in seen if label == "conv2d_2"][1:]
-    assert pointwise and all(
-        shapes == ((1, 16, 32, 32), (1, 16, 1, 1), (1,)) for shapes in pointwise
-    )
-    third = [shapes for label, shapes in seen if label == "conv2d_3"][1:]
-    fourth = [shapes for label, shapes in seen if label == "conv2d_4"][1:]
-    assert len(fourth) < len(third)  # the refused points were not tried again
-    assert fourth == [((1, 32, 32, 32), (32, 1, 3, 3), (32,))] * len(fourth)
+    assert pointwise == [((1, 16, 32, 32), (1, 16, 1, 1), (1,))] * 4
+    grouped = [shapes for label, shapes in seen if label == "conv2d_3"][1:]
+    assert grouped == [((1, 32, 32, 32), (32, 8, 3, 3), (32,))] * 4
+
+
+def test_a_refused_cut_is_not_tried_again_on_a_call_of_the_same_shapes(monkeypatch):
+    """A layer norm refuses cut weights (they must match its input); the second layer
+    norm of the same shapes goes straight to the point with whole weights."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.LayerNorm(256), nn.Linear(256, 256), nn.LayerNorm(256))
+    trace = tl.trace(model, torch.randn(4, 64, 256))
+    seen = _spy_calls(monkeypatch, by_label=True)
+    assert check_trace(trace).state == "passed"
+    refused, whole = ((1, 1, 256), (1,), (1,)), ((1, 1, 256), (256,), (256,))
+    first = [shapes for label, shapes in seen if label == "layer_norm_1"][1:]
+    second = [shapes for label, shapes in seen if label == "layer_norm_2"][1:]
+    assert first == [refused] + [whole] * 4  # refused, then a baseline and three probes
+    assert second == [whole] * 4
 
 
 def test_an_edge_behind_a_zero_scale_is_proved_by_nan_at_a_sliced_point(monkeypatch):
