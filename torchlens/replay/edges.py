@@ -88,9 +88,8 @@ class EdgeProver:
         self.perturber = Perturber()
         # ((function, argument shapes), dimensions cut, weights cut) of sliced points that
         # raised: a call of the same function on the same shapes is not cut so again (a
-        # layer norm's weight must match its input; a depthwise convolution's groups
-        # refuse a cut channel). Shapes, not only ranks: a 1x1 convolution beside the
-        # depthwise one still takes cut weights
+        # layer norm's weight must match its input). Shapes, not only ranks: a 2-d linear
+        # refuses only where its features, as many as its outputs, were cut with the rows
         self.refused: set[tuple[tuple[str, tuple], int, bool]] = set()
         self._later: list[tuple[list[Any], dict, list, _Points]] = []
 
