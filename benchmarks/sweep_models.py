@@ -16,11 +16,14 @@ A model whose plain forward does not run on those inputs, or that has more than
 :data:`MAX_PARAMETERS` parameters, is skipped with the reason; every other one goes through
 ``tl.replay``, and a state other than ``passed`` is printed with its first findings. The run
 exits 1 if any such state was seen. ``--train`` runs train mode (dropout on; stochastic
-depth too in timm).
+depth too in timm). ``--dtype bfloat16`` (or ``float16``, ``float64``) casts the model and
+its floating inputs, as users running reduced precision do; ``--channels-last`` puts the
+model and its image inputs in the channels-last memory format.
 
 Run: ``python benchmarks/sweep_models.py [--library transformers|timm|torchvision]
-[--attn eager|sdpa] [--train] [--names a,b,...] [--jsonl FILE]`` (needs the library; most
-models take under a second or two, a whole library a few minutes on one core).
+[--attn eager|sdpa] [--train] [--dtype D] [--channels-last] [--names a,b,...]
+[--jsonl FILE]`` (needs the library; most models take under a second or two, a whole
+library a few minutes on one core).
 """
 
 from __future__ import annotations
@@ -229,6 +232,34 @@ LIBRARIES: dict[str, tuple[Callable[[], list[str]], Callable[[str, str, bool], B
 }
 
 
+def converted(build: Callable[[], Built], dtype: torch.dtype | None, channels_last: bool) -> Built:
+    """``build()``'s model and inputs in ``dtype`` (floating tensors only: token ids and
+    masks stay integers) and, with ``channels_last``, in that memory format (4-d inputs)."""
+    model, args, kwargs = build()
+    if dtype is not None:
+        model = model.to(dtype)
+        args, kwargs = _map_tensors((args, kwargs), lambda t: t.to(dtype), torch.is_floating_point)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+        args, kwargs = _map_tensors(
+            (args, kwargs), lambda t: t.contiguous(memory_format=torch.channels_last),
+            lambda t: t.dim() == 4,
+        )  # fmt: skip
+    return model, args, kwargs
+
+
+def _map_tensors(tree: Any, change: Callable, applies: Callable) -> Any:
+    """``tree`` (tuples, lists and dicts) with each tensor for which ``applies`` holds
+    replaced by ``change`` of it."""
+    if isinstance(tree, torch.Tensor):
+        return change(tree) if applies(tree) else tree
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(_map_tensors(item, change, applies) for item in tree)
+    if isinstance(tree, dict):
+        return {key: _map_tensors(value, change, applies) for key, value in tree.items()}
+    return tree
+
+
 def sweep_one(build: Callable[[], Built], name: str) -> dict[str, Any]:
     """One model's record: ``skip`` with the reason, or the replay ``state`` (and findings)."""
     record: dict[str, Any] = {"name": name}
@@ -267,10 +298,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--library", choices=sorted(LIBRARIES), default="transformers")
     parser.add_argument("--attn", default="eager", help="transformers' attn_implementation")
     parser.add_argument("--train", action="store_true", help="train mode (dropout on)")
+    parser.add_argument("--dtype", default="", help="cast model and floating inputs (bfloat16)")
+    parser.add_argument("--channels-last", action="store_true", help="channels-last memory")
     parser.add_argument("--names", default="", help="comma-separated models (default all)")
     parser.add_argument("--jsonl", default="", help="also write one JSON line per model here")
     opts = parser.parse_args(argv)
     list_names, builder = LIBRARIES[opts.library]
+    dtype = getattr(torch, opts.dtype, None) if opts.dtype else None
+    if opts.dtype and not isinstance(dtype, torch.dtype):
+        parser.error(f"--dtype {opts.dtype!r} is not a torch dtype (try bfloat16)")
     try:
         names = [n for n in opts.names.split(",") if n] or list_names()
     except Exception as err:  # noqa: BLE001 - not installed, or a build that fails to load
@@ -285,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name in names:
             build = functools.partial(builder, name, opts.attn, opts.train)
+            if dtype is not None or opts.channels_last:
+                build = functools.partial(converted, build, dtype, opts.channels_last)
             record = sweep_one(build, name)
             outcome = record.get("state", "skipped")
             counts[outcome] = counts.get(outcome, 0) + 1
@@ -296,7 +334,11 @@ def main(argv: list[str] | None = None) -> int:
         if out is not None:
             out.close()
     summary = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
-    mode = "train" if opts.train else "eval"
+    mode = ", ".join(
+        ["train" if opts.train else "eval"]
+        + ([opts.dtype] if opts.dtype else [])
+        + (["channels last"] if opts.channels_last else [])
+    )
     print(f"{len(names)} {opts.library} models ({mode}, attention {opts.attn}): {summary}")
     return 0 if set(counts) <= {"passed", "skipped"} else 1
 
