@@ -18,7 +18,8 @@ A model whose plain forward does not run on those inputs, or that has more than
 exits 1 if any such state was seen. ``--train`` runs train mode (dropout on; stochastic
 depth too in timm). ``--dtype bfloat16`` (or ``float16``, ``float64``) casts the model and
 its floating inputs, as users running reduced precision do; ``--channels-last`` puts the
-model and its image inputs in the channels-last memory format.
+model and its image inputs in the channels-last memory format (clips of video models in
+its 3-d form).
 
 Run: ``python benchmarks/sweep_models.py [--library transformers|timm|torchvision]
 [--attn eager|sdpa] [--train] [--dtype D] [--channels-last] [--names a,b,...]
@@ -234,18 +235,28 @@ LIBRARIES: dict[str, tuple[Callable[[], list[str]], Callable[[str, str, bool], B
 
 def converted(build: Callable[[], Built], dtype: torch.dtype | None, channels_last: bool) -> Built:
     """``build()``'s model and inputs in ``dtype`` (floating tensors only: token ids and
-    masks stay integers) and, with ``channels_last``, in that memory format (4-d inputs)."""
+    masks stay integers) and, with ``channels_last``, in that memory format: each 4-d
+    weight and input in ``channels_last``, each 5-d one (3-d convolutions, video clips) in
+    ``channels_last_3d``."""
     model, args, kwargs = build()
     if dtype is not None:
         model = model.to(dtype)
         args, kwargs = _map_tensors((args, kwargs), lambda t: t.to(dtype), torch.is_floating_point)
     if channels_last:
-        model = model.to(memory_format=torch.channels_last)
+        for tensor in (*model.parameters(), *model.buffers()):
+            if tensor.dim() in _LAST_LAYOUTS:
+                tensor.data = _channels_last(tensor.data)
         args, kwargs = _map_tensors(
-            (args, kwargs), lambda t: t.contiguous(memory_format=torch.channels_last),
-            lambda t: t.dim() == 4,
-        )  # fmt: skip
+            (args, kwargs), _channels_last, lambda t: t.dim() in _LAST_LAYOUTS
+        )
     return model, args, kwargs
+
+
+_LAST_LAYOUTS = {4: torch.channels_last, 5: torch.channels_last_3d}  # by rank
+
+
+def _channels_last(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.contiguous(memory_format=_LAST_LAYOUTS[tensor.dim()])
 
 
 def _map_tensors(tree: Any, change: Callable, applies: Callable) -> Any:

@@ -49,6 +49,20 @@ def test_channels_last_converts_the_model_and_image_inputs():
     assert torch.equal(args[0], _build()[1][0])
 
 
+def test_channels_last_takes_the_3d_format_for_5d_weights_and_clips():
+    def build():
+        model = nn.Sequential(nn.Conv3d(3, 4, 3), nn.Flatten(0, 1), nn.Conv2d(2, 2, 3))
+        return model, (torch.randn(1, 3, 4, 6, 6),), {}
+
+    model, args, _ = sweep.converted(build, None, channels_last=True)
+    assert model[0].weight.is_contiguous(memory_format=torch.channels_last_3d)
+    assert model[2].weight.is_contiguous(memory_format=torch.channels_last)
+    assert not model[2].weight.is_contiguous()
+    assert args[0].is_contiguous(memory_format=torch.channels_last_3d)
+    assert not args[0].is_contiguous()
+    assert isinstance(model[0].weight, nn.Parameter)
+
+
 def test_a_bad_dtype_is_refused(capsys):
     try:
         sweep.main(["--dtype", "not_a_dtype"])
