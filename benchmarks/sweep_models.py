@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 import torchlens as tl
+from torchlens.capture.tree import fill, flatten
 
 # config attributes set wherever a config has them (sub-configs too): a tiny model
 TINY = {
@@ -260,15 +261,10 @@ def _channels_last(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _map_tensors(tree: Any, change: Callable, applies: Callable) -> Any:
-    """``tree`` (tuples, lists and dicts) with each tensor for which ``applies`` holds
-    replaced by ``change`` of it."""
-    if isinstance(tree, torch.Tensor):
-        return change(tree) if applies(tree) else tree
-    if isinstance(tree, (tuple, list)):
-        return type(tree)(_map_tensors(item, change, applies) for item in tree)
-    if isinstance(tree, dict):
-        return {key: _map_tensors(value, change, applies) for key, value in tree.items()}
-    return tree
+    """``tree`` (nested arguments) with each tensor for which ``applies`` holds replaced by
+    ``change`` of it, through the capture's own flatten and fill."""
+    leaves, template = flatten(tree)
+    return fill(template, [change(t) if applies(t) else t for _, t in leaves])
 
 
 def sweep_one(build: Callable[[], Built], name: str) -> dict[str, Any]:
