@@ -801,6 +801,9 @@ def test_walk_at_every_address_equals_torchs_walk_without_removing_duplicates():
             yield "custom", shared.weight
 
     assert list(named_tensors(OwnParameters(nn.Linear(2, 2)), "_parameters")) == ["custom"]
+    with pytest.raises(tl.errors.InvalidArgumentError) as caught:
+        named_tensors(tree, "_modules")
+    assert caught.value.code == "bad_members"
 
 
 def test_saved_values_are_served_detached_and_faithful():

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from torchlens.errors import InvalidArgumentError
+
 __all__ = ["every_address", "named_modules", "named_tensors", "owned_tensors"]
 
 _TORCH_WALK = nn.Module.named_modules
@@ -102,11 +104,20 @@ def named_tensors(model: nn.Module, members: str, walk: list | None = None) -> d
     :func:`every_address` ``walk`` (made here when not given). A model overriding the
     method is asked itself.
 
+    Raises:
+        InvalidArgumentError: ``bad_members`` for ``members`` other than those two.
+
     Example:
         >>> list(named_tensors(nn.Sequential(nn.Linear(2, 2)), "_parameters"))
         ['0.weight', '0.bias']
     """
-    method = _TORCH_MEMBERS[members]
+    method = _TORCH_MEMBERS.get(members)
+    if method is None:
+        raise InvalidArgumentError(
+            f"members must be one of {sorted(_TORCH_MEMBERS)}, got {members!r}: "
+            "'_parameters' names parameters, '_buffers' buffers",
+            code="bad_members",
+        )
     if getattr(type(model), method.__name__) is not method:
         return dict(getattr(model, method.__name__)(remove_duplicate=False))
     found: dict[str, Tensor] = {}
