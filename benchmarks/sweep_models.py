@@ -19,10 +19,14 @@ exits 1 if any such state was seen. ``--train`` runs train mode (dropout on; sto
 depth too in timm). ``--dtype bfloat16`` (or ``float16``, ``float64``) casts the model and
 its floating inputs, as users running reduced precision do; ``--channels-last`` puts the
 model and its image inputs in the channels-last memory format (clips of video models in
-its 3-d form).
+its 3-d form). ``--grad no_grad`` (or ``inference``) runs the whole check inside
+``torch.no_grad()`` (``torch.inference_mode()``), as users extracting activations do:
+models then take their inference fast paths, and the values are inference tensors;
+``--autocast bfloat16`` runs it under CPU autocast to that dtype (mixed precision).
 
 Run: ``python benchmarks/sweep_models.py [--library transformers|timm|torchvision]
-[--attn eager|sdpa] [--train] [--dtype D] [--channels-last] [--names a,b,...]
+[--attn eager|sdpa] [--train] [--dtype D] [--channels-last]
+[--grad enabled|no_grad|inference] [--autocast D] [--names a,b,...]
 [--jsonl FILE]`` (needs the library; most models take under a second or two, a whole
 library a few minutes on one core).
 """
@@ -30,6 +34,7 @@ library a few minutes on one core).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import re
@@ -267,15 +272,41 @@ def _map_tensors(tree: Any, change: Callable, applies: Callable) -> Any:
     return fill(template, [change(t) if applies(t) else t for _, t in leaves])
 
 
-def sweep_one(build: Callable[[], Built], name: str) -> dict[str, Any]:
-    """One model's record: ``skip`` with the reason, or the replay ``state`` (and findings)."""
+# --grad: the grad mode the check runs in
+GRAD_MODES: dict[str, Callable[[], Any]] = {
+    "enabled": torch.enable_grad,
+    "no_grad": torch.no_grad,
+    "inference": torch.inference_mode,
+}
+
+
+def check_context(grad: str = "enabled", autocast: torch.dtype | None = None) -> Callable:
+    """What the check runs inside: the grad mode ``grad`` (a :data:`GRAD_MODES` key) and,
+    when ``autocast`` is given, CPU autocast to that dtype."""
+
+    def context() -> contextlib.ExitStack:
+        stack = contextlib.ExitStack()
+        stack.enter_context(GRAD_MODES[grad]())
+        if autocast is not None:
+            stack.enter_context(torch.autocast("cpu", dtype=autocast))
+        return stack
+
+    return context
+
+
+def sweep_one(
+    build: Callable[[], Built], name: str, context: Callable = contextlib.nullcontext
+) -> dict[str, Any]:
+    """One model's record: ``skip`` with the reason, or the replay ``state`` (and findings).
+    The plain forward that decides the skip and the replay both run inside ``context()``
+    (see :func:`check_context`)."""
     record: dict[str, Any] = {"name": name}
     start = time.perf_counter()
     try:
         signal.alarm(BUILD_SECONDS)
         torch.manual_seed(0)
         model, args, kwargs = build()
-        with torch.no_grad():
+        with context():  # a forward that fails in the check's modes is the model's own
             model(*args, **kwargs)
     except _Skip as why:
         record["skip"] = str(why)
@@ -287,7 +318,8 @@ def sweep_one(build: Callable[[], Built], name: str) -> dict[str, Any]:
         signal.alarm(0)
     try:
         signal.alarm(REPLAY_SECONDS)
-        status = tl.replay(model, args, kwargs)
+        with context():
+            status = tl.replay(model, args, kwargs)
         record["state"] = status.state
         record["failures"] = [list(map(str, f)) for f in status.failures[:3]]
         record["unchecked"] = [list(map(str, f)) for f in status.unchecked[:3]]
@@ -307,6 +339,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train", action="store_true", help="train mode (dropout on)")
     parser.add_argument("--dtype", default="", help="cast model and floating inputs (bfloat16)")
     parser.add_argument("--channels-last", action="store_true", help="channels-last memory")
+    parser.add_argument(
+        "--grad", choices=sorted(GRAD_MODES), default="enabled", help="grad mode of the check"
+    )
+    parser.add_argument(
+        "--autocast", default="", help="run the check under CPU autocast (bfloat16)"
+    )
     parser.add_argument("--names", default="", help="comma-separated models (default all)")
     parser.add_argument("--jsonl", default="", help="also write one JSON line per model here")
     opts = parser.parse_args(argv)
@@ -314,6 +352,10 @@ def main(argv: list[str] | None = None) -> int:
     dtype = getattr(torch, opts.dtype, None) if opts.dtype else None
     if opts.dtype and not isinstance(dtype, torch.dtype):
         parser.error(f"--dtype {opts.dtype!r} is not a torch dtype (try bfloat16)")
+    autocast = getattr(torch, opts.autocast, None) if opts.autocast else None
+    if opts.autocast and not isinstance(autocast, torch.dtype):
+        parser.error(f"--autocast {opts.autocast!r} is not a torch dtype (try bfloat16)")
+    context = check_context(opts.grad, autocast)
     try:
         names = [n for n in opts.names.split(",") if n] or list_names()
     except Exception as err:  # noqa: BLE001 - not installed, or a build that fails to load
@@ -330,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
             build = functools.partial(builder, name, opts.attn, opts.train)
             if dtype is not None or opts.channels_last:
                 build = functools.partial(converted, build, dtype, opts.channels_last)
-            record = sweep_one(build, name)
+            record = sweep_one(build, name, context)
             outcome = record.get("state", "skipped")
             counts[outcome] = counts.get(outcome, 0) + 1
             if out is not None:
@@ -345,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
         ["train" if opts.train else "eval"]
         + ([opts.dtype] if opts.dtype else [])
         + (["channels last"] if opts.channels_last else [])
+        + ([opts.grad.replace("_", " ")] if opts.grad != "enabled" else [])
+        + ([f"autocast {opts.autocast}"] if opts.autocast else [])
     )
     print(f"{len(names)} {opts.library} models ({mode}, attention {opts.attn}): {summary}")
     return 0 if set(counts) <= {"passed", "skipped"} else 1

@@ -1,26 +1,22 @@
-"""The model sweep's conversions (``benchmarks/sweep_models.py --dtype/--channels-last``)."""
+"""The model sweep's conversions and check modes (``benchmarks/sweep_models.py --dtype``,
+``--channels-last``, ``--grad``, ``--autocast``)."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "sweep_models.py"
+try:
+    from tests._benchmarks import load_benchmark
+except ImportError:  # repository root not on sys.path (e.g. bare `pytest`)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _benchmarks import load_benchmark
 
-
-def _sweep_module():
-    spec = importlib.util.spec_from_file_location("sweep_models_under_test", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-sweep = _sweep_module()
+sweep = load_benchmark("sweep_models")
 
 
 def _build():
@@ -71,3 +67,63 @@ def test_a_bad_dtype_is_refused(capsys):
     else:
         raise AssertionError("main accepted an unknown dtype")
     assert "is not a torch dtype" in capsys.readouterr().err
+
+
+class _SeesGradMode(nn.Module):
+    """Notes the grad mode of each call it gets, and computes a little."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(3, 2)
+        self.seen: list[tuple[bool, bool, bool]] = []
+
+    def forward(self, x):
+        modes = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+        self.seen.append((*modes, torch.is_autocast_enabled("cpu")))
+        return self.linear(x).relu()
+
+
+def test_the_check_runs_in_the_grad_mode_and_autocast_asked_for():
+    for grad, autocast, expected in [
+        ("enabled", None, (True, False, False)),
+        ("no_grad", None, (False, False, False)),
+        ("inference", None, (False, True, False)),
+        ("no_grad", torch.bfloat16, (False, False, True)),
+    ]:
+        model = _SeesGradMode()
+
+        def build(model=model):
+            return model, (torch.randn(4, 3),), {}
+
+        record = sweep.sweep_one(build, "sees", sweep.check_context(grad, autocast))
+        assert record["state"] == "passed", record
+        # the plain forward deciding the skip, the rerun and the capture: all in the modes
+        assert len(model.seen) >= 3 and set(model.seen) == {expected}, (grad, model.seen)
+
+
+def test_an_unknown_grad_mode_or_autocast_dtype_is_refused(capsys):
+    for argv, message in [
+        (["--grad", "sometimes"], "invalid choice"),
+        (["--autocast", "half_and_half"], "is not a torch dtype"),
+    ]:
+        with pytest.raises(SystemExit) as stop:
+            sweep.main(argv)
+        assert stop.value.code == 2
+        assert message in capsys.readouterr().err
+
+
+class _FailsUnderAutocast(nn.Linear):
+    def forward(self, x):
+        if torch.is_autocast_enabled("cpu"):
+            raise RuntimeError("value cannot be converted without overflow")
+        return super().forward(x)
+
+
+def test_a_model_whose_plain_forward_fails_in_the_check_modes_is_skipped():
+    def build():
+        return _FailsUnderAutocast(3, 2), (torch.randn(4, 3),), {}
+
+    record = sweep.sweep_one(build, "fails", sweep.check_context("no_grad", torch.bfloat16))
+    assert "state" not in record
+    assert record["skip"].startswith("build or forward: RuntimeError: value cannot be")
+    assert sweep.sweep_one(build, "fails", sweep.check_context())["state"] == "passed"
