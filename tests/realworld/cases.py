@@ -172,6 +172,41 @@ def _llama_cache_with_grad():
     return model, (), {"input_ids": _ids(seq=1), name: cache, "attention_mask": mask}
 
 
+def _generate(model_class: str, config_class: str, mask, config: dict, **options):
+    """A builder for ``model.generate`` as the traced callable: a whole decoding loop, its
+    cache growing step by step, token choices fed back as the next step's input ids."""
+
+    def build():
+        model = _hf_model(model_class, config_class, **config)
+
+        def generate(input_ids, attention_mask):
+            return model.generate(
+                input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=3,
+                pad_token_id=0, **options,
+            )  # fmt: skip
+
+        torch.manual_seed(SEED + 1)
+        return generate, (_ids(), mask()), {}
+
+    return build
+
+
+def _inference_mode(build):
+    """``build``'s model called inside ``torch.inference_mode()``, as extraction scripts do:
+    every value the forward makes is an inference tensor, without a version counter."""
+
+    def built():
+        model, args, kwargs = build()
+
+        def forward_in_inference_mode(*args, **kwargs):
+            with torch.inference_mode():
+                return model(*args, **kwargs)
+
+        return forward_in_inference_mode, args, kwargs
+
+    return built
+
+
 def _wav2vec2_ctc_specaugment():
     """A CTC training step with SpecAugment: its time masks are drawn from ``np.random``."""
     import numpy as np
@@ -683,6 +718,27 @@ CASES: list[RealCase] = [
         tags={"kwargs", "train", "checkpointing"},
     ),
     _c(
+        "llama_generate_beam",
+        "hf_decoder",
+        _generate(
+            "LlamaForCausalLM",
+            "LlamaConfig",
+            _left_padded_mask,
+            _LLAMA_LIKE,
+            num_beams=2,
+            do_sample=False,
+        ),
+        tags={"mask", "cache", "generate"},
+    ),
+    _c(
+        "llama_inference_mode",
+        "hf_decoder",
+        _inference_mode(
+            _lm("LlamaForCausalLM", "LlamaConfig", mask=_left_padded_mask, **_LLAMA_LIKE)
+        ),
+        tags={"kwargs", "mask", "inference_mode"},
+    ),
+    _c(
         "mistral",
         "hf_decoder",
         _lm("MistralForCausalLM", "MistralConfig", sliding_window=4, **_LLAMA_LIKE),
@@ -1186,6 +1242,19 @@ CASES: list[RealCase] = [
         "hf_encdec",
         _seq2seq("BartForConditionalGeneration", "BartConfig", **_BART_LIKE),
         tags={"kwargs", "mask"},
+    ),
+    _c(
+        "bart_generate_sampled",
+        "hf_encdec",
+        _generate(
+            "BartForConditionalGeneration",
+            "BartConfig",
+            _padded_mask,
+            _BART_LIKE,
+            do_sample=True,
+            top_k=5,
+        ),
+        tags={"mask", "cache", "generate", "sampling"},
     ),
     _c(
         "marian",

@@ -26,7 +26,10 @@ except ImportError:  # repository root not on sys.path (e.g. bare `pytest`)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from cases import CASES, CASES_BY_NAME, FAMILIES, missing_packages
 
-REQUIRED_TAGS = {"kwargs", "mask", "cache", "train", "checkpointing", "moe", "ssm", "detection"}
+REQUIRED_TAGS = {
+    "kwargs", "mask", "cache", "train", "checkpointing", "moe", "ssm", "detection",
+    "generate", "inference_mode",
+}  # fmt: skip
 
 
 @pytest.fixture
