@@ -332,30 +332,38 @@ def sweep_one(
     return record
 
 
+def _torch_dtype(name: str) -> torch.dtype:
+    """``--dtype`` and ``--autocast``: a torch dtype by its name (``bfloat16``)."""
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise argparse.ArgumentTypeError(f"{name!r} is not a torch dtype (try bfloat16)")
+    return dtype
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--library", choices=sorted(LIBRARIES), default="transformers")
     parser.add_argument("--attn", default="eager", help="transformers' attn_implementation")
     parser.add_argument("--train", action="store_true", help="train mode (dropout on)")
-    parser.add_argument("--dtype", default="", help="cast model and floating inputs (bfloat16)")
+    parser.add_argument(
+        "--dtype", type=_torch_dtype, help="cast model and floating inputs (bfloat16)"
+    )
     parser.add_argument("--channels-last", action="store_true", help="channels-last memory")
     parser.add_argument(
         "--grad", choices=sorted(GRAD_MODES), default="enabled", help="grad mode of the check"
     )
     parser.add_argument(
-        "--autocast", default="", help="run the check under CPU autocast (bfloat16)"
+        "--autocast", type=_torch_dtype, help="run the check under CPU autocast (bfloat16)"
     )
     parser.add_argument("--names", default="", help="comma-separated models (default all)")
     parser.add_argument("--jsonl", default="", help="also write one JSON line per model here")
     opts = parser.parse_args(argv)
     list_names, builder = LIBRARIES[opts.library]
-    dtype = getattr(torch, opts.dtype, None) if opts.dtype else None
-    if opts.dtype and not isinstance(dtype, torch.dtype):
-        parser.error(f"--dtype {opts.dtype!r} is not a torch dtype (try bfloat16)")
-    autocast = getattr(torch, opts.autocast, None) if opts.autocast else None
-    if opts.autocast and not isinstance(autocast, torch.dtype):
-        parser.error(f"--autocast {opts.autocast!r} is not a torch dtype (try bfloat16)")
-    context = check_context(opts.grad, autocast)
+    context = check_context(opts.grad, opts.autocast)
     try:
         names = [n for n in opts.names.split(",") if n] or list_names()
     except Exception as err:  # noqa: BLE001 - not installed, or a build that fails to load
@@ -370,8 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name in names:
             build = functools.partial(builder, name, opts.attn, opts.train)
-            if dtype is not None or opts.channels_last:
-                build = functools.partial(converted, build, dtype, opts.channels_last)
+            if opts.dtype is not None or opts.channels_last:
+                build = functools.partial(converted, build, opts.dtype, opts.channels_last)
             record = sweep_one(build, name, context)
             outcome = record.get("state", "skipped")
             counts[outcome] = counts.get(outcome, 0) + 1
@@ -385,10 +393,10 @@ def main(argv: list[str] | None = None) -> int:
     summary = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
     mode = ", ".join(
         ["train" if opts.train else "eval"]
-        + ([opts.dtype] if opts.dtype else [])
+        + ([_dtype_name(opts.dtype)] if opts.dtype else [])
         + (["channels last"] if opts.channels_last else [])
         + ([opts.grad.replace("_", " ")] if opts.grad != "enabled" else [])
-        + ([f"autocast {opts.autocast}"] if opts.autocast else [])
+        + ([f"autocast {_dtype_name(opts.autocast)}"] if opts.autocast else [])
     )
     print(f"{len(names)} {opts.library} models ({mode}, attention {opts.attn}): {summary}")
     return 0 if set(counts) <= {"passed", "skipped"} else 1

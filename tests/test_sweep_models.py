@@ -60,12 +60,9 @@ def test_channels_last_takes_the_3d_format_for_5d_weights_and_clips():
 
 
 def test_a_bad_dtype_is_refused(capsys):
-    try:
+    with pytest.raises(SystemExit) as stop:
         sweep.main(["--dtype", "not_a_dtype"])
-    except SystemExit as stop:
-        assert stop.code == 2
-    else:
-        raise AssertionError("main accepted an unknown dtype")
+    assert stop.value.code == 2
     assert "is not a torch dtype" in capsys.readouterr().err
 
 
