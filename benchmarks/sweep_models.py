@@ -23,12 +23,17 @@ its 3-d form). ``--grad no_grad`` (or ``inference``) runs the whole check inside
 ``torch.no_grad()`` (``torch.inference_mode()``), as users extracting activations do:
 models then take their inference fast paths, and the values are inference tensors;
 ``--autocast bfloat16`` runs it under CPU autocast to that dtype (mixed precision).
+``--task causal_lm`` (or another of :data:`TASKS`) sweeps the transformers models with that
+head instead, called with labels so that the loss is computed inside the forward, as in
+fine-tuning; ``--checkpointing non_reentrant`` (or ``reentrant``), with ``--train``, turns
+on their gradient checkpointing.
 
 Run: ``python benchmarks/sweep_models.py [--library transformers|timm|torchvision]
 [--attn eager|sdpa] [--train] [--dtype D] [--channels-last]
-[--grad enabled|no_grad|inference] [--autocast D] [--names a,b,...]
-[--jsonl FILE]`` (needs the library; most models take under a second or two, a whole
-library a few minutes on one core).
+[--grad enabled|no_grad|inference] [--autocast D] [--task T]
+[--checkpointing non_reentrant|reentrant] [--names a,b,...] [--jsonl FILE]`` (needs the
+library; most models take under a second or two, a whole library a few minutes on one
+core).
 """
 
 from __future__ import annotations
@@ -140,23 +145,109 @@ class _Skip(Exception):
     """The model cannot be swept here (too large, or it takes other inputs)."""
 
 
-def _transformers(model_type: str, attn: str, train: bool) -> Built:
-    from transformers import AutoConfig, AutoModel
+# transformers' task heads (``--task``): the name of its model-type mapping and Auto class
+TASKS: dict[str, tuple[str, str]] = {
+    "base": ("MODEL_MAPPING_NAMES", "AutoModel"),
+    "causal_lm": ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "AutoModelForCausalLM"),
+    "masked_lm": ("MODEL_FOR_MASKED_LM_MAPPING_NAMES", "AutoModelForMaskedLM"),
+    "seq2seq": ("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "AutoModelForSeq2SeqLM"),
+    "seq_cls": (
+        "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES", "AutoModelForSequenceClassification"
+    ),
+    "tok_cls": ("MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES", "AutoModelForTokenClassification"),
+    "qa": ("MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES", "AutoModelForQuestionAnswering"),
+    "img_cls": ("MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES", "AutoModelForImageClassification"),
+}  # fmt: skip
+NUM_LABELS = 3  # classes of the classification heads
+IGNORED = -100  # the label transformers' losses skip: padded positions get it
+CHECKPOINTING = ("non_reentrant", "reentrant")  # --checkpointing: torch.utils.checkpoint's
 
-    config = AutoConfig.for_model(model_type)
+
+def task_labels(task: str, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``inputs`` (from :func:`_inputs`) with the labels the ``task`` head takes, so that
+    its loss is computed inside the forward, as in fine-tuning: the token ids as labels of
+    a language model (padded positions ignored), the decoder ids as a seq2seq model's labels
+    (the model shifts them itself), a class per row or per token, an answer span.
+
+    Raises:
+        _Skip: the head needs inputs of a kind ``inputs`` lacks (token labels of an image).
+
+    Example:
+        >>> ids = torch.tensor([[5, 6, 7], [5, 6, 7]])
+        >>> mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+        >>> task_labels("causal_lm", {"input_ids": ids, "attention_mask": mask})["labels"]
+        tensor([[   5,    6,    7],
+                [   5,    6, -100]])
+    """
+    inputs = dict(inputs)
+    g = torch.Generator().manual_seed(1)
+    ids, mask = inputs.get("input_ids"), inputs.get("attention_mask")
+    if task in ("causal_lm", "masked_lm", "tok_cls", "qa") and ids is None:
+        raise _Skip(f"a {task} head on {', '.join(inputs)}")
+    if task in ("causal_lm", "masked_lm"):
+        inputs["labels"] = ids.masked_fill(mask == 0, IGNORED) if mask is not None else ids
+    elif task == "tok_cls":
+        labels = torch.randint(0, NUM_LABELS, ids.shape, generator=g)
+        inputs["labels"] = labels.masked_fill(mask == 0, IGNORED) if mask is not None else labels
+    elif task == "qa":
+        start = torch.randint(0, ids.shape[1] // 2, (ids.shape[0],), generator=g)
+        inputs["start_positions"], inputs["end_positions"] = start, start + 2
+    elif task in ("seq_cls", "img_cls"):
+        rows = next(iter(inputs.values())).shape[0]
+        inputs["labels"] = torch.randint(0, NUM_LABELS, (rows,), generator=g)
+    elif task == "seq2seq":
+        if "decoder_input_ids" not in inputs:
+            raise _Skip(f"a seq2seq head without decoder inputs ({', '.join(inputs)})")
+        inputs["labels"] = inputs.pop("decoder_input_ids")
+    elif task != "base":
+        raise ValueError(f"unknown task {task!r}; one of {sorted(TASKS)}")
+    return inputs
+
+
+def _transformers(
+    model_type: str,
+    attn: str,
+    train: bool,
+    task: str = "base",
+    checkpointing: str | None = None,
+) -> Built:
+    """A tiny ``model_type`` with the ``task`` head (:data:`TASKS`), its inputs and labels;
+    ``checkpointing`` (one of :data:`CHECKPOINTING`) turns on gradient checkpointing."""
+    import transformers
+
+    config = transformers.AutoConfig.for_model(model_type)
     _shrink(config)
-    model = AutoModel.from_config(config, attn_implementation=attn).train(train)
+    if task in ("seq_cls", "tok_cls", "img_cls"):
+        config.num_labels = NUM_LABELS
+    if task == "seq_cls" and getattr(config, "pad_token_id", None) is None:
+        config.pad_token_id = 0  # a sequence classifier finds each row's end by its pad
+    if task == "seq2seq" and getattr(config, "decoder_start_token_id", None) is None:
+        config.decoder_start_token_id = 0  # labels are shifted right behind it (T5: the pad)
+    auto = getattr(transformers, TASKS[task][1])
+    model = auto.from_config(config, attn_implementation=attn).train(train)
     _small_enough(model)
+    if checkpointing is not None:
+        if not model.supports_gradient_checkpointing:
+            raise _Skip("no gradient checkpointing")
+        options = {"use_reentrant": checkpointing == "reentrant"}
+        if hasattr(model, "activation_checkpointing_enable"):  # its name since 5.x
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
     kwargs = _inputs(model, config)
     if kwargs is None:
         raise _Skip(f"takes {model.main_input_name}")
-    return model, (), kwargs
+    if task == "seq_cls" and "attention_mask" in kwargs:  # padded positions hold the pad
+        kwargs["input_ids"] = kwargs["input_ids"].masked_fill(
+            kwargs["attention_mask"] == 0, config.pad_token_id
+        )
+    return model, (), task_labels(task, kwargs)
 
 
-def _transformers_names() -> list[str]:
-    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+def _transformers_names(task: str = "base") -> list[str]:
+    from transformers.models.auto import modeling_auto
 
-    return sorted(MODEL_MAPPING_NAMES)
+    return sorted(getattr(modeling_auto, TASKS[task][0]))
 
 
 _SMALL_WORDS = ("atto", "femto", "pico", "nano", "tiny", "xxs", "xs", "small", "b0", "18")
@@ -359,10 +450,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--autocast", type=_torch_dtype, help="run the check under CPU autocast (bfloat16)"
     )
+    parser.add_argument(
+        "--task", choices=list(TASKS), default="base", help="transformers head, with labels"
+    )
+    parser.add_argument(
+        "--checkpointing", choices=CHECKPOINTING, help="transformers: gradient checkpointing"
+    )
     parser.add_argument("--names", default="", help="comma-separated models (default all)")
     parser.add_argument("--jsonl", default="", help="also write one JSON line per model here")
     opts = parser.parse_args(argv)
     list_names, builder = LIBRARIES[opts.library]
+    if opts.task != "base" or opts.checkpointing:
+        if opts.library != "transformers":
+            parser.error("--task and --checkpointing are transformers' (--library transformers)")
+        if opts.checkpointing and not opts.train:
+            parser.error("gradient checkpointing recomputes only in train mode; add --train")
+        list_names = functools.partial(_transformers_names, opts.task)
+        builder = functools.partial(_transformers, task=opts.task, checkpointing=opts.checkpointing)
     context = check_context(opts.grad, opts.autocast)
     try:
         names = [n for n in opts.names.split(",") if n] or list_names()
@@ -397,6 +501,8 @@ def main(argv: list[str] | None = None) -> int:
         + (["channels last"] if opts.channels_last else [])
         + ([opts.grad.replace("_", " ")] if opts.grad != "enabled" else [])
         + ([f"autocast {_dtype_name(opts.autocast)}"] if opts.autocast else [])
+        + ([f"{opts.task} head with labels"] if opts.task != "base" else [])
+        + ([f"{opts.checkpointing} checkpointing"] if opts.checkpointing else [])
     )
     print(f"{len(names)} {opts.library} models ({mode}, attention {opts.attn}): {summary}")
     return 0 if set(counts) <= {"passed", "skipped"} else 1

@@ -1,8 +1,9 @@
-"""The model sweep's conversions and check modes (``benchmarks/sweep_models.py --dtype``,
-``--channels-last``, ``--grad``, ``--autocast``)."""
+"""The model sweep's conversions, check modes and heads (``benchmarks/sweep_models.py
+--dtype``, ``--channels-last``, ``--grad``, ``--autocast``, ``--task``, ``--checkpointing``)."""
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -59,11 +60,23 @@ def test_channels_last_takes_the_3d_format_for_5d_weights_and_clips():
     assert isinstance(model[0].weight, nn.Parameter)
 
 
-def test_a_bad_dtype_is_refused(capsys):
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--dtype", "not_a_dtype"], "is not a torch dtype"),
+        (["--grad", "sometimes"], "invalid choice"),
+        (["--autocast", "half_and_half"], "is not a torch dtype"),
+        (["--library", "timm", "--task", "seq_cls"], "--library transformers"),
+        (["--library", "torchvision", "--checkpointing", "reentrant"], "--library transformers"),
+        (["--checkpointing", "reentrant"], "only in train mode; add --train"),
+        (["--task", "regression"], "invalid choice"),
+    ],
+)
+def test_a_bad_option_is_refused_before_any_model_is_built(argv, message, capsys):
     with pytest.raises(SystemExit) as stop:
-        sweep.main(["--dtype", "not_a_dtype"])
+        sweep.main(argv)
     assert stop.value.code == 2
-    assert "is not a torch dtype" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
 
 
 class _SeesGradMode(nn.Module):
@@ -98,17 +111,6 @@ def test_the_check_runs_in_the_grad_mode_and_autocast_asked_for():
         assert len(model.seen) >= 3 and set(model.seen) == {expected}, (grad, model.seen)
 
 
-def test_an_unknown_grad_mode_or_autocast_dtype_is_refused(capsys):
-    for argv, message in [
-        (["--grad", "sometimes"], "invalid choice"),
-        (["--autocast", "half_and_half"], "is not a torch dtype"),
-    ]:
-        with pytest.raises(SystemExit) as stop:
-            sweep.main(argv)
-        assert stop.value.code == 2
-        assert message in capsys.readouterr().err
-
-
 class _FailsUnderAutocast(nn.Linear):
     def forward(self, x):
         if torch.is_autocast_enabled("cpu"):
@@ -124,3 +126,67 @@ def test_a_model_whose_plain_forward_fails_in_the_check_modes_is_skipped():
     assert "state" not in record
     assert record["skip"].startswith("build or forward: RuntimeError: value cannot be")
     assert sweep.sweep_one(build, "fails", sweep.check_context())["state"] == "passed"
+
+
+def _text_inputs():
+    ids = torch.arange(12).reshape(2, 6) + 3
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[1, -2:] = 0  # the second row padded, as the sweep's inputs are
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def test_task_labels_give_each_head_the_labels_of_its_loss():
+    inputs = _text_inputs()
+    ids, padded = inputs["input_ids"], inputs["attention_mask"] == 0
+    for task in ("causal_lm", "masked_lm"):
+        labels = sweep.task_labels(task, inputs)["labels"]
+        assert torch.equal(labels[~padded], ids[~padded])
+        assert (labels[padded] == sweep.IGNORED).all() and padded.sum() == 2
+    tokens = sweep.task_labels("tok_cls", inputs)["labels"]
+    assert tokens.shape == ids.shape and (tokens[padded] == sweep.IGNORED).all()
+    assert ((tokens[~padded] >= 0) & (tokens[~padded] < sweep.NUM_LABELS)).all()
+    span = sweep.task_labels("qa", inputs)
+    assert span["start_positions"].shape == (2,)
+    assert torch.equal(span["end_positions"], span["start_positions"] + 2)
+    assert (span["end_positions"] < ids.shape[1]).all()
+    rows = sweep.task_labels("seq_cls", inputs)["labels"]
+    assert rows.shape == (2,) and ((rows >= 0) & (rows < sweep.NUM_LABELS)).all()
+    images = sweep.task_labels("img_cls", {"pixel_values": torch.randn(3, 3, 8, 8)})
+    assert images["labels"].shape == (3,)
+    decoder = ids[:, :3].clone()
+    seq2seq = sweep.task_labels("seq2seq", {**inputs, "decoder_input_ids": decoder})
+    assert seq2seq["labels"] is decoder and "decoder_input_ids" not in seq2seq
+    assert sweep.task_labels("base", inputs) == inputs
+    assert set(inputs) == {"input_ids", "attention_mask"}  # the caller's dict is not changed
+
+
+def test_a_head_whose_inputs_are_missing_is_skipped_and_an_unknown_task_refused():
+    with pytest.raises(sweep._Skip, match="tok_cls head on pixel_values"):
+        sweep.task_labels("tok_cls", {"pixel_values": torch.randn(1, 3, 8, 8)})
+    with pytest.raises(sweep._Skip, match="without decoder inputs"):
+        sweep.task_labels("seq2seq", _text_inputs())
+    with pytest.raises(ValueError, match="unknown task 'regression'"):
+        sweep.task_labels("regression", _text_inputs())
+
+
+def test_heads_with_labels_and_gradient_checkpointing_validate():
+    pytest.importorskip("transformers")
+    build = functools.partial(sweep._transformers, "gpt2", "eager", True, task="causal_lm")
+    model, _, kwargs = build()
+    assert torch.isfinite(model(**kwargs).loss)  # the loss is computed inside the forward
+    assert sweep.sweep_one(build, "gpt2")["state"] == "passed"
+
+    build = functools.partial(sweep._transformers, "bert", "eager", False, task="seq_cls")
+    model, _, kwargs = build()
+    padded = kwargs["attention_mask"] == 0
+    assert (kwargs["input_ids"][padded] == model.config.pad_token_id).all() and padded.any()
+    assert sweep.sweep_one(build, "bert")["state"] == "passed"
+
+    for checkpointing in sweep.CHECKPOINTING:
+        build = functools.partial(
+            sweep._transformers, "llama", "eager", True, checkpointing=checkpointing
+        )
+        model, _, _ = build()
+        layers = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False)]
+        assert layers and model.training
+        assert sweep.sweep_one(build, "llama")["state"] == "passed", checkpointing
