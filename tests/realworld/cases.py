@@ -19,7 +19,9 @@ What is covered besides plain forwards, by tag: ``kwargs`` (called with keyword 
 cache passed in), ``train`` (train mode: dropout / drop-path draw random numbers),
 ``checkpointing`` (``gradient_checkpointing_enable()`` in train mode), ``moe``
 (mixture-of-experts routing), ``ssm`` (state-space), ``detection`` (detection / segmentation),
-``mutates_input`` (the forward changes an input object: call ``build()`` again per forward).
+``mutates_input`` (the forward changes an input object: call ``build()`` again per forward),
+``labels`` (a task head called with labels: its loss is computed inside the forward),
+``generate`` (``model.generate`` traced), ``inference_mode`` (the forward enters it).
 """
 
 from __future__ import annotations
@@ -238,6 +240,32 @@ def _llama_train_checkpointing():
     return model, (), {"input_ids": _ids(), "use_cache": False}
 
 
+def _llama_seq_cls_labels():
+    """A sequence classifier fine-tuning step: the padded row's positions hold the pad token,
+    through which the head finds each row's last token (a data-dependent gather), and the
+    loss against the labels is computed inside the forward."""
+    model = _hf_model(
+        "LlamaForSequenceClassification", "LlamaConfig", num_labels=3, pad_token_id=0,
+        attention_dropout=0.1, **_LLAMA_LIKE,
+    )  # fmt: skip
+    _train(model)
+    torch.manual_seed(SEED + 1)
+    mask = _padded_mask()
+    ids = _ids().masked_fill(mask == 0, 0)
+    return model, (), {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([0, 2])}
+
+
+def _t5_labels():
+    """T5 trained on labels: the model shifts them right into its decoder inputs (an ignored
+    position, -100, becomes the pad) and computes the loss, with dropout on."""
+    model = _hf_model("T5ForConditionalGeneration", "T5Config", **_T5_CONFIG, dropout_rate=0.1)
+    _train(model)
+    torch.manual_seed(SEED + 1)
+    labels = _ids(seq=5)
+    labels[-1, -2:] = -100
+    return model, (), {"input_ids": _ids(), "attention_mask": _padded_mask(), "labels": labels}
+
+
 def _encoder(
     model_class: str,
     config_class: str,
@@ -315,6 +343,10 @@ def _seq2seq(model_class: str, config_class: str, decoder_start: int = 0, **conf
     return build
 
 
+_T5_CONFIG = dict(
+    vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+    relative_attention_num_buckets=8, decoder_start_token_id=0,
+)  # fmt: skip
 _BART_LIKE = dict(
     vocab_size=VOCAB,
     d_model=32,
@@ -692,6 +724,12 @@ CASES: list[RealCase] = [
         tags={"kwargs", "cache", "mutates_input"},
     ),
     _c("gpt2_train_dropout", "hf_decoder", _gpt2_train(False), tags={"kwargs", "train"}),
+    _c(
+        "llama_seq_cls_labels",
+        "hf_decoder",
+        _llama_seq_cls_labels,
+        tags={"kwargs", "mask", "train", "labels"},
+    ),
     _c(
         "gpt2_grad_checkpointing",
         "hf_decoder",
@@ -1222,20 +1260,10 @@ CASES: list[RealCase] = [
     _c(
         "t5",
         "hf_encdec",
-        _seq2seq(
-            "T5ForConditionalGeneration",
-            "T5Config",
-            vocab_size=VOCAB,
-            d_model=32,
-            d_kv=8,
-            d_ff=64,
-            num_layers=2,
-            num_heads=4,
-            relative_attention_num_buckets=8,
-            decoder_start_token_id=0,
-        ),
+        _seq2seq("T5ForConditionalGeneration", "T5Config", **_T5_CONFIG),
         tags={"kwargs", "mask"},
     ),
+    _c("t5_labels", "hf_encdec", _t5_labels, tags={"kwargs", "mask", "train", "labels"}),
     _c("t5gemma2", "hf_encdec", _t5gemma2, tags={"kwargs", "mask"}),
     _c(
         "bart",

@@ -28,7 +28,7 @@ except ImportError:  # repository root not on sys.path (e.g. bare `pytest`)
 
 REQUIRED_TAGS = {
     "kwargs", "mask", "cache", "train", "checkpointing", "moe", "ssm", "detection",
-    "generate", "inference_mode",
+    "generate", "inference_mode", "labels",
 }  # fmt: skip
 
 
