@@ -118,8 +118,8 @@ def _hf_model(model_class: str, config_class: str, attn: str | None = "eager", *
 
 def _train(model, checkpointing: bool = False):
     model.train()
-    if checkpointing:
-        model.gradient_checkpointing_enable()
+    if checkpointing:  # activation_checkpointing_enable: gradient_checkpointing_enable's new name
+        getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
     return model
 
 
