@@ -7,6 +7,10 @@ item only, on tensors of eight elements, so that the Python run per item is all 
 a GPU whose kernels are queued):
 
 * ``op``: one module calling ``torch.relu`` ``1 + n`` times, against one call;
+* ``functional op``: ``n`` calls of ``F.relu`` against ``n`` of ``torch.relu``: what an op
+  costs more when it comes through a function written in Python, as most of
+  ``torch.nn.functional`` is (torch's own ``handle_torch_function``, which the graph floor
+  pays too, and the keywords it passes on);
 * ``module call``: ``n`` modules in a row, each calling ``torch.relu`` once, against one module
   making the same ``n`` calls (the wrapper's install and removal included);
 * ``wrapped module``: one call among ``n`` submodules that are never called, against none:
@@ -61,6 +65,17 @@ class Calls(nn.Module):
         return x
 
 
+class FunctionalCalls(Calls):
+    """One module calling ``F.relu`` ``n`` times: a function written in Python, which reaches
+    a torch function mode through torch's Python ``handle_torch_function`` (with its
+    ``inplace=False`` keyword), where ``torch.relu`` reaches it from C++."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(self.n):
+            x = F.relu(x)
+        return x
+
+
 class Idle(nn.Module):
     """One ``torch.relu`` call, beside ``n`` submodules that are never called."""
 
@@ -91,6 +106,7 @@ class Linears(nn.Module):
 # item -> (its model, the pair it is priced against) for n items; None: against nothing
 ITEMS: dict[str, Callable[[int], tuple[nn.Module, nn.Module | None]]] = {
     "op": lambda n: (Calls(1 + n), Calls(1)),
+    "functional op": lambda n: (FunctionalCalls(n), Calls(n)),
     "module call": lambda n: (nn.Sequential(*(Calls(1) for _ in range(n))), Calls(n)),
     "wrapped module": lambda n: (Idle(n), Idle(0)),
     "parameter": lambda n: (Linears(n, distinct=True), Linears(n, distinct=False)),

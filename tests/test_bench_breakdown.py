@@ -37,10 +37,15 @@ def test_each_model_differs_from_its_pair_in_its_item_only():
             differences[item] = (ops - pair_ops, calls - pair_calls, parameters - pair_parameters)
     assert differences == {
         "op": (n, 0, 0),
+        "functional op": (0, 0, 0),  # the same ops, reached another way
         "module call": (0, n, 0),
         "wrapped module": (0, 0, 0),  # wrapped, never called: no record at all
         "parameter": (0, 0, n - 1),
     }
+    functional, direct = models["functional op"]
+    x = torch.randn(1, bench.WIDTH)
+    assert [op.func_name for op in tl.trace(functional, x)] == ["relu"] * n
+    assert torch.equal(functional(x), direct(x))
     idle, idle_pair = models["wrapped module"]
     assert len(list(idle.modules())) - len(list(idle_pair.modules())) == n
     assert _counts(models["fixed"][0]) == (1, 1, 0)  # one op, the root call, no parameter
