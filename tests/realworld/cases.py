@@ -17,7 +17,7 @@ Families (the benchmark groups by them): ``hf_decoder``, ``hf_encoder``, ``hf_en
 What is covered besides plain forwards, by tag: ``kwargs`` (called with keyword arguments),
 ``mask`` (attention mask with padding), ``cache`` (``use_cache=True`` or a ``past_key_values``
 cache passed in), ``train`` (train mode: dropout / drop-path draw random numbers),
-``checkpointing`` (``gradient_checkpointing_enable()`` in train mode), ``moe``
+``checkpointing`` (gradient checkpointing turned on, in train mode), ``moe``
 (mixture-of-experts routing), ``ssm`` (state-space), ``detection`` (detection / segmentation),
 ``mutates_input`` (the forward changes an input object: call ``build()`` again per forward),
 ``labels`` (a task head called with labels: its loss is computed inside the forward),
