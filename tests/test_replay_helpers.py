@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import torch
 import torch.nn.functional as F
 
@@ -11,7 +13,10 @@ from torchlens.capture.tree import ArgSlot, slots_in_order
 from torchlens.replay import check_trace
 from torchlens.replay.exemptions import exempt_reason, may_write_arguments, maybe_exempt
 from torchlens.replay.perturb import SLICE_MIN_ELEMENTS, cut, large_enough, slice_plan, sliced
-from torchlens.replay.tolerances import comparable, equal
+from torchlens.replay.tolerances import comparable, equal, mismatch
+
+# (the module by name: ``torchlens.replay`` the attribute is the function tl.replay)
+tolerances = importlib.import_module("torchlens.replay.tolerances")
 
 
 def test_equal_agrees_with_torch_equal_on_large_and_small_values():
@@ -29,6 +34,48 @@ def test_equal_agrees_with_torch_equal_on_large_and_small_values():
     ]
     for a, b in cases:
         assert equal(a, b) == torch.equal(a, b)
+
+
+def _mismatch_without_memcmp(actual, expected):
+    memcmp, tolerances._MEMCMP = tolerances._MEMCMP, None
+    try:
+        return mismatch(actual, expected)
+    finally:
+        tolerances._MEMCMP = memcmp
+
+
+def test_mismatch_by_bytes_gives_the_tolerance_rule_answer():
+    big = torch.randn(64, 128)
+    nan = big.clone()
+    nan[3, 5] = float("nan")
+    moved = nan.clone()
+    moved[7, 1] += 1.0
+    cube = torch.randn(4, 8, 16)
+    cases = [
+        (big, big.clone()),  # the same bytes
+        (nan, nan.clone()),  # NaN in the same place matches
+        (nan, moved),  # one element off
+        (torch.zeros(64, 128), -torch.zeros(64, 128)),  # other bytes, equal values
+        (big.t(), big.clone().t()),  # the same transposed layout
+        (cube.permute(2, 0, 1), cube.clone().permute(2, 0, 1)),
+        (cube.permute(2, 0, 1), (cube + 1).permute(2, 0, 1)),
+        (big[:, ::2], big.clone()[:, ::2]),  # gaps in the span: compared elementwise
+        (big[:, :1].expand(64, 8), big[:, :1].clone().expand(64, 8)),  # stride 0
+        (torch.randn(3).expand(4, 3), torch.randn(3).expand(4, 3)),
+        (big.t(), big.t().contiguous()),  # one layout each
+        (torch._neg_view(big), torch._neg_view(big.clone())),
+        (torch.arange(5000), torch.arange(5000)),
+        (torch.ones(0, 3), torch.ones(0, 3)),
+        (torch.ones(5000, dtype=torch.bool), torch.zeros(5000, dtype=torch.bool)),
+    ]
+    assert tolerances._MEMCMP is not None  # this machine's C library has memcmp
+    for a, b in cases:
+        assert mismatch(a, b) == _mismatch_without_memcmp(a, b)
+    assert mismatch(nan, moved).startswith("values differ in 1 of 8192 elements")
+    assert tolerances._same_bytes(big.t(), big.clone().t())
+    assert not tolerances._same_bytes(big[:, ::2], big.clone()[:, ::2])
+    assert not tolerances._same_bytes(torch.zeros(4), -torch.zeros(4))  # equal all the same
+    assert mismatch(torch.zeros(4), -torch.zeros(4)) is None
 
 
 def test_slice_plan_and_cut_are_what_sliced_gives():

@@ -9,6 +9,10 @@ apply to floating and complex dtypes only: integers stay exact.
 
 from __future__ import annotations
 
+import ctypes
+import os
+from collections.abc import Callable
+
 import torch
 
 __all__ = ["TOLERANCES", "tolerance", "mismatch", "differs", "comparable", "equal"]
@@ -69,7 +73,7 @@ def mismatch(
     ):
         if actual.data_ptr() == expected.data_ptr() and _same_memory(actual, expected):
             return None
-        if _equal_plain(actual, expected):
+        if _same_bytes(actual, expected) or _equal_plain(actual, expected):
             return None
         a, e = actual.detach(), expected.detach()  # what comparable() makes of them
     else:
@@ -148,6 +152,49 @@ def _equal_plain(a: torch.Tensor, b: torch.Tensor) -> bool:
         b = b.detach() if b.requires_grad else b
         return bool((a.numpy() == b.numpy()).all())
     return torch.equal(a, b)
+
+
+def _c_memcmp() -> Callable[[int, int, int], int] | None:
+    """The C library's ``memcmp``, or None where ctypes finds no C library."""
+    try:
+        libc = ctypes.cdll.msvcrt if os.name == "nt" else ctypes.CDLL(None)
+        memcmp = libc.memcmp
+    except (OSError, AttributeError, TypeError):
+        return None
+    memcmp.restype = ctypes.c_int
+    memcmp.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+    return memcmp
+
+
+_MEMCMP = _c_memcmp()
+
+
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two :func:`_plain_cpu` values of one shape and dtype hold the same
+    bytes: then they match under any tolerance (NaN in the same places included, as
+    :func:`mismatch` counts NaN). A replayed value usually does, and one ``memcmp`` tells
+    so in about half the time of numpy's elementwise equality. False means only "not
+    shown": -0.0 beside 0.0 differs in bytes, not in value."""
+    if _MEMCMP is None or a.is_neg() or b.is_neg():
+        return False
+    size = a.numel() * a.element_size()
+    if size == 0:
+        return True
+    if not (a.is_contiguous() and b.is_contiguous()):
+        if a.stride() != b.stride() or not _dense(a):
+            return False  # (the same layout, filling its span: a transpose, say)
+    return _MEMCMP(a.data_ptr(), b.data_ptr(), size) == 0
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements fill consecutive slots from its first one, in some order (a
+    permutation of a contiguous layout): its bytes are then ``numel * element_size`` long."""
+    expected = 1
+    for stride, size in sorted((st, n) for n, st in zip(t.shape, t.stride()) if n != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
