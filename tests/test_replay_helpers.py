@@ -51,6 +51,11 @@ def test_mismatch_by_bytes_gives_the_tolerance_rule_answer():
     moved = nan.clone()
     moved[7, 1] += 1.0
     cube = torch.randn(4, 8, 16)
+    cplx = torch.randn(64, 128, dtype=torch.complex64)
+
+    def quantized(scale):
+        return torch.quantize_per_tensor(big, scale, 0, torch.qint8)
+
     cases = [
         (big, big.clone()),  # the same bytes
         (nan, nan.clone()),  # NaN in the same place matches
@@ -67,15 +72,26 @@ def test_mismatch_by_bytes_gives_the_tolerance_rule_answer():
         (torch.arange(5000), torch.arange(5000)),
         (torch.ones(0, 3), torch.ones(0, 3)),
         (torch.ones(5000, dtype=torch.bool), torch.zeros(5000, dtype=torch.bool)),
+        (big.bfloat16(), big.bfloat16()),  # dtypes numpy lacks: bytes, then torch
+        (big.bfloat16(), (big + 1).bfloat16()),
+        (cplx, cplx.clone()),
+        (cplx.conj(), cplx.clone().conj()),  # both conjugated lazily: the same values
+        (cplx.conj(), cplx.conj().resolve_conj()),  # other bytes, equal values
+        (cplx, cplx.clone().conj()),  # the same bytes, other values
+        (quantized(0.1), quantized(0.1)),
+        (quantized(0.1), quantized(0.2)),  # the same bytes, other scales
     ]
     assert tolerances._MEMCMP is not None  # this machine's C library has memcmp
     for a, b in cases:
         assert mismatch(a, b) == _mismatch_without_memcmp(a, b)
     assert mismatch(nan, moved).startswith("values differ in 1 of 8192 elements")
     assert tolerances._same_bytes(big.t(), big.clone().t())
+    assert tolerances._same_bytes(big.bfloat16(), big.bfloat16())
+    assert not tolerances._same_bytes(quantized(0.1), quantized(0.1))  # scales unread
     assert not tolerances._same_bytes(big[:, ::2], big.clone()[:, ::2])
     assert not tolerances._same_bytes(torch.zeros(4), -torch.zeros(4))  # equal all the same
     assert mismatch(torch.zeros(4), -torch.zeros(4)) is None
+    assert mismatch(cplx, cplx.clone().conj()) and mismatch(quantized(0.1), quantized(0.2))
 
 
 def test_slice_plan_and_cut_are_what_sliced_gives():

@@ -62,15 +62,15 @@ def mismatch(
         return f"shape {tuple(actual.shape)} but recorded {tuple(expected.shape)}"
     if actual.dtype != expected.dtype:
         return f"dtype {actual.dtype} but recorded {expected.dtype}"
-    if (  # the usual values (both _plain_cpu, shape and dtype alike): fewer checks
+    dense_cpu = (  # both plain dense CPU values: their bytes can be compared
         type(actual) in _PLAIN
         and type(expected) in _PLAIN
-        and actual.dtype in _NUMPY_EQUAL
         and actual.is_cpu
         and expected.is_cpu
         and actual.layout == _STRIDED
         and expected.layout == _STRIDED
-    ):
+    )
+    if dense_cpu and actual.dtype in _NUMPY_EQUAL:  # the usual values: fewer checks
         if actual.data_ptr() == expected.data_ptr() and _same_memory(actual, expected):
             return None
         if _same_bytes(actual, expected) or _equal_plain(actual, expected):
@@ -80,6 +80,8 @@ def mismatch(
         if actual.device != expected.device:
             expected = expected.to(actual.device)
         if _same_memory(actual, expected):  # a view or an alias of the saved value itself
+            return None
+        if dense_cpu and _same_bytes(actual, expected):  # bfloat16, complex
             return None
         a, e = comparable(actual), comparable(expected)
         if equal(a, e):  # the common case, in one pass
@@ -170,12 +172,14 @@ _MEMCMP = _c_memcmp()
 
 
 def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two :func:`_plain_cpu` values of one shape and dtype hold the same
+    """Whether two dense CPU values of a plain class, one shape and one dtype hold the same
     bytes: then they match under any tolerance (NaN in the same places included, as
     :func:`mismatch` counts NaN). A replayed value usually does, and one ``memcmp`` tells
     so in about half the time of numpy's elementwise equality. False means only "not
     shown": -0.0 beside 0.0 differs in bytes, not in value."""
-    if _MEMCMP is None or a.is_neg() or b.is_neg():
+    if _MEMCMP is None or a.is_quantized:  # (its values need its scales too)
+        return False
+    if a.is_neg() != b.is_neg() or a.is_conj() != b.is_conj():  # lazily negated, conjugated
         return False
     size = a.numel() * a.element_size()
     if size == 0:
