@@ -1,0 +1,31 @@
+"""``benchmarks/device_check.sh``, the prepared run of issue 14's GPU rows: where torch sees
+no GPU (CI, this machine) it must stop at once with its own message, and write nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "device_check.sh"
+
+
+def test_device_check_is_valid_bash():
+    done = subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the script runs its checks")
+def test_device_check_refuses_without_a_gpu(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHON": sys.executable}
+    done = subprocess.run(
+        ["bash", str(SCRIPT), str(out)], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 2
+    assert "sees no CUDA GPU" in done.stderr
+    assert not out.exists()
