@@ -8,6 +8,11 @@ Targets (issue 14): at most 3x on the transformer encoder and 4x on the GPT deco
 conv net (convolutions, batch norms) has no target and is reported beside them.
 A breakdown separates the capture (``tl.trace``) from the model-free arms
 (``check_trace``: lint, replay + perturbation), also given per op (median microseconds).
+``floor x`` is the least any validation of this design costs, from floors measured in the
+same rounds (``floors.py``): one plain forward (the ground-truth rerun), plus the graph floor
+(the leanest pure-Python capture with edges and module calls, every output kept), plus the
+replay floor (every recorded call rerun once from its saved values and compared), before a
+single edge is perturbed. A target below it is marked so: no pure-Python work can meet it.
 Times are the thread's CPU time on one torch thread by default (as in ``bench_hf.py``): on
 a shared machine, time spent descheduled is then not counted against any arm.
 Run: ``python benchmarks/bench_validate.py [--repeats N] [--threads N] [--clock thread|wall]``.
@@ -25,6 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from floors import graph_floor, replay_floor  # noqa: E402
 from models import convnet8, gpt_decoder, transformer_encoder  # noqa: E402
 from timing import interleaved_times, median_seconds  # noqa: E402
 
@@ -55,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(opts.threads)
     print(f"{opts.threads} thread(s), {opts.clock} clock, {opts.repeats} rounds")
     header = ("model", "ops", "forward ms", "trace x", "arms x", "arms us/op", "validate x")
-    print("{:<22}{:>6}{:>12}{:>9}{:>8}{:>12}{:>12}{:>8}".format(*header, "target"))
+    print("{:<22}{:>6}{:>12}{:>9}{:>8}{:>12}{:>12}{:>9}{:>8}".format(*header, "floor x", "target"))
     failed = False
     for name, factory in MODELS.items():
         ratio = _bench(name, factory, opts.repeats, CLOCKS[opts.clock])
@@ -77,6 +83,8 @@ def _bench(name: str, factory, repeats: int, clock=time.thread_time) -> float:
             "trace": lambda: tl.trace(model, args),
             "arms": lambda: check_trace(trace),
             "validate": lambda: tl.validate(model, args),
+            "graph": lambda: graph_floor(model, args),
+            "replay": lambda: replay_floor(trace),
         },
         repeats=repeats,
         warmup=1,
@@ -88,9 +96,13 @@ def _bench(name: str, factory, repeats: int, clock=time.thread_time) -> float:
     }
     ratio = ratios["validate"]
     per_op = statistics.median(times["arms"]) * 1e6 / len(trace)
+    floor = 1.0 + ratios["graph"] + ratios["replay"]
+    target = TARGETS[name]
+    below = " (below the floor)" if target is not None and target < floor else ""
     print(
         f"{name:<22}{len(trace):>6}{forward_ms:>12.1f}{ratios['trace']:>9.2f}"
-        f"{ratios['arms']:>8.2f}{per_op:>12.0f}{ratio:>12.2f}{TARGETS[name] or '-':>8}"
+        f"{ratios['arms']:>8.2f}{per_op:>12.0f}{ratio:>12.2f}{floor:>9.2f}{target or '-':>8}"
+        f"{below}"
     )
     return ratio
 

@@ -14,6 +14,11 @@ they keep, on the same machine and in the same run as the plain forward:
 
 Neither is a faithful capture (no in-place writes, no nested arguments, no keywords):
 they undercount, which is what a floor should do.
+
+* :func:`replay_floor`: every recorded call of a trace rerun once from its saved parent
+  values and each output compared with its saved value (a byte compare where the value is
+  bit for bit the same): the least a per-op replay check runs, with no perturbation, no
+  findings and no special calls (stochastic ones run without their RNG snapshot).
 """
 
 from __future__ import annotations
@@ -26,7 +31,11 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["count_floor", "graph_floor"]
+from torchlens.replay.exemptions import may_write_arguments
+from torchlens.replay.interpreter import Interpreter
+from torchlens.replay.tolerances import mismatch
+
+__all__ = ["count_floor", "graph_floor", "replay_floor"]
 
 Tensor = torch.Tensor
 _TENSOR_TYPES = (Tensor, nn.Parameter)
@@ -117,3 +126,36 @@ def count_floor(model: nn.Module, args: tuple, run: Callable[[], Any] | None = N
     """Run ``model(*args)`` (or ``run()``) under the counting floor; returns its output."""
     with _frames_followed(model, _CountFloor()):
         return run() if run is not None else model(*args)
+
+
+def replay_floor(trace: Any) -> list[str]:
+    """Replay every recorded call of ``trace`` once and compare (see the module docstring);
+    returns the labels whose output did not match its saved value (none for a faithful
+    trace of a deterministic forward)."""
+    floor = _ReplayFloor(trace)
+    with torch.no_grad():
+        floor.run()
+    return floor.differ
+
+
+class _ReplayFloor(Interpreter):
+    """Each call run by the interpreter's own runner (which hands ``linear``, ``matmul`` and
+    attention their arguments' recorded ``requires_grad`` flags, so they take the kernel the
+    forward took and round as it did); a call that may write into its arguments gets copies
+    of them, so the saved values stay as saved."""
+
+    def __init__(self, trace: Any) -> None:
+        super().__init__(trace)
+        self.differ: list[str] = []
+
+    def visit(self, ops: list[Any]) -> None:
+        head = ops[0]
+        if head.func is None:  # refresh ops: writes redone through other views
+            return
+        values = [self.trace[ref.label].out for ref in head.parent_args]
+        if head.is_inplace or may_write_arguments(head):
+            values = [value.clone() for value in values]
+        outputs = self.call_runner(head, values)(values)
+        for op in ops:
+            if op.output_index >= len(outputs) or mismatch(outputs[op.output_index], op.out):
+                self.differ.append(op.label)
