@@ -13,7 +13,9 @@ from torch.nn.modules import module as module_hooks
 from torch.overrides import _get_current_function_mode_stack
 
 import torchlens as tl
+from torchlens.capture.api import trace_for_check
 from torchlens.errors import PayloadUnavailableError, UnsupportedModelError
+from torchlens.replay import check_trace
 
 
 def tutorial_model() -> nn.Module:
@@ -143,6 +145,22 @@ def test_editing_outputs_after_capture_is_reported_not_served():
     before = trace["linear_2"].out.clone()
     trace.output.detach().add_(100)  # the user edits what the model returned
     torch.testing.assert_close(trace["linear_2"].out, before, rtol=0, atol=0)
+
+
+def test_trace_for_check_keeps_inputs_and_outputs_as_aliases():
+    model, x = tutorial_model(), torch.randn(2, 4)
+    traced, checked = tl.trace(model, x), trace_for_check(model, x)
+    assert [op.label for op in checked] == [op.label for op in traced]
+    assert [op.parents for op in checked] == [op.parents for op in traced]
+    for op in traced:
+        torch.testing.assert_close(checked[op.label].out, op.out, rtol=0, atol=0)
+    last = checked.output_labels[0]
+    assert checked[last].out.data_ptr() == checked.output.data_ptr()  # no copy made
+    assert traced[last].out.data_ptr() != traced.output.data_ptr()  # the caller's to edit
+    source = checked.input_labels[0]
+    assert checked[source].out.data_ptr() == x.data_ptr()
+    assert traced[source].out.data_ptr() != x.data_ptr()
+    assert check_trace(checked, reference=model(x)).state == "passed"
 
 
 # -- views, indexing, multi-output -----------------------------------------------------------

@@ -14,7 +14,7 @@ from torchlens.capabilities import refuse_unsupported
 from torchlens.capture import rng
 from torchlens.capture.builder import TraceBuilder
 from torchlens.capture.controls import Controls, trace_candidates
-from torchlens.capture.failures import attach_partial_trace
+from torchlens.capture.failures import attach_partial_trace, trim_torchlens_frames
 from torchlens.capture.grads import GradCapture
 from torchlens.capture.refusals import check_traceable
 from torchlens.capture.session import CaptureSession, collector_paused
@@ -25,7 +25,7 @@ from torchlens.capture.walk import named_modules
 from torchlens.errors import InvalidArgumentError
 from torchlens.trace import Trace
 
-__all__ = ["trace", "normalize_call"]
+__all__ = ["trace", "trace_for_check", "normalize_call"]
 
 
 def normalize_call(
@@ -151,6 +151,60 @@ def trace(
         >>> trace["relu_1"].parents
         ('linear_1',)
     """
+    try:
+        return _capture(
+            model, args, kwargs,
+            structure_only=structure_only, save=save, intervene=intervene,
+            stop_after=stop_after, stream_to=stream_to, save_grads=save_grads,
+            intermediate_derived_grads=intermediate_derived_grads, source=source,
+            keep_caller_safe=True,
+        )  # fmt: skip
+    except Exception as err:  # a model's error then goes from this call to the model's line
+        trim_torchlens_frames(err)
+        raise
+
+
+def trace_for_check(
+    model: Any,
+    args: Any = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    intervene: Mapping[Any, Any] | None = None,
+) -> Trace:
+    """:func:`trace` for a check that alone holds the trace and the output (``tl.validate``).
+
+    :func:`trace` copies each saved value that is the caller's input or the returned
+    output, so the caller may edit those afterwards: a copy of the output at least, which
+    costs as much as a small layer. No caller code runs between such a capture and the
+    check reading it, so here they stay aliases (the model's buffers are still copied).
+
+    Example:
+        >>> import torch
+        >>> model, x = torch.nn.Linear(4, 3), torch.randn(2, 4)
+        >>> checked = trace_for_check(model, x)
+        >>> checked["linear_1"].out.data_ptr() == checked.output.data_ptr()
+        True
+    """
+    return _capture(model, args, kwargs, intervene=intervene, keep_caller_safe=False)
+
+
+def _capture(
+    model: Any,
+    args: Any,
+    kwargs: Mapping[str, Any] | None,
+    *,
+    structure_only: bool = False,
+    save: Any = None,
+    intervene: Mapping[Any, Any] | None = None,
+    stop_after: Any = None,
+    stream_to: str | os.PathLike | None = None,
+    save_grads: bool = False,
+    intermediate_derived_grads: bool = False,
+    source: bool = False,
+    keep_caller_safe: bool,
+) -> Trace:
+    """The capture behind :func:`trace`; ``keep_caller_safe``: copy saved values that are
+    the caller's inputs or the returned outputs (see :func:`trace_for_check`)."""
     refuse_unsupported({"intermediate_derived_grads": intermediate_derived_grads})
     if save_grads and not torch.is_grad_enabled():
         raise InvalidArgumentError(
@@ -198,8 +252,9 @@ def trace(
             out_tensors,
             rng_state=rng_state,
             meta=meta,
-            keep_safe=[t for _, t in arg_leaves + kwarg_leaves]
-            + out_tensors
+            keep_safe=(
+                [t for _, t in arg_leaves + kwarg_leaves] + out_tensors if keep_caller_safe else []
+            )
             + builder.model_buffers,
         )
         if grads is not None:

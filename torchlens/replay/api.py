@@ -10,8 +10,7 @@ from typing import Any
 import torch
 
 from torchlens.capture import rng
-from torchlens.capture.api import normalize_call
-from torchlens.capture.api import trace as capture
+from torchlens.capture.api import normalize_call, trace_for_check
 from torchlens.capture.builder import UNSEEN_COMPUTATION
 from torchlens.capture.refusals import check_traceable
 from torchlens.capture.session import refuse_reentry, suspended
@@ -144,7 +143,7 @@ def replay(
         rng.restore(host)
         after_rerun = state.rewind()
         moved_parameters = state.changed_parameters()
-    trace = capture(model, args, kwargs, intervene=intervene)
+    trace = trace_for_check(model, args, kwargs, intervene=intervene)
     after_capture = rng.snapshot()  # the checks touch torch's generators only
     trace.output = detached(trace.output)  # private to this check: its graph is not needed
     findings = Findings(trace)
