@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from floors import graph_floor  # noqa: E402
 from models import BENCH_MODELS, LARGE_MODELS  # noqa: E402
-from timing import interleaved_times  # noqa: E402
+from timing import interleaved_times, synchronized  # noqa: E402
 
 import torchlens as tl  # noqa: E402
 
@@ -82,16 +82,6 @@ class KeepOutputs(TorchFunctionMode):
 def keep_outputs(model, args, copy: bool = False):
     with KeepOutputs(copy):
         return model(*args)
-
-
-def _synchronized(run):
-    """``run`` followed by a wait for every queued CUDA kernel."""
-
-    def timed():
-        run()
-        torch.cuda.synchronize()
-
-    return timed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             "struct": lambda m=model, a=args: tl.trace(m, a, structure_only=True),
         }
         if device.type == "cuda":  # kernels run on the GPU's clock: time the wall
-            runs = {key: _synchronized(run) for key, run in runs.items()}
+            runs = {key: synchronized(run) for key, run in runs.items()}
             clock = time.perf_counter
         times = interleaved_times(runs, repeats=opts.repeats, clock=clock)
         ratio = {

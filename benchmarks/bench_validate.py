@@ -15,7 +15,10 @@ replay floor (every recorded call rerun once from its saved values and compared)
 single edge is perturbed. A target below it is marked so: no pure-Python work can meet it.
 Times are the thread's CPU time on one torch thread by default (as in ``bench_hf.py``): on
 a shared machine, time spent descheduled is then not counted against any arm.
-Run: ``python benchmarks/bench_validate.py [--repeats N] [--threads N] [--clock thread|wall]``.
+With ``--device cuda`` (a GPU must be present) the models and inputs move to the GPU, every
+timed run ends with ``torch.cuda.synchronize()``, and the wall clock times them.
+Run: ``python benchmarks/bench_validate.py [--repeats N] [--threads N] [--clock thread|wall]
+[--device cuda]``.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from floors import graph_floor, replay_floor  # noqa: E402
 from models import convnet8, gpt_decoder, transformer_encoder  # noqa: E402
-from timing import interleaved_times, median_seconds  # noqa: E402
+from timing import interleaved_times, median_seconds, synchronized  # noqa: E402
 
 import torchlens as tl  # noqa: E402
 from torchlens.replay import check_trace  # noqa: E402
@@ -57,39 +60,46 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--clock", choices=tuple(CLOCKS), default="thread", help="thread CPU time or wall time"
     )
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (a GPU must be present)")
     opts = parser.parse_args(argv)
+    device = torch.device(opts.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda needs a CUDA build of torch and a GPU")
+    clock_name = "wall" if device.type == "cuda" else opts.clock  # kernels run on the GPU's
     torch.set_num_threads(opts.threads)
-    print(f"{opts.threads} thread(s), {opts.clock} clock, {opts.repeats} rounds")
+    print(f"{opts.threads} thread(s), {clock_name} clock, {opts.repeats} rounds, {device}")
     header = ("model", "ops", "forward ms", "trace x", "arms x", "arms us/op", "validate x")
     print("{:<22}{:>6}{:>12}{:>9}{:>8}{:>12}{:>12}{:>9}{:>8}".format(*header, "floor x", "target"))
     failed = False
     for name, factory in MODELS.items():
-        ratio = _bench(name, factory, opts.repeats, CLOCKS[opts.clock])
+        ratio = _bench(name, factory, opts.repeats, CLOCKS[clock_name], device)
         target = TARGETS[name]
         failed |= target is not None and ratio > target
     return 1 if failed else 0
 
 
-def _bench(name: str, factory, repeats: int, clock=time.thread_time) -> float:
+def _bench(
+    name: str, factory, repeats: int, clock=time.thread_time, device: torch.device | None = None
+) -> float:
     """Print one row; returns the validate / forward ratio."""
     model, args = factory()
+    if device is not None:
+        model, args = model.to(device), tuple(a.to(device) for a in args)
     trace = tl.trace(model, args)
     status = tl.replay(model, args)
     assert status.state == "passed", status
-    forward_ms = median_seconds(lambda: model(*args), repeats=5, warmup=1) * 1e3
-    times = interleaved_times(
-        {
-            "forward": lambda: model(*args),
-            "trace": lambda: tl.trace(model, args),
-            "arms": lambda: check_trace(trace),
-            "validate": lambda: tl.validate(model, args),
-            "graph": lambda: graph_floor(model, args),
-            "replay": lambda: replay_floor(trace),
-        },
-        repeats=repeats,
-        warmup=1,
-        clock=clock,
-    )
+    runs = {
+        "forward": lambda: model(*args),
+        "trace": lambda: tl.trace(model, args),
+        "arms": lambda: check_trace(trace),
+        "validate": lambda: tl.validate(model, args),
+        "graph": lambda: graph_floor(model, args),
+        "replay": lambda: replay_floor(trace),
+    }
+    if device is not None and device.type == "cuda":
+        runs = {key: synchronized(run) for key, run in runs.items()}
+    forward_ms = median_seconds(runs["forward"], repeats=5, warmup=1) * 1e3
+    times = interleaved_times(runs, repeats=repeats, warmup=1, clock=clock)
     ratios = {
         key: statistics.median(t / b for t, b in zip(ts, times["forward"]))
         for key, ts in times.items()

@@ -4,7 +4,8 @@
 #   1. tests/test_cuda.py: capture, RNG replay and validation on the GPU (they skip here);
 #   2. bench_capture.py --device cuda --large: trace / forward on the GPU, every timed run
 #      ended by torch.cuda.synchronize(), for the benchmark models plus the GPT-2-small and
-#      ResNet-50 sized ones (target: trace at most 1.5x).
+#      ResNet-50 sized ones (target: trace at most 1.5x);
+#   3. bench_validate.py --device cuda: tl.validate / forward on the GPU, beside its floor.
 # Each step's output goes to the terminal and to a log in OUTDIR (default: $OUT, the device
 # tool's folder, else ./device_out). Exits 2 at once where no GPU is seen, else with the
 # number of steps that failed (a missed benchmark target counts).
@@ -29,4 +30,6 @@ failed=0
   || failed=$((failed + 1))
 "$python" benchmarks/bench_capture.py --device cuda --large --repeats "$repeats" 2>&1 \
   | tee "$out/bench_capture_cuda.log" || failed=$((failed + 1))
+"$python" benchmarks/bench_validate.py --device cuda --repeats "$repeats" 2>&1 \
+  | tee "$out/bench_validate_cuda.log" || failed=$((failed + 1))
 exit "$failed"

@@ -6,6 +6,8 @@ import statistics
 import time
 from collections.abc import Callable
 
+import torch
+
 
 def median_seconds(fn: Callable[[], object], repeats: int = 20, warmup: int = 3) -> float:
     """Median wall time of ``fn()`` over ``repeats`` runs, after ``warmup`` untimed runs."""
@@ -60,3 +62,14 @@ def interleaved_ratios(
         name: statistics.median(t / b for t, b in zip(ts, times[base]))
         for name, ts in times.items()
     }
+
+
+def synchronized(run: Callable[[], object]) -> Callable[[], None]:
+    """``run`` followed by a wait for every queued CUDA kernel: on a GPU a call returns once
+    its kernels are queued, so a timing without the wait misses them."""
+
+    def timed() -> None:
+        run()
+        torch.cuda.synchronize()
+
+    return timed

@@ -1,5 +1,6 @@
-"""``benchmarks/device_check.sh``, the prepared run of issue 14's GPU rows: where torch sees
-no GPU (CI, this machine) it must stop at once with its own message, and write nothing."""
+"""``benchmarks/device_check.sh``, the prepared run of issue 14's GPU rows, and the
+benchmarks' ``--device cuda``: where torch sees no GPU (CI, this machine) each must stop at
+once with its own message, and write nothing."""
 
 from __future__ import annotations
 
@@ -10,6 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
+
+try:
+    from tests._benchmarks import load_benchmark
+except ImportError:  # repository root not on sys.path (e.g. bare `pytest`)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _benchmarks import load_benchmark
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "device_check.sh"
 
@@ -29,3 +36,13 @@ def test_device_check_refuses_without_a_gpu(tmp_path):
     assert done.returncode == 2
     assert "sees no CUDA GPU" in done.stderr
     assert not out.exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the benchmarks run")
+@pytest.mark.parametrize("name", ["bench_capture", "bench_validate"])
+def test_benchmarks_refuse_cuda_without_a_gpu(name, capsys):
+    bench = load_benchmark(name)
+    with pytest.raises(SystemExit) as exited:
+        bench.main(["--device", "cuda"])
+    assert exited.value.code == 2
+    assert "--device cuda needs a CUDA build of torch and a GPU" in capsys.readouterr().err
