@@ -17,8 +17,8 @@ they undercount, which is what a floor should do.
 
 * :func:`replay_floor`: every recorded call of a trace rerun once from its saved parent
   values and each output compared with its saved value (a byte compare where the value is
-  bit for bit the same): the least a per-op replay check runs, with no perturbation, no
-  findings and no special calls (stochastic ones run without their RNG snapshot).
+  bit for bit the same), as the replay arm runs and compares them: the least a per-op
+  replay check runs, with no perturbation and no findings.
 """
 
 from __future__ import annotations
@@ -31,8 +31,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from torchlens.replay.exemptions import may_write_arguments
-from torchlens.replay.interpreter import Interpreter
+from torchlens.replay.interpreter import Checker
 from torchlens.replay.tolerances import mismatch
 
 __all__ = ["count_floor", "graph_floor", "replay_floor"]
@@ -138,24 +137,19 @@ def replay_floor(trace: Any) -> list[str]:
     return floor.differ
 
 
-class _ReplayFloor(Interpreter):
-    """Each call run by the interpreter's own runner (which hands ``linear``, ``matmul`` and
-    attention their arguments' recorded ``requires_grad`` flags, so they take the kernel the
-    forward took and round as it did); a call that may write into its arguments gets copies
-    of them, so the saved values stay as saved."""
+class _ReplayFloor(Checker):
+    """The replay arm's own calls (:meth:`Checker.run_call`: arguments that a call may write
+    into are copied first, stochastic calls get their RNG snapshot, ``linear``, ``matmul``
+    and attention the recorded ``requires_grad`` flags that pick the forward's kernel) and
+    its comparison, without findings or the perturbation arm."""
 
     def __init__(self, trace: Any) -> None:
-        super().__init__(trace)
+        super().__init__(trace, findings=None, atol=None, rtol=None)
         self.differ: list[str] = []
 
     def visit(self, ops: list[Any]) -> None:
         head = ops[0]
-        if head.func is None:  # refresh ops: writes redone through other views
-            return
-        values = [self.trace[ref.label].out for ref in head.parent_args]
-        if head.is_inplace or may_write_arguments(head):
-            values = [value.clone() for value in values]
-        outputs = self.call_runner(head, values)(values)
+        outputs = self.run_call(head, self.parent_values(head))
         for op in ops:
             if op.output_index >= len(outputs) or mismatch(outputs[op.output_index], op.out):
                 self.differ.append(op.label)
