@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -106,3 +110,41 @@ def test_a_models_error_names_the_op_it_hit(user_file, capsys):
     assert main(["trace", f"{user_file}:wrong_width"]) == 1
     err = capsys.readouterr().err
     assert "RuntimeError" in err and "while running linear_2 in 1" in err
+
+
+def test_cut_tables_name_the_command_lines_flags(saved, tmp_path, capsys):
+    assert main(["show", str(saved)]) == 0
+    out = capsys.readouterr().out
+    assert "(22 ops not shown: --all prints every row" in out
+    assert "max_rows=None" not in out and "trace.summary" not in out
+    other = tl.trace(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), *[nn.Tanh()] * 60).eval(),
+                     torch.randn(3, 4)).save(tmp_path / "other")  # fmt: skip
+    main(["diff", str(saved), str(other)])
+    out = capsys.readouterr().out
+    assert "(22 rows not shown: --all prints every row, --diverged only" in out
+    main(["diff", str(saved), str(other), "--all"])
+    assert "not shown" not in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def long_saved(tmp_path_factory) -> Path:
+    """A trace whose summary is far longer than a pipe's buffer (64 KiB)."""
+    model = nn.Sequential(nn.Linear(4, 8), *[nn.Tanh() for _ in range(3000)])
+    return tl.trace(model.eval(), torch.randn(3, 4)).save(tmp_path_factory.mktemp("t") / "run")
+
+
+@pytest.mark.parametrize("command", ["show", "diff"])
+def test_a_closed_pipe_ends_quietly_with_exit_141(command, long_saved):
+    """``torchlens show DIR --all | head``: no traceback, the exit code of a SIGPIPE."""
+    dirs = [str(long_saved)] * (2 if command == "diff" else 1)
+    cli = " ".join([shlex.quote(sys.executable), "-m", "torchlens", command, *dirs, "--all"])
+    run = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {cli} | head -n 3"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(tl.__file__).parents[1])},
+        timeout=120,
+    )
+    assert run.stderr == ""
+    assert len(run.stdout.splitlines()) == 3
+    assert run.returncode == 141  # 128 + SIGPIPE, as `seq 1 100000 | head -n 3` ends

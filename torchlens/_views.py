@@ -17,6 +17,7 @@ from torchlens._table import format_table
 from torchlens.errors import LookupFailedError
 
 __all__ = [
+    "MORE_ROWS_HINT",
     "ModuleCalls",
     "SUMMARY_ROWS",
     "filter_ops",
@@ -140,10 +141,23 @@ def filter_ops(ops: Sequence[Any], select: Any, module: str | None) -> tuple[lis
     return shown, notes
 
 
+# How to see the rows a cut table leaves out, in the words of the Python API; the command
+# line passes its own flags instead.
+MORE_ROWS_HINT = (
+    "trace.summary(max_rows=None) prints all, trace.summary(select=..., module=...) narrows "
+    "the table"
+)
+
+
 def summary_text(
-    trace: Any, ops: Sequence[Any], max_rows: int | None, filtered: Iterable[str] = ()
+    trace: Any,
+    ops: Sequence[Any],
+    max_rows: int | None,
+    filtered: Iterable[str] = (),
+    more_hint: str = MORE_ROWS_HINT,
 ) -> str:
-    """The trace's heading, a table of ``ops`` (head and tail past ``max_rows``), outputs."""
+    """The trace's heading, a table of ``ops`` (head and tail past ``max_rows``), outputs;
+    ``more_hint`` says how to see the rows left out."""
     rows = [_row(op) for op in ops]
     hidden = 0
     if max_rows is not None and len(rows) > max_rows:
@@ -166,10 +180,7 @@ def summary_text(
         lines.append(trap)
     lines.append(table)
     if hidden:
-        lines.append(
-            f"({hidden} ops not shown: trace.summary(max_rows=None) prints all, "
-            "trace.summary(select=..., module=...) narrows the table)"
-        )
+        lines.append(f"({hidden} ops not shown: {more_hint})")
     lines.append(f"outputs: {', '.join(trace.output_labels) or '-'}")
     return "\n".join(lines)
 

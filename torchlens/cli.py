@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import os
 import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -19,11 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from torchlens._version import __version__
+from torchlens._views import filter_ops, summary_text
 from torchlens.errors import TorchLensError
 
 __all__ = ["main", "load_factory", "UsageError"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE: what `cat` or `seq` end with when `head` stops reading
 
 
 class UsageError(Exception):
@@ -50,7 +53,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
-        return opts.run(opts)
+        code = opts.run(opts)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+        return code
+    except BrokenPipeError:
+        return _closed_pipe()
     except UsageError as err:
         print(f"torchlens: error: {err}", file=sys.stderr)
         return EXIT_USAGE
@@ -62,6 +69,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"torchlens: error [{err.code}]: {err}", file=sys.stderr)
         return EXIT_FAILED
+
+
+def _closed_pipe() -> int:
+    """The reader of stdout went away (``torchlens show DIR | head``): stop quietly.
+
+    What is still buffered for stdout can go nowhere; pointing the descriptor at devnull
+    lets the interpreter's final flush succeed instead of printing a traceback, the way
+    Python's documentation recommends for SIGPIPE.
+    """
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return EXIT_CLOSED_PIPE
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -136,7 +157,14 @@ def _run_diff(opts: argparse.Namespace) -> int:
     result = diff(_load_saved(opts.a), _load_saved(opts.b), atol=opts.atol, rtol=opts.rtol)
     print(result.headline())
     print(result.table(None if opts.all else opts.max_rows, only_diverged=opts.diverged))
+    rows = len(result.diverged if opts.diverged else result.rows)
+    if not opts.all and rows > opts.max_rows:
+        narrow = "" if opts.diverged else ", --diverged only the rows that differ"
+        print(f"({rows - opts.max_rows} rows not shown: --all prints every row{narrow})")
     return EXIT_OK if result.first_divergence is None and result.same else EXIT_FAILED
+
+
+_SHOW_MORE_HINT = "--all prints every row, --func NAME or --module PATTERN narrows the table"
 
 
 def _run_show(opts: argparse.Namespace) -> int:
@@ -151,7 +179,8 @@ def _run_show(opts: argparse.Namespace) -> int:
         return EXIT_OK
     select = tl.func(*opts.func) if opts.func else None
     rows = None if opts.all else opts.max_rows
-    print(trace.summary(select, module=opts.module, max_rows=rows))
+    ops, notes = filter_ops(trace.ops, select, opts.module)  # trace.summary, with CLI hints
+    print(summary_text(trace, ops, rows, notes, more_hint=_SHOW_MORE_HINT))
     return EXIT_OK
 
 
