@@ -185,3 +185,72 @@ def test_multi_head_attention_formula_when_recorded_as_one_call():
     assert op_flops(op, lambda label: tuple(shapes[label])) == _torch_flops(mha, q, k, v)
     assert op_flops(types.SimpleNamespace(func_name="erf", output_index=0), None) is None
     assert op_flops(types.SimpleNamespace(func_name="view", output_index=0), None) == 0
+
+
+class Blocks(nn.Module):
+    """Children held in a ModuleList and a ModuleDict, which are never called themselves."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(4, 4)
+        self.drop = nn.Dropout(0.0)
+        self.h = nn.ModuleList([nn.Sequential(nn.Linear(4, 4), nn.ReLU()) for _ in range(2)])
+        self.heads = nn.ModuleDict({"a": nn.Linear(4, 2), "b": nn.Linear(4, 3)})
+
+    def forward(self, x):
+        x = self.drop(self.embed(x))
+        for block in self.h:
+            x = block(x)
+        return self.heads["a"](x), self.heads["b"](x)
+
+
+def test_module_list_and_dict_children_nest_under_the_module_that_calls_them():
+    result = tl.summary(Blocks().eval(), torch.randn(2, 4))
+    depths = {row.name: row.depth for row in result.rows}
+    assert depths == {
+        "<root>:1": 0, "embed:1": 1, "drop:1": 1, "h.0:1": 1, "h.0.0:1": 2, "h.0.1:1": 2,
+        "h.1:1": 1, "h.1.0:1": 2, "h.1.1:1": 2, "heads.a:1": 1, "heads.b:1": 1,
+    }  # fmt: skip
+    lines = str(result).splitlines()[2:-1]
+    indents = {line.split()[0]: len(line) - len(line.lstrip()) for line in lines}
+    assert indents["h.0:1"] == indents["drop:1"] == 2 and indents["h.0.0:1"] == 4
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=2, n_embd=64, n_head=4, n_positions=64, vocab_size=100,
+        bos_token_id=0, eos_token_id=0, attn_implementation="sdpa",
+    )  # fmt: skip
+    return transformers.GPT2LMHeadModel(config).eval(), torch.randint(0, 100, (1, 16))
+
+
+def test_gpt2_blocks_sit_beside_drop_not_inside_it(gpt2):
+    model, ids = gpt2
+    result = tl.summary(model, (ids,))
+    depths = {row.name: row.depth for row in result.rows}
+    assert depths["transformer:1"] == 1
+    assert depths["transformer.drop:1"] == depths["transformer.h.0:1"] == 2
+    assert depths["transformer.h.1:1"] == 2 and depths["transformer.h.0.attn:1"] == 3
+    assert depths["transformer.h.0.attn.c_attn:1"] == 4 and depths["lm_head:1"] == 1
+
+
+def test_flops_beyond_flop_counter_mode_are_exactly_the_sdpa_matmuls(gpt2):
+    """On the CPU, SDPA's default kernel reports nothing to FlopCounterMode; torchlens counts
+    its two matrix products. Under the MATH kernel, which runs them as plain products, the
+    totals agree."""
+    model, ids = gpt2
+    trace = tl.trace(model, (ids,), structure_only=True)
+    attention = [op for op in trace if op.func_name == "scaled_dot_product_attention"]
+    assert len(attention) == 2  # one per layer
+    matmuls = 0
+    for op in attention:
+        q, k = (trace[ref.label].shape for ref in op.parent_args[:2])
+        batch, heads, queries, dim = q
+        matmuls += 2 * 2 * batch * heads * queries * k[-2] * dim  # q @ k.T, then weights @ v
+    ours = tl.summary(trace).totals["flops"]
+    assert ours - _torch_flops(model, ids) == matmuls == 2 * 4 * 4 * 16 * 16 * 16
+    with sdpa_kernel(SDPBackend.MATH):
+        assert _torch_flops(model, ids) == ours

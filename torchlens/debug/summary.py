@@ -37,7 +37,8 @@ class ModuleRow:
 
     name: str  # "layers.0:1"; "<root>:1" for the traced model
     module_type: str  # class name, e.g. "Linear"
-    depth: int  # 0 for the root, 1 for its children, ...
+    depth: int  # 0 for the root, 1 for the calls in it, ...: called modules only (a
+    # ModuleList that is never called itself adds no level)
     input_shapes: tuple[tuple[int, ...], ...]
     output_shapes: tuple[tuple[int, ...], ...]
     params: int  # trainable parameter elements the module owns (its submodules included)
@@ -177,7 +178,10 @@ def module_summary(trace: Trace, weights: list[Weight] | None = None) -> ModuleS
             if s.kind in ("parameter", "buffer")
         ]
     costs = {op.label: op_flops(op, shape_of) for op in trace.ops}
-    rows = [_row(trace, call, costs, weights) for call in trace.modules]
+    called = set(trace.modules.addresses())
+    rows = [
+        _row(trace, call, costs, weights, _depth(call.address, called)) for call in trace.modules
+    ]
     known = [c for c in costs.values() if c is not None]
     return ModuleSummary(
         rows,
@@ -200,8 +204,18 @@ def _count(weights: list[Weight]) -> dict[str, int]:
     }
 
 
+def _depth(address: str, called: set[str]) -> int:
+    """How many called modules hold ``address``: a container that is never called itself
+    (``nn.ModuleList``, ``nn.ModuleDict``) adds no level, so GPT-2's ``transformer.h.0``
+    sits one level under ``transformer``, beside ``transformer.drop``."""
+    if not address:
+        return 0
+    parts = address.split(".")
+    return 1 + sum(".".join(parts[:n]) in called for n in range(1, len(parts)))
+
+
 def _row(
-    trace: Trace, call: Any, costs: Mapping[str, int | None], weights: list[Weight]
+    trace: Trace, call: Any, costs: Mapping[str, int | None], weights: list[Weight], depth: int
 ) -> ModuleRow:
     prefix = f"{call.address}." if call.address else ""
     owned = _count([w for w in weights if w[0].startswith(prefix)])
@@ -209,7 +223,7 @@ def _row(
     return ModuleRow(
         name=call.name,
         module_type=call.module_type,
-        depth=call.address.count(".") + 1 if call.address else 0,
+        depth=depth,
         input_shapes=tuple(tuple(trace[label].shape) for label in call.inputs),
         output_shapes=tuple(tuple(trace[label].shape) for label in call.outputs),
         params=owned["params"],
