@@ -179,3 +179,78 @@ def test_a_module_selector_on_a_callable_that_is_no_module_says_how_to_trace_mod
     with pytest.raises(SelectorMatchError) as caught:  # a module was traced: no such hint
         tl.trace(model, torch.randn(1, 2), save=tl.module("1"))
     assert "no module call was recorded" not in str(caught.value)
+
+
+def test_star_crosses_dots_and_a_plus_segment_matches_one_name(trace):
+    """``layers.*`` is every module below ``layers``; ``layers.+`` its direct children."""
+    star = [m.name for m in trace.module_calls("layers.*")]
+    assert star == ["layers.0:1", "layers.0.fc:1", "layers.1:1", "layers.1.fc:1",
+                    "layers.2:1", "layers.2.fc:1", "layers.0:2", "layers.0.fc:2"]  # fmt: skip
+    plus = [m.name for m in trace.module_calls("layers.+")]
+    assert plus == ["layers.0:1", "layers.1:1", "layers.2:1", "layers.0:2"]
+    assert [m.name for m in trace.module_calls("layers.+.fc")] == [
+        "layers.0.fc:1", "layers.1.fc:1", "layers.2.fc:1", "layers.0.fc:2"
+    ]  # fmt: skip
+    assert [m.name for m in trace.module_calls("+")] == ["head:1"]  # the ModuleList: no call
+    # the ops inside are the same either way; what the calls returned is not
+    assert _selected(trace, tl.module("layers.+")) == _selected(trace, tl.module("layers.*"))
+    assert _selected(trace, tl.module("layers.+").output) == [
+        "relu_1",
+        "relu_2",
+        "relu_3",
+        "relu_4",
+    ]
+    assert _selected(trace, tl.module("layers.*").output) == [
+        f"{f}_{i}" for i in range(1, 5) for f in ("linear", "relu")
+    ]
+    assert _selected(trace, tl.module("layers.+.fc").output) == [f"linear_{i}" for i in range(1, 5)]
+    assert "layers.0.fc:1" not in trace.summary(by="module", module="layers.+")
+
+
+def test_a_plus_inside_a_name_is_a_plain_character():
+    class Keys(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.parts = nn.ModuleDict({"a+b": nn.Linear(2, 2), "+": nn.Linear(2, 2)})
+
+        def forward(self, x):
+            return self.parts["+"](self.parts["a+b"](x))
+
+    trace = tl.trace(Keys(), torch.randn(1, 2))
+    assert [m.name for m in trace.module_calls("parts.a+b")] == ["parts.a+b:1"]
+    assert [m.name for m in trace.module_calls("parts.[+]")] == ["parts.+:1"]
+    assert [m.name for m in trace.module_calls("parts.+")] == ["parts.a+b:1", "parts.+:1"]
+
+
+@pytest.mark.parametrize("pattern", ["layers..0", "layers.", ".layers", "layers.0:2"])
+def test_malformed_module_patterns_are_typed_errors(trace, pattern):
+    with pytest.raises(InvalidArgumentError) as err:
+        tl.module(pattern)
+    assert err.value.code == "bad_selector"
+    if ":" in pattern:
+        assert "tl.module('layers.0', call=2)" in str(err.value)
+        assert trace.module_calls(pattern)[0].name == "layers.0:2"  # a call, where calls are
+    else:
+        with pytest.raises(InvalidArgumentError):
+            trace.module_calls(pattern)
+
+
+def test_gpt2_blocks_are_transformer_h_plus():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, n_positions=32, vocab_size=50,
+        bos_token_id=0, eos_token_id=0, attn_implementation="sdpa",
+    )  # fmt: skip
+    model = transformers.GPT2LMHeadModel(config).eval()
+    trace = tl.trace(model, torch.randint(0, 50, (1, 8)))
+    nested = trace.module_calls("transformer.h.*")
+    assert len(nested) == 24  # each block, and the 11 calls inside each
+    star = [op.label for op in trace if tl.module("transformer.h.*").output.matches(op)]
+    assert len(star) == 20  # mlp and mlp.dropout (...) return the same op
+    assert [m.name for m in trace.module_calls("transformer.h.+")] == [
+        "transformer.h.0:1", "transformer.h.1:1"
+    ]  # fmt: skip
+    outputs = [op.label for op in trace if tl.module("transformer.h.+").output.matches(op)]
+    assert outputs == [m.outputs[0] for m in trace.module_calls("transformer.h.+")]
+    assert len(outputs) == 2

@@ -8,8 +8,6 @@ module level (they sit at the same layer or above).
 from __future__ import annotations
 
 import difflib
-import fnmatch
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -90,15 +88,18 @@ class ModuleCalls(list):
     def matching(self, pattern: str) -> list[Any]:
         """Every call of a module whose address matches ``pattern``, in call order.
 
-        ``pattern`` follows :func:`torchlens.module`: an address, or an ``fnmatch`` glob
-        (``*`` also crosses dots); ``"blocks.0:2"`` picks one call.
+        ``pattern`` follows :func:`torchlens.module`: an address, or a glob (``*`` also
+        crosses dots, a ``+`` segment matches one name: ``"blocks.+"`` is the direct
+        children of ``blocks``); ``"blocks.0:2"`` picks one call.
 
         Raises:
             LookupFailedError: nothing matched; the message lists close addresses.
+            InvalidArgumentError: ``bad_selector`` for a pattern with an empty segment.
         """
+        from torchlens.selectors import module_pattern  # same layer as this one: lazily
+
         address, call = _split_key(pattern)
-        wild = any(ch in address for ch in "*?[")
-        regex = re.compile(fnmatch.translate(address)) if wild else None
+        regex = module_pattern(address)
         found = [
             m
             for m in self

@@ -39,6 +39,7 @@ __all__ = [
     "where",
     "as_selector",
     "Candidates",
+    "module_pattern",
     "require_match",
 ]
 
@@ -121,9 +122,7 @@ class _Module(Selector):
     _regex: re.Pattern | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        wild = any(ch in self.pattern for ch in "*?[")
-        regex = re.compile(fnmatch.translate(self.pattern)) if wild else None
-        object.__setattr__(self, "_regex", regex)
+        object.__setattr__(self, "_regex", module_pattern(self.pattern))
         object.__setattr__(self, "static", self.call is None)
 
     def matches(self, op: Any) -> bool:
@@ -293,6 +292,53 @@ class _Not(Selector):
         return f"~{self.inner!r}"
 
 
+# -- module address patterns ----------------------------------------------------------------
+_SEGMENT = "\ue000"  # stands for a "+" segment while fnmatch translates the rest
+_PLUS_SEGMENT = re.compile(r"(?<![^.])\+(?![^.])")  # a "+" that is a whole segment
+_CALL_SUFFIX = re.compile(r":\d+\Z")
+
+
+def module_pattern(pattern: str) -> re.Pattern | None:
+    """The regex a module address pattern stands for, or None for a plain address.
+
+    ``*`` matches any run of characters, dots included (``"transformer.h.*"`` matches
+    ``transformer.h.0`` and ``transformer.h.0.attn.c_attn`` alike), ``?`` one character and
+    ``[...]`` one of a set, as :mod:`fnmatch`; ``+`` standing as a whole segment matches
+    exactly one segment, no dots (``"transformer.h.+"`` matches the blocks ``transformer.h.0``,
+    ``transformer.h.1``, ... and nothing inside them; ``"blocks.+.attn"`` each block's
+    ``attn``). A ``+`` inside a segment is a plain character; ``[+]`` is a segment named
+    ``+``.
+
+    Raises:
+        InvalidArgumentError: ``bad_selector`` for an empty segment (``"layers..0"``,
+            ``"layers."``) or a call number in the pattern (``"layers.0:2"``: use
+            ``call=2``).
+
+    Example:
+        >>> bool(module_pattern("h.+").match("h.0")), bool(module_pattern("h.+").match("h.0.attn"))
+        (True, False)
+        >>> module_pattern("h.0") is None
+        True
+    """
+    if pattern and "" in pattern.split("."):
+        raise InvalidArgumentError(
+            f"module pattern {pattern!r} has an empty segment: addresses are names joined by "
+            "single dots, with none at either end ('layers.0', 'layers.*', 'layers.+')",
+            code="bad_selector",
+        )
+    if _CALL_SUFFIX.search(pattern):
+        address, _, call = pattern.rpartition(":")
+        raise InvalidArgumentError(
+            f"module pattern {pattern!r} names a call: write tl.module({address!r}, "
+            f"call={call}) (trace.module_calls and trace.modules take 'address:N')",
+            code="bad_selector",
+        )
+    plain = _PLUS_SEGMENT.sub(_SEGMENT, pattern)
+    if plain == pattern and not any(ch in pattern for ch in "*?["):
+        return None
+    return re.compile(fnmatch.translate(plain).replace(_SEGMENT, "[^.]+"))
+
+
 # -- public constructors --------------------------------------------------------------------
 def _strings(values: tuple[Any, ...], what: str) -> frozenset[str]:
     if not values or not all(isinstance(v, str) and v for v in values):
@@ -335,9 +381,12 @@ def module(
     enclosing module's address plus ``".multi_head_attention_forward"``.
 
     Args:
-        pattern: a module address such as ``"layers.3"`` or a glob such as ``"layers.*"``
-            (``fnmatch`` rules; ``*`` also crosses dots). ``""`` is the whole model.
-            May be left out when ``type=`` is given (any address).
+        pattern: a module address such as ``"layers.3"`` or a glob (see
+            :func:`module_pattern`): ``*`` matches across dots, so ``"layers.*"`` is every
+            module below ``layers`` (``layers.0``, ``layers.0.fc``, ...), while a ``+``
+            segment matches one name, so ``"layers.+"`` is the direct children only.
+            ``""`` is the whole model. May be left out when ``type=`` is given (any
+            address).
         call: only this call of the module (1 for the first), for modules called repeatedly.
         type: only modules of this class (``nn.Linear`` or ``"Linear"``). An op matches when
             its innermost module is of that class; ``.output`` matches what every call of
@@ -347,8 +396,8 @@ def module(
         A :class:`Selector` with an ``.output`` selector.
 
     Raises:
-        InvalidArgumentError: ``bad_selector`` for a pattern that is not a string, or no
-            pattern and no type.
+        InvalidArgumentError: ``bad_selector`` for a pattern that is not a string, has an
+            empty segment or a call number (``"layers.0:2"``), or no pattern and no type.
 
     Example:
         >>> import torch

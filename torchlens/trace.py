@@ -361,9 +361,10 @@ class Trace:
         """Every call of the modules matching ``pattern``, in call order.
 
         Args:
-            pattern: an address (``"layers.0"``), an ``fnmatch`` glob as :func:`tl.module
-                <torchlens.selectors.module>` takes (``"layers.*"``; ``*`` also crosses
-                dots), or one call (``"layers.0:2"``).
+            pattern: an address (``"layers.0"``), a glob as :func:`tl.module
+                <torchlens.selectors.module>` takes (``"layers.*"``: every module below
+                ``layers``, as ``*`` crosses dots; ``"layers.+"``: its direct children
+                only), or one call (``"layers.0:2"``).
 
         Returns:
             The :class:`ModuleCall` s, with their inputs, outputs and ops.
