@@ -65,6 +65,65 @@ def test_status_prints_failures_with_label_and_arm():
     assert "failed" in text and "relu_1 [replay]: off" in text
 
 
+class Exempts(nn.Module):
+    """An op of each kind: shape-only read, unread by a rule, no input, integer input."""
+
+    def forward(self, x, other):
+        zeros = torch.zeros_like(x)  # reads only x's shape: exempt
+        kept = torch.where(x.abs() >= 0, x, other)  # `other` is never read: unread by a rule
+        return kept + zeros + torch.arange(3)  # arange reads no tensor: exempt
+
+
+def test_status_gives_each_op_its_verdict_arm_by_arm():
+    args = (torch.randn(3), torch.randn(3))
+    status = tl.replay(Exempts(), args)
+    labels = tl.trace(Exempts(), args).labels
+    assert status.state == "passed" and list(status.verdicts) == labels
+    zeros = status.verdicts["zeros_like_1"]
+    assert zeros.arms == {"lint": "passed", "replay": "passed", "perturbation": "exempt"}
+    assert zeros.state == "passed" and "*_like factory" in zeros.reasons[0]
+    assert status.verdicts["arange_1"].reasons == (
+        "[perturbation] no tensor input: there is no edge for perturbation to prove",
+    )
+    where = status.verdicts["where_1"]
+    assert where.arms["perturbation"] == "passed"  # x is proved; other is unread by a rule
+    assert any("`other` is never read" in reason for reason in where.reasons)
+    assert status.verdicts["add_2"].arms["ground_truth"] == "passed"  # the output
+    assert "ground_truth" not in status.verdicts["abs_1"].arms  # only outputs are compared
+    # the counts are the verdicts counted
+    assert status.exemptions.keys() == {"zeros_like_1", "arange_1"} and status.exempt == 2
+    assert "reads only the shape" in status.exemptions["zeros_like_1"][0]
+    outcomes = [v.arms.get("perturbation") for v in status.verdicts.values()]
+    assert outcomes.count("passed") == status.perturbation_verified == 5
+    replayed = sum(v.arms.get("replay") == "passed" for v in status.verdicts.values())
+    assert replayed == status.replayed == 7
+
+
+def test_verdicts_carry_failures_and_gaps_to_their_ops():
+    model, x = tutorial_model(), torch.randn(2, 4)
+    trace = tl.trace(model, x)
+    failed = check_trace(trace, reference=model(x) + 1).verdicts["linear_2"]
+    assert failed.state == "failed" and failed.arms["ground_truth"] == "failed"
+    assert failed.arms["replay"] == "passed" and failed.reasons[0].startswith("[ground_truth] ")
+    trace.store.mark_missing("relu_1", "not_saved", "dropped for the test")
+    status = check_trace(trace)
+    gap = status.verdicts["relu_1"]
+    assert (gap.state, gap.arms["replay"]) == ("unverified", "unverified")
+    assert status.verdicts["linear_1"].state == "passed"
+    assert str(gap).startswith("relu_1: unverified (lint passed, replay unverified, perturbation")
+
+
+def test_status_printout_says_which_counts_are_ops_and_which_are_edges():
+    text = str(tl.replay(Exempts(), (torch.randn(3), torch.randn(3))))
+    first, ops, *_ = text.splitlines()
+    assert first.startswith("ReplayStatus: passed (7 ops: 7 replayed, 5 perturbation-verified")
+    assert "ops are recorded function calls" in ops
+    assert "status.exemptions says why" in text
+    edges = next(line for line in text.splitlines() if "edges exempt" in line)
+    assert "an edge is one op reading one tensor): 3 need no proof" in edges
+    assert "1 changed nothing under any probe" in edges
+
+
 def test_structure_only_trace_is_unavailable_never_passed():
     model, x = tutorial_model(), torch.randn(2, 4)
     status = check_trace(tl.trace(model, x, structure_only=True), reference=model(x))

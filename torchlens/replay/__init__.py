@@ -7,6 +7,8 @@ perturbation (changing a parent must change the op). See ``docs/validation.md``.
 
 from torchlens.replay.api import check_trace, replay, validate
 from torchlens.replay.lint import lint
-from torchlens.replay.status import ReplayFailure, ReplayStatus
+from torchlens.replay.status import OpVerdict, ReplayFailure, ReplayStatus
 
-__all__ = ["validate", "replay", "check_trace", "lint", "ReplayStatus", "ReplayFailure"]
+__all__ = [
+    "validate", "replay", "check_trace", "lint", "ReplayStatus", "ReplayFailure", "OpVerdict",
+]  # fmt: skip

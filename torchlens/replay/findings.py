@@ -5,12 +5,14 @@ from __future__ import annotations
 from operator import itemgetter
 from typing import Any
 
-from torchlens.replay.status import ReplayFailure, ReplayStatus
+from torchlens.replay.status import OpVerdict, ReplayFailure, ReplayStatus
 
 __all__ = ["Findings"]
 
 _first = itemgetter(0)
 _VERIFIED = {"verified"}
+_NO_EDGE = "no tensor input: there is no edge for perturbation to prove"
+_RANK = {"passed": 0, "exempt": 0, "unverified": 1, "failed": 2}
 
 
 class Findings:
@@ -22,7 +24,9 @@ class Findings:
         self.gaps: list[ReplayFailure] = []
         self._replayed: set[str] = set()
         self._verified: set[str] = set()
-        self._exempt: set[str] = set()
+        self._exempt: dict[str, tuple[str, ...]] = {}  # exempt op -> why, edge by edge
+        self._outputs = set(getattr(trace, "output_labels", ()))
+        self._exempt_edges: dict[str, list[str]] = {}  # op -> why each exempt edge is
         self.exempt_edges = 0  # edges a table exempts without a call
         self.unread: list[ReplayFailure] = []  # edges no probe could show, exempt by a rule
 
@@ -50,11 +54,15 @@ class Findings:
                 self.unchecked(label, "perturbation", reason)
             elif verdict == "exempt":
                 self.exempt_edges += 1
+                self._exempt_edges.setdefault(label, []).append(reason)
             elif verdict == "unread":
                 self.unread.append(ReplayFailure(label, "perturbation", reason))
         if kinds & {"failed", "unchecked"}:
             return
-        (self._verified if "verified" in kinds else self._exempt).add(label)
+        if "verified" in kinds:
+            self._verified.add(label)
+        else:
+            self._exempt[label] = tuple(reason for _, reason in verdicts) or (_NO_EDGE,)
 
     def status(self, arms: tuple[str, ...], unavailable: bool = False) -> ReplayStatus:
         """The summary: ``failed`` > ``unavailable`` > ``unverified`` > ``passed``."""
@@ -79,4 +87,37 @@ class Findings:
             failures=list(self.failures),
             unchecked=list(self.gaps),
             arms=arms,
+            verdicts=self._verdicts(arms),
+            exemptions=dict(self._exempt),
         )
+
+    def _verdicts(self, arms: tuple[str, ...]) -> dict[str, OpVerdict]:
+        """Each op's outcome per arm: what the arm proved, overruled by what it found."""
+        found: dict[str, list[tuple[str, str, str]]] = {}
+        for outcome, items in (("failed", self.failures), ("unverified", self.gaps)):
+            for item in items:
+                found.setdefault(item.label, []).append((item.arm, outcome, item.reason))
+        for item in self.unread:  # exempt edges of verified ops: not a verdict, a reason
+            found.setdefault(item.label, []).append((item.arm, "", item.reason))
+        verdicts = {}
+        for label in self.op_labels:
+            reasons: list[str] = []
+            outcomes = {arm: "passed" for arm in arms if arm == "lint"}
+            if "ground_truth" in arms and label in self._outputs:
+                outcomes["ground_truth"] = "passed"
+            if label in self._replayed:
+                outcomes["replay"] = "passed"
+            if label in self._verified:
+                outcomes["perturbation"] = "passed"
+            if label in self._exempt:
+                outcomes["perturbation"] = "exempt"
+                if not self._exempt_edges.get(label):  # no edge at all
+                    reasons.append(f"[perturbation] {_NO_EDGE}")
+            reasons += [f"[perturbation] {why}" for why in self._exempt_edges.get(label, ())]
+            for arm, outcome, reason in found.get(label, ()):
+                if outcome and _RANK[outcome] >= _RANK.get(outcomes.get(arm, "passed"), 0):
+                    outcomes[arm] = outcome
+                reasons.append(f"[{arm}] {reason}")
+            ordered = {arm: outcomes.pop(arm) for arm in arms if arm in outcomes}
+            verdicts[label] = OpVerdict(label, {**ordered, **outcomes}, tuple(reasons))
+        return verdicts

@@ -2,17 +2,20 @@
 
 The state is honest by construction: it is ``passed`` only when every check that was asked
 for ran and held. Anything that could not be checked keeps the state at ``unverified``; a
-trace without values is ``unavailable``.
+trace without values is ``unavailable``. Beside the counts, :attr:`ReplayStatus.verdicts`
+gives each op's :class:`OpVerdict`, arm by arm.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["ReplayFailure", "ReplayStatus", "STATES", "ARMS"]
+__all__ = ["OpVerdict", "ReplayFailure", "ReplayStatus", "STATES", "ARMS", "OUTCOMES"]
 
 STATES = ("passed", "failed", "unverified", "unavailable")
 ARMS = ("lint", "ground_truth", "replay", "perturbation")
+# what one arm concluded about one op: "exempt" is the perturbation arm's "nothing to prove"
+OUTCOMES = ("passed", "exempt", "unverified", "failed")
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,37 @@ class ReplayFailure:
 
     def __str__(self) -> str:
         return f"{self.label} [{self.arm}]: {self.reason}"
+
+
+@dataclass(frozen=True)
+class OpVerdict:
+    """What each arm concluded about one op: ``status.verdicts["linear_2"]``.
+
+    Example:
+        >>> v = OpVerdict("relu_1", {"replay": "passed", "perturbation": "exempt"},
+        ...               ("[perturbation] no tensor input",))
+        >>> v.state, v.arms["perturbation"]
+        ('passed', 'exempt')
+    """
+
+    label: str  # the op's label
+    arms: dict[str, str]  # arm -> one of OUTCOMES; only the arms that looked at this op
+    reasons: tuple[str, ...] = ()  # "[arm] why", for every outcome but a plain pass
+
+    @property
+    def state(self) -> str:
+        """``failed`` if any arm failed, else ``unverified`` if any could not check, else
+        ``passed`` (an exempt op passes: there was nothing to prove)."""
+        outcomes = set(self.arms.values())
+        for state in ("failed", "unverified"):
+            if state in outcomes:
+                return state
+        return "passed"
+
+    def __str__(self) -> str:
+        arms = ", ".join(f"{arm} {outcome}" for arm, outcome in self.arms.items())
+        why = "".join(f"\n  {reason}" for reason in self.reasons)
+        return f"{self.label}: {self.state} ({arms}){why}"
 
 
 @dataclass
@@ -54,6 +88,10 @@ class ReplayStatus:
     failures: list[ReplayFailure] = field(default_factory=list)
     unchecked: list[ReplayFailure] = field(default_factory=list)  # why ops are unverified
     arms: tuple[str, ...] = ()  # the arms that ran
+    # every op's verdict by label: status.verdicts["linear_2"].arms["perturbation"]
+    verdicts: dict[str, OpVerdict] = field(default_factory=dict)
+    # the ops counted in `exempt`, each with why the perturbation arm had nothing to prove
+    exemptions: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.state not in STATES:
@@ -74,13 +112,21 @@ class ReplayStatus:
             f"ReplayStatus: {self.state} ({self.ops} ops: {self.replayed} replayed, "
             f"{self.perturbation_verified} perturbation-verified, {self.exempt} exempt, "
             f"{self.unverified} unverified)",
-            f"arms run: {', '.join(self.arms) or '-'}",
+            "  ops are recorded function calls. replayed: run again from its recorded inputs, "
+            "it gave the saved value;",
+            "  perturbation-verified: changing each tensor it reads changed its output; exempt: "
+            "it reads no tensor",
+            "  that needs that proof (status.exemptions says why); unverified: a check could "
+            "not run (see below)",
         ]
         if self.exempt_edges or self.unread:
             lines.append(
-                f"edges exempt: {self.exempt_edges} by kind or table, "
-                f"{len(self.unread)} unread by a rule after every probe"
+                "  edges exempt (an edge is one op reading one tensor): "
+                f"{self.exempt_edges} need no proof (an integer, boolean or empty tensor, or one "
+                f"the op reads only the shape of); {len(self.unread)} changed nothing under any "
+                "probe, as a documented rule allows (see unread)"
             )
+        lines.append(f"arms run: {', '.join(self.arms) or '-'}")
         lines += _section("failures", self.failures)
         lines += _section("not checked", self.unchecked)
         lines += _section("unread (exempt by a rule)", self.unread)
