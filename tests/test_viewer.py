@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import subprocess
 from importlib.resources import files
 
 import pytest
@@ -218,3 +220,34 @@ def test_assets_ship_with_the_package():
     assets = files("torchlens.viz") / "viewer_assets"
     names = {"viewer.html", "viewer.css", "viewer.js", "panel.js", "route.js"}
     assert all((assets / name).is_file() for name in names)
+
+
+def _fit(how: str, *sizes: tuple[float, float, float, float]) -> list[dict]:
+    """Run the page's own ``tlFit.<how>`` (viewer_assets/fit.js) in Node on each size."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("no Node.js to run the viewer's fit.js")
+    script = (files("torchlens.viz") / "viewer_assets" / "fit.js").read_text(encoding="utf-8")
+    calls = ",".join(f"tlFit.{how}({w}, {h}, {W}, {H})" for w, h, W, H in sizes)
+    run = subprocess.run(
+        [node, "-e", f"{script}\nconsole.log(JSON.stringify([{calls}]))"],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    return json.loads(run.stdout)
+
+
+def test_fit_shows_the_whole_graph_both_ways():
+    window = (1200, 760)
+    tall, wide, small = (300, 9390), (5000, 400), (200, 100)  # a 2-layer GPT-2 strip, ...
+    views = _fit("whole", *[(*graph, *window) for graph in (tall, wide, small)])
+    for (w, h), view in zip((tall, wide, small), views):
+        left, top = view["x"], view["y"]
+        right, bottom = left + w * view["k"], top + h * view["k"]
+        assert 20 - 1e-9 <= left and right <= window[0] - 20 + 1e-9, (w, h, view)
+        assert 20 - 1e-9 <= top and bottom <= window[1] - 20 + 1e-9, (w, h, view)
+        assert left + right == pytest.approx(window[0])  # centred across
+    assert views[0]["k"] == pytest.approx(720 / 9390)  # the height decides for the strip
+    assert views[1]["k"] == pytest.approx(1160 / 5000)  # the width for the wide one
+    assert views[2]["k"] == 1  # never enlarged past 1:1
+    (first,) = _fit("top", (*tall, *window))  # the first view: full width, from the top
+    assert (first["k"], first["y"]) == (1, 20)

@@ -264,3 +264,19 @@ def test_screenshot(open_page, trace):
     page = open_page(trace, status=tl.replay(Model().eval(), torch.randn(2, 5, 8))).page
     shot = page.screenshot()
     assert shot[:8] == b"\x89PNG\r\n\x1a\n" and len(shot) > 10_000
+
+
+def test_fit_shows_the_whole_graph_both_ways(open_page, trace):
+    """The first view is full width from the top; "Fit" then frames the whole graph."""
+    page = open_page(trace).page
+    page.evaluate("() => { tlViewer.expanded.fill(1); tlViewer.toggle(1, true); }")
+    size = page.evaluate(
+        "() => ({ w: document.getElementById('graph').clientWidth,"
+        " h: document.getElementById('graph').clientHeight })"
+    )
+    root = page.evaluate("() => tlViewer.boxes().g0")
+    assert root["h"] > 3 * size["h"]  # unfolded, the graph is far taller than the window
+    page.click("#fit")
+    view = page.evaluate("window.tlViewer.view()")
+    assert view["x"] >= 19 and view["x"] + root["w"] * view["k"] <= size["w"] - 19
+    assert view["y"] >= 19 and view["y"] + root["h"] * view["k"] <= size["h"] - 19

@@ -12,6 +12,8 @@ import torchlens as tl
 import torchlens.viz.render as render
 from torchlens.errors import InvalidArgumentError
 from torchlens.viz import DrawingSizeWarning
+from torchlens.viz.graph import build_view
+from torchlens.viz.readable import MAX_NODES, MAX_ROWS, rows
 
 
 class Stage(nn.Module):
@@ -90,3 +92,47 @@ def test_collapsed_modules_count_parameters_and_buffers_apart():
     # 2 conv weights + 2 conv biases + 2 bn weights + 2 bn biases; 2 x (mean, var)
     assert "8 parameters, " in text and "4 buffers, 16 values" in text
     assert "param tensors" not in text
+
+
+def test_a_strip_far_taller_than_a_screen_is_drawn_readable_though_it_has_few_boxes(
+    drawn, tmp_path
+):
+    trace = tl.trace(nn.Sequential(*[nn.Tanh() for _ in range(60)]), torch.randn(2, 3))
+    full = build_view(trace)
+    assert len(full.nodes) <= MAX_NODES and rows(full) == 62 > MAX_ROWS  # input, 60, output
+    with pytest.warns(DrawingSizeWarning) as caught:
+        trace.draw(tmp_path / "g.svg")
+    (message,) = [str(w.message) for w in caught]
+    assert "\n" not in message and "62 rows" in message and "depth=None" in message
+    assert drawn[-1] == trace.to_dot(collapse_repeats=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        trace.draw(tmp_path / "g.svg", depth=None)  # explicitly everything, silently
+        assert drawn[-1] == trace.to_dot()
+    with pytest.raises(InvalidArgumentError) as info:
+        trace.draw(tmp_path / "g.svg", depth="deep")
+    assert info.value.code == "bad_depth"
+
+
+def test_a_two_layer_gpt2_is_drawn_at_a_readable_depth(drawn, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=2, n_embd=64, n_head=4, n_positions=64, vocab_size=100,
+        bos_token_id=0, eos_token_id=0, attn_implementation="sdpa",
+    )  # fmt: skip
+    model = transformers.GPT2LMHeadModel(config).eval()
+    trace = tl.trace(model, torch.randint(0, 100, (1, 16)))
+    full = build_view(trace)
+    assert len(full.nodes) <= MAX_NODES < 2 * len(full.nodes)  # not too many boxes ...
+    assert rows(full) > 2 * MAX_ROWS  # ... but a strip over twice as tall as readable
+    with pytest.warns(DrawingSizeWarning, match="depth=3 .*depth=None"):
+        trace.draw(tmp_path / "gpt2.svg")
+    assert drawn[-1] == trace.to_dot(depth=3, collapse_repeats=True)
+    assert rows(build_view(trace, 3, True)) <= MAX_ROWS < rows(build_view(trace, None, True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        trace.draw(tmp_path / "gpt2.svg", depth=None)
+        assert drawn[-1] == trace.to_dot()
+        trace.draw(tmp_path / "gpt2.svg", depth=2)
+        assert drawn[-1] == trace.to_dot(depth=2)

@@ -268,7 +268,7 @@ def _run_trace(opts: argparse.Namespace) -> int:
             step("draw")
             trace.draw(
                 opts.draw,
-                depth=opts.depth,
+                depth="auto" if opts.depth is None else opts.depth,
                 collapse_repeats=opts.collapse_repeats,
                 **({"max_nodes": None} if opts.full_graph else {}),
             )

@@ -445,13 +445,17 @@ class Trace:
         return to_dot(self, depth=depth, collapse_repeats=collapse_repeats, **options)
 
     def draw(
-        self, path: Any, depth: int | None = None, collapse_repeats: bool = False, **options: Any
+        self,
+        path: Any,
+        depth: int | str | None = "auto",
+        collapse_repeats: bool = False,
+        **options: Any,
     ) -> Any:
         """Draw the graph to an .svg, .png or .pdf file; see :func:`torchlens.viz.draw`.
 
-        A graph of more than ``max_nodes=150`` boxes drawn without ``depth`` or
-        ``collapse_repeats`` is folded to a readable size, with a warning saying so;
-        ``max_nodes=None`` draws every op.
+        With the default ``depth="auto"``, a graph of more than ``max_nodes=150`` boxes or
+        more than 40 boxes tall is folded to a readable size, with a warning saying so;
+        ``depth=None`` (or ``max_nodes=None``) draws every op, an int draws to that depth.
         """
         from torchlens.viz import draw
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from torchlens.errors import GraphvizMissingError, InvalidArgumentError
 from torchlens.trace import Trace
 from torchlens.viz.dot import to_dot
-from torchlens.viz.readable import MAX_NODES, DrawingSizeWarning, readable_options
+from torchlens.viz.readable import AUTO, MAX_NODES, DrawingSizeWarning, readable_options
 
 __all__ = ["FORMATS", "DrawingSizeWarning", "draw", "render_dot"]
 
@@ -32,7 +32,7 @@ def draw(
     path: str | os.PathLike[str],
     *,
     format: str | None = None,
-    depth: int | None = None,
+    depth: int | str | None = AUTO,
     collapse_repeats: bool = False,
     params: str = "fold",
     rankdir: str = "TB",
@@ -44,18 +44,22 @@ def draw(
         trace: what to draw.
         path: the file to write; its suffix (``.svg``, ``.png``, ``.pdf``) picks the format.
         format: the format, when the suffix should not decide.
-        depth, collapse_repeats, params, rankdir: as for :func:`torchlens.viz.to_dot`.
-        max_nodes: when neither ``depth`` nor ``collapse_repeats`` is given and the full
-            graph has more boxes than this, repeated blocks are folded and module calls
-            collapsed to the deepest depth that fits, with a :class:`DrawingSizeWarning`
-            saying so; ``None`` always draws the full graph.
+        depth: as for :func:`torchlens.viz.to_dot` (``None`` draws every module call), or
+            ``"auto"``, the default: the full graph, unless it has more than ``max_nodes``
+            boxes or is more than 40 boxes tall (``readable.MAX_ROWS``); then repeated
+            blocks are folded and module calls collapsed to the deepest depth that fits,
+            with a :class:`DrawingSizeWarning` saying so in one line.
+        collapse_repeats, params, rankdir: as for :func:`torchlens.viz.to_dot`.
+        max_nodes: the most boxes the ``"auto"`` depth draws; ``None`` always draws the
+            full graph.
 
     Returns:
         The path written.
 
     Raises:
         GraphvizMissingError: the ``dot`` program is not installed (code ``graphviz_missing``).
-        InvalidArgumentError: unknown format (code ``bad_format``) or drawing option.
+        InvalidArgumentError: unknown format (code ``bad_format``), depth (``bad_depth``)
+            or drawing option.
 
     Example:
         >>> import torch, torchlens as tl, tempfile, pathlib

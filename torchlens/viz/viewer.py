@@ -141,7 +141,7 @@ def viewer_html(trace: Trace, *, status: Any = None, values: int = 0) -> str:
         "__STYLE__": (assets / "viewer.css").read_text(encoding="utf-8"),
         "__SCRIPT__": "\n".join(
             (assets / name).read_text(encoding="utf-8")
-            for name in ("panel.js", "route.js", "viewer.js")
+            for name in ("panel.js", "route.js", "fit.js", "viewer.js")
         ),
         "__DATA__": payload,
     }

@@ -269,17 +269,15 @@
     view.y = svg.clientHeight / 2 - (p.y + p.h / 2) * view.k;
     schedule();
   }
-  function fit() {
-    const root = pos.get("g0"), W = svg.clientWidth, H = svg.clientHeight;
-    view.k = Math.min(1, (W - 40) / Math.max(root.w, 1));
-    if (root.h * view.k < H - 40) view.k = Math.min(1, (H - 40) / Math.max(root.h, 1), (W - 40) / Math.max(root.w, 1));
-    view.k = Math.max(view.k, 0.05);
-    view.x = (W - root.w * view.k) / 2;
-    view.y = 20;
+  // "Fit" (and the 0 key): the whole graph in the window, both ways; `how` = tlFit.top for
+  // the first view, full width from the top.
+  function fit(how) {
+    const root = pos.get("g0");
+    view = (typeof how === "function" ? how : window.tlFit.whole)(root.w, root.h, svg.clientWidth, svg.clientHeight);
     schedule();
   }
   function zoom(f, cx, cy) {
-    const k = Math.min(4, Math.max(0.02, view.k * f));
+    const k = Math.min(window.tlFit.MAX_K, Math.max(window.tlFit.MIN_K, view.k * f));
     view.x = cx - (cx - view.x) * (k / view.k);
     view.y = cy - (cy - view.y) * (k / view.k);
     view.k = k;
@@ -381,7 +379,7 @@
     typing = setTimeout(() => search(e.target.value, false), 150);
   });
   byId("close").addEventListener("click", () => select(-1));
-  byId("fit").addEventListener("click", fit);
+  byId("fit").addEventListener("click", () => fit());
   byId("fold").addEventListener("click", () => { expanded.fill(0); expanded[0] = 1; relayout(); fit(); });
   byId("detail").addEventListener("click", (e) => {
     const link = e.target.closest("[data-goto]");
@@ -399,5 +397,5 @@
   window.tlViewerLegend(DATA, NODES, byId("legend"));
   initialFolds();
   layout();
-  fit();
+  fit(window.tlFit.top);
 })();
