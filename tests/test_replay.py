@@ -97,6 +97,15 @@ def test_status_gives_each_op_its_verdict_arm_by_arm():
     assert outcomes.count("passed") == status.perturbation_verified == 5
     replayed = sum(v.arms.get("replay") == "passed" for v in status.verdicts.values())
     assert replayed == status.replayed == 7
+    with pytest.raises(TypeError):  # read-only: ops with the same outcomes share it
+        status.verdicts["abs_1"].arms["replay"] = "failed"
+
+
+def test_an_op_whose_every_edge_is_unread_is_exempt_with_the_rules_reason():
+    status = tl.replay(lambda x, y: x * float("nan") + y, (torch.randn(3), torch.randn(3)))
+    assert status.exemptions == {"mul_1": (status.unread[0].reason,)}
+    assert "NaN in every element" in status.verdicts["mul_1"].reasons[0]
+    assert len(status.verdicts["mul_1"].reasons) == 1  # not also "no tensor input"
 
 
 def test_verdicts_carry_failures_and_gaps_to_their_ops():

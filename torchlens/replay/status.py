@@ -8,6 +8,7 @@ gives each op's :class:`OpVerdict`, arm by arm.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 __all__ = ["OpVerdict", "ReplayFailure", "ReplayStatus", "STATES", "ARMS", "OUTCOMES"]
@@ -42,7 +43,7 @@ class OpVerdict:
     """
 
     label: str  # the op's label
-    arms: dict[str, str]  # arm -> one of OUTCOMES; only the arms that looked at this op
+    arms: Mapping[str, str]  # arm -> one of OUTCOMES; only the arms that looked at this op
     reasons: tuple[str, ...] = ()  # "[arm] why", for every outcome but a plain pass
 
     @property
