@@ -11,6 +11,7 @@ import difflib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from torchlens._patterns import module_pattern
 from torchlens._table import format_table
 from torchlens.errors import LookupFailedError
 
@@ -96,8 +97,6 @@ class ModuleCalls(list):
             LookupFailedError: nothing matched; the message lists close addresses.
             InvalidArgumentError: ``bad_selector`` for a pattern with an empty segment.
         """
-        from torchlens.selectors import module_pattern  # same layer as this one: lazily
-
         address, call = _split_key(pattern)
         regex = module_pattern(address)
         found = [
