@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -133,6 +134,7 @@ def long_saved(tmp_path_factory) -> Path:
     return tl.trace(model.eval(), torch.randn(3, 4)).save(tmp_path_factory.mktemp("t") / "run")
 
 
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("head") is None, reason="a shell")
 @pytest.mark.parametrize("command", ["show", "diff"])
 def test_a_closed_pipe_ends_quietly_with_exit_141(command, long_saved):
     """``torchlens show DIR --all | head``: no traceback, the exit code of a SIGPIPE."""
