@@ -85,8 +85,10 @@ class _WhatIf(Interpreter):
             changed = value is not None
             if value is None and op_hits:
                 value = op.out
+            if op_hits:  # the op as the edit sees it: its inputs read as in this run
+                seen = _copy(op, _store=_Overlay(self.trace.store, self.new))
             for _, edit in op_hits:
-                value = apply_edit(edit, value, op, inplace=False)
+                value = apply_edit(edit, value, seen, inplace=False)
             if op_hits:
                 self.edited.append(op.label)
                 if "returns_argument" in op.meta and op.children:
