@@ -195,3 +195,11 @@ def test_edit_pattern_refuses_other_ops_and_a_reshaped_pattern():
     with pytest.raises(InterventionError) as err:
         tl.trace(fn, q, intervene={SDPA: edits.edit_pattern(lambda p: p[..., :2])})
     assert err.value.code == "bad_edit" and "(1, 2, 3, 3)" in str(err.value)
+
+
+def test_tl_record_views_are_refused_with_the_reason():
+    q = torch.randn(1, 2, 3, 4)
+    fn = lambda q: F.scaled_dot_product_attention(q, q, q)  # noqa: E731
+    with pytest.raises(InterventionError) as err:
+        tl.record(fn, q, intervene={SDPA: edits.edit_pattern(lambda p: p)})
+    assert err.value.code == "bad_edit" and "tl.record" in str(err.value)

@@ -92,8 +92,14 @@ def attention_inputs(op: Any) -> AttentionInputs:
         (True, None, torch.Size([1, 2, 3, 4]))
     """
     name = getattr(op, "func_name", None)
-    if name != SDPA or not hasattr(op, "parent_args") or not hasattr(op, "args_template"):
-        label = getattr(op, "label", repr(op))
+    label = getattr(op, "label", repr(op))
+    if name == SDPA and not hasattr(op, "args_template"):  # a tl.record view
+        raise InvalidArgumentError(
+            f"{label!r} comes from tl.record, which keeps no inputs of its ops; rebuild "
+            "its pattern from an op of tl.trace, which keeps them",
+            code="not_attention",
+        )
+    if name != SDPA or not hasattr(op, "parent_args"):
         raise InvalidArgumentError(
             f"{label!r} is a {name or type(op).__name__!r} op, not {SDPA}; pass an op "
             f"of a trace whose func_name is {SDPA!r} (tl.func({SDPA!r}) selects them)",

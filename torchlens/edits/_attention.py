@@ -60,7 +60,7 @@ def edit_pattern(fn: Callable[..., Tensor]) -> Callable[[Tensor, Any], Tensor]:
             inputs = attention_inputs(op)
         except InvalidArgumentError as err:
             raise InterventionError(
-                f"edit_pattern applies to scaled_dot_product_attention ops only: {err}",
+                f"edit_pattern edits scaled_dot_product_attention ops of tl.trace: {err}",
                 code="bad_edit",
             ) from None
         pattern = attention_pattern(op)
