@@ -203,3 +203,18 @@ def test_tl_record_views_are_refused_with_the_reason():
     with pytest.raises(InterventionError) as err:
         tl.record(fn, q, intervene={SDPA: edits.edit_pattern(lambda p: p)})
     assert err.value.code == "bad_edit" and "tl.record" in str(err.value)
+
+
+def test_multihead_attention_without_weights_gives_the_weights_it_would_have_returned():
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    x = torch.randn(2, 5, 16)
+    padding = torch.tensor([[False] * 5, [False, False, False, True, True]])
+    causal = torch.ones(5, 5, dtype=torch.bool).triu(1)  # True: not allowed
+    call = {"key_padding_mask": padding, "attn_mask": causal, "need_weights": False}
+    trace = tl.trace(mha, (x, x, x), call)
+    (op,) = _sdpa_ops(trace)
+    with torch.no_grad():
+        _, weights = mha(x, x, x, key_padding_mask=padding, attn_mask=causal,
+                         need_weights=True, average_attn_weights=False)  # fmt: skip
+    torch.testing.assert_close(tl.attention_pattern(op), weights)
