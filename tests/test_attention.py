@@ -218,3 +218,17 @@ def test_multihead_attention_without_weights_gives_the_weights_it_would_have_ret
         _, weights = mha(x, x, x, key_padding_mask=padding, attn_mask=causal,
                          need_weights=True, average_attn_weights=False)  # fmt: skip
     torch.testing.assert_close(tl.attention_pattern(op), weights)
+
+
+def test_attend_refuses_a_pattern_that_does_not_fit_the_call():
+    from torchlens.attention import AttentionInputs, attend
+
+    q, v = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 5, 4)
+    inputs = AttentionInputs(q, v, v, None, False, None, False, 0.0)
+    torch.testing.assert_close(
+        attend(torch.full((1, 2, 3, 5), 0.2), inputs), v.mean(-2, True).expand(1, 2, 3, 4)
+    )
+    for bad in (torch.ones(1, 2, 5, 3), "pattern"):
+        with pytest.raises(InvalidArgumentError) as err:
+            attend(bad, inputs)
+        assert err.value.code == "bad_pattern" and "(1, 2, 3, 5)" in str(err.value)
