@@ -232,3 +232,12 @@ def test_attend_refuses_a_pattern_that_does_not_fit_the_call():
         with pytest.raises(InvalidArgumentError) as err:
             attend(bad, inputs)
         assert err.value.code == "bad_pattern" and "(1, 2, 3, 5)" in str(err.value)
+
+
+def test_a_saved_and_loaded_trace_gives_the_same_pattern(tmp_path):
+    model = tiny.llama()
+    trace = tl.trace(model, tiny.ids(1))
+    tl.save(trace, tmp_path / "run")
+    loaded = tl.load(tmp_path / "run")
+    for op in _sdpa_ops(trace):
+        assert torch.equal(tl.attention_pattern(loaded[op.label]), tl.attention_pattern(op))
