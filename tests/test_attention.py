@@ -241,3 +241,19 @@ def test_a_saved_and_loaded_trace_gives_the_same_pattern(tmp_path):
     loaded = tl.load(tmp_path / "run")
     for op in _sdpa_ops(trace):
         assert torch.equal(tl.attention_pattern(loaded[op.label]), tl.attention_pattern(op))
+
+
+def test_left_padding_queries_attend_to_nothing_and_the_rest_equal_eager():
+    sdpa, eager = _eager_twin("llama")
+    ids, mask = tiny.ids(3, n=7), torch.tensor([[0, 0, 1, 1, 1, 1, 1]])
+    trace = tl.trace(sdpa, (ids,), {"attention_mask": mask})
+    with torch.no_grad():
+        reference = eager(ids, attention_mask=mask, output_attentions=True).attentions
+    for op, expected in zip(_sdpa_ops(trace), reference, strict=True):
+        pattern = tl.attention_pattern(op)
+        torch.testing.assert_close(pattern[..., 2:, :], expected[..., 2:, :])
+        assert pattern[..., :2, :].abs().max() == 0  # eager: 1/7 each, from finfo.min
+        assert pattern[..., 2:, :2].abs().max() == 0  # nobody attends to the padding
+        v = attention_inputs(op).value
+        v = v.repeat_interleave(4 // v.shape[1], 1)
+        torch.testing.assert_close(pattern @ v, op.out)  # what the kernel computed

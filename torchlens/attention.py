@@ -157,8 +157,10 @@ def attention_pattern(op: Any) -> Tensor:
     group), without dropout.
 
     It equals the ``softmax`` that eager attention computes on the same weights
-    (transformers' ``attn_implementation="eager"``). A query with no key to attend to
-    (a fully masked row) gets zeros.
+    (transformers' ``attn_implementation="eager"``), and ``pattern @ v`` is the op's output.
+    A query with no key to attend to (a fully masked row: a padding position under left
+    padding) gets zeros, as the kernel computes it; eager attention, which masks with the
+    dtype's minimum rather than ``-inf``, spreads such a row evenly over the keys.
 
     Args:
         op: the op (``trace["scaled_dot_product_attention_1"]``); q and k must have been
