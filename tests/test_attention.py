@@ -143,7 +143,7 @@ def _zero_row(head, query):
     return fn
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama"])
+@pytest.mark.parametrize("name", ["gpt2", "bert", "llama"])
 def test_zeroing_a_heads_pattern_row_zeroes_that_output_row_live_and_in_rerun(name):
     model = getattr(tiny, name)()
     ids = tiny.ids(4)
