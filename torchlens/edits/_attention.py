@@ -24,7 +24,8 @@ def edit_pattern(fn: Callable[..., Tensor]) -> Callable[[Tensor, Any], Tensor]:
     keys)``, rebuilt from the q and k the op reads in this run (the edited ones, when an
     earlier edit changed them); ``v`` is its value input (heads repeated under
     ``enable_gqa``). ``fn`` may take the pattern alone. The op's q, k and v must be saved
-    (the default).
+    (the default). The call's ``dropout_p`` is not applied: the output is what an eval
+    forward attending with the edited pattern computes.
 
     Args:
         fn: ``fn(pattern, op) -> pattern`` (or ``fn(pattern)``), of the same shape.
