@@ -7,7 +7,10 @@ their values. Wrong shapes or axes raise :class:`~torchlens.errors.InterventionE
 the op and the shapes.
 
 :func:`rerun` (also ``trace.rerun(edits)``) applies edits to a finished trace, recomputing
-only their downstream cone; :func:`patch` builds the edits of activation patching.
+only their downstream cone; :func:`patch` builds the edits of activation patching (of some
+positions or heads only, if asked), :func:`sweep` runs it over sites x positions x heads
+and :func:`attribution` estimates the same cells from one backward. Both return a
+:class:`LabelledTensor`.
 
 Example:
     >>> import torch, torchlens as tl
@@ -28,12 +31,17 @@ from torchlens.edits._helpers import (
     scale,
     zero,
 )
+from torchlens.edits.labelled import LabelledTensor
 from torchlens.edits.rerun import check_comparable, patch, rerun
+from torchlens.edits.sweep import attribution, logit_diff, sweep
 
 __all__ = [
+    "LabelledTensor",
     "add",
+    "attribution",
     "check_comparable",
     "clamp",
+    "logit_diff",
     "mean",
     "patch",
     "project",
@@ -41,5 +49,6 @@ __all__ = [
     "rerun",
     "resample",
     "scale",
+    "sweep",
     "zero",
 ]

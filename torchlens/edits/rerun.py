@@ -12,7 +12,7 @@ another trace's values (a clean run) into this one, after checking the two are c
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -226,7 +226,16 @@ def check_comparable(trace: Trace, other: Trace) -> None:
             )
 
 
-def patch(trace: Trace, source: Trace, select: Any) -> dict[Any, Any]:
+def patch(
+    trace: Trace,
+    source: Trace,
+    select: Any,
+    *,
+    positions: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    head_dim: int = 1,
+    seq_dim: int = -2,
+) -> dict[Any, Any]:
     """The edits that put ``source``'s values of the ops ``select`` matches into ``trace``
     (activation patching: ``source`` is the clean run, ``trace`` the corrupted one).
 
@@ -234,12 +243,19 @@ def patch(trace: Trace, source: Trace, select: Any) -> dict[Any, Any]:
         trace: the run to patch into.
         source: a trace of the same model on an input of the same shape, with saved values.
         select: which ops to patch (``tl.label("add_3")``, ``tl.module("h.2").output``...).
+        positions: patch only these sequence positions (indices along ``seq_dim``); None
+            patches the whole value.
+        heads: patch only these heads (indices along ``head_dim``); None patches them all.
+        head_dim: the axis that holds the heads (1 for ``(batch, heads, tokens, head_dim)``).
+        seq_dim: the axis that holds the positions (-2: the token axis of ``(batch, tokens,
+            d)`` and of ``(batch, heads, tokens, head_dim)``).
 
     Returns:
         ``{select: fn}`` for :meth:`Trace.rerun` or ``intervene=``.
 
     Raises:
-        InterventionError: ``not_comparable`` when the two traces differ in graph or shapes.
+        InterventionError: ``not_comparable`` when the two traces differ in graph or shapes;
+            ``bad_edit`` (when applied) for a position, head or axis out of range.
 
     Example:
         >>> import torch, torchlens as tl
@@ -248,8 +264,12 @@ def patch(trace: Trace, source: Trace, select: Any) -> dict[Any, Any]:
         >>> patched = corrupt.rerun(patch(corrupt, clean, tl.label("relu_1")))
         >>> torch.equal(patched.output, clean.output)
         True
+        >>> first_row = corrupt.rerun(patch(corrupt, clean, tl.label("relu_1"), positions=[0]))
+        >>> torch.equal(first_row.output[0], clean.output[0]), torch.equal(first_row.output[1], corrupt.output[1])
+        (True, True)
     """
     from torchlens.edits._helpers import resample
 
     check_comparable(trace, source)
-    return {as_selector(select): resample(source)}
+    edit = resample(source, heads=heads, head_dim=head_dim, positions=positions, seq_dim=seq_dim)
+    return {as_selector(select): edit}
