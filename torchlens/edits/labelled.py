@@ -25,7 +25,8 @@ class LabelledTensor:
 
     Example:
         >>> import torch
-        >>> t = LabelledTensor(torch.eye(2), ("site", "position"), {"site": ["a", "b"], "position": [0, 1]})
+        >>> coords = {"site": ["a", "b"], "position": [0, 1]}
+        >>> t = LabelledTensor(torch.eye(2), ("site", "position"), coords)
         >>> float(t.sel(site="b", position=1))
         1.0
     """

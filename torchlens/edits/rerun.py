@@ -264,8 +264,8 @@ def patch(
         >>> patched = corrupt.rerun(patch(corrupt, clean, tl.label("relu_1")))
         >>> torch.equal(patched.output, clean.output)
         True
-        >>> first_row = corrupt.rerun(patch(corrupt, clean, tl.label("relu_1"), positions=[0]))
-        >>> torch.equal(first_row.output[0], clean.output[0]), torch.equal(first_row.output[1], corrupt.output[1])
+        >>> row = corrupt.rerun(patch(corrupt, clean, tl.label("relu_1"), positions=[0]))
+        >>> torch.equal(row.output[0], clean.output[0]), torch.equal(row.output[1], corrupt.output[1])
         (True, True)
     """
     from torchlens.edits._helpers import resample

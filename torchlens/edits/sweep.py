@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
+from torchlens.capture.controls import trace_candidates
 from torchlens.edits._helpers import _axis, resample
 from torchlens.edits.labelled import LabelledTensor
 from torchlens.edits.rerun import check_comparable, rerun
-from torchlens.capture.controls import trace_candidates
 from torchlens.errors import GradUnavailableError, InterventionError
 from torchlens.selectors import as_selector, label, require_match
 from torchlens.trace import Trace
@@ -123,9 +123,11 @@ def sweep(
 
     Example:
         >>> import torch, torchlens as tl
-        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
-        >>> clean, corrupt = tl.trace(model, torch.randn(1, 3, 4)), tl.trace(model, torch.randn(1, 3, 4))
-        >>> result = sweep(corrupt, clean, [tl.label("relu_1")], lambda out: out.sum(), positions=range(3))
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+        >>> clean = tl.trace(model, torch.randn(1, 3, 4))
+        >>> corrupt = tl.trace(model, torch.randn(1, 3, 4))
+        >>> metric = lambda out: out.sum()
+        >>> result = sweep(corrupt, clean, [tl.label("linear_1")], metric, positions=range(3))
         >>> result.dims, tuple(result.shape)
         (('site', 'position'), (1, 3))
     """
@@ -203,7 +205,7 @@ def attribution(
         meta["baseline"] = _number(trace.backward(metric))
     dims, coords = _axes(found, positions, heads)
     rows = []
-    for name, labels in found:
+    for _, labels in found:
         total = 0.0
         for lab in labels:
             grad = _grad(trace, lab)
