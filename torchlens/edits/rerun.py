@@ -265,8 +265,10 @@ def patch(
         >>> torch.equal(patched.output, clean.output)
         True
         >>> row = corrupt.rerun(patch(corrupt, clean, tl.label("relu_1"), positions=[0]))
-        >>> torch.equal(row.output[0], clean.output[0]), torch.equal(row.output[1], corrupt.output[1])
-        (True, True)
+        >>> torch.equal(row.output[0], clean.output[0])
+        True
+        >>> torch.equal(row.output[1], corrupt.output[1])
+        True
     """
     from torchlens.edits._helpers import resample
 
