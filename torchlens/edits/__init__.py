@@ -10,7 +10,7 @@ the op and the shapes.
 only their downstream cone; :func:`patch` builds the edits of activation patching (of some
 positions or heads only, if asked), :func:`sweep` runs it over sites x positions x heads
 and :func:`attribution` estimates the same cells from one backward. Both return a
-:class:`LabelledTensor`.
+:class:`LabelledTensor`. :func:`logit_lens` decodes each layer's residual stream.
 
 Example:
     >>> import torch, torchlens as tl
@@ -32,16 +32,19 @@ from torchlens.edits._helpers import (
     zero,
 )
 from torchlens.edits.labelled import LabelledTensor
+from torchlens.edits.lens import LogitLens, logit_lens
 from torchlens.edits.rerun import check_comparable, patch, rerun
 from torchlens.edits.sweep import attribution, logit_diff, sweep
 
 __all__ = [
     "LabelledTensor",
+    "LogitLens",
     "add",
     "attribution",
     "check_comparable",
     "clamp",
     "logit_diff",
+    "logit_lens",
     "mean",
     "patch",
     "project",

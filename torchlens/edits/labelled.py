@@ -10,7 +10,7 @@ import torch
 
 from torchlens.errors import InvalidArgumentError, MissingDependencyError
 
-__all__ = ["LabelledTensor"]
+__all__ = ["LabelledTensor", "frame"]
 
 
 class LabelledTensor:
@@ -91,16 +91,25 @@ class LabelledTensor:
         Raises:
             MissingDependencyError: ``pandas_missing`` when pandas is not installed.
         """
-        try:
-            import pandas
-        except ImportError as err:
-            raise MissingDependencyError(
-                "to_pandas() needs pandas; install it with pip install 'torchlens[pandas]' "
-                "or use to_dicts()",
-                code="pandas_missing",
-            ) from err
-        return pandas.DataFrame(self.to_dicts())
+        return frame(self.to_dicts())
 
     def __repr__(self) -> str:
         axes = ", ".join(f"{d}={len(self.coords[d])}" for d in self.dims)
         return f"<LabelledTensor {self.name}: {axes}>"
+
+
+def frame(rows: list[dict[str, Any]]) -> Any:
+    """``rows`` as a ``pandas.DataFrame``.
+
+    Raises:
+        MissingDependencyError: ``pandas_missing`` when pandas is not installed.
+    """
+    try:
+        import pandas
+    except ImportError as err:
+        raise MissingDependencyError(
+            "to_pandas() needs pandas; install it with pip install 'torchlens[pandas]' "
+            "or use to_dicts()",
+            code="pandas_missing",
+        ) from err
+    return pandas.DataFrame(rows)
