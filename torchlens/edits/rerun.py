@@ -100,6 +100,8 @@ class _WhatIf(Interpreter):
         if op.is_inplace or op.func_name in MUTATES_ARGUMENTS or op.func is None:
             values = [v.clone() for v in values]  # saved values stay as saved
         try:
+            if not torch.is_grad_enabled():  # a sweep runs the whole walk under no_grad
+                return self.execute(op, values)
             with torch.no_grad():
                 return self.execute(op, values)
         except Unreplayable as err:
@@ -168,6 +170,23 @@ def rerun(trace: Trace, edits: Mapping[Any, Any]) -> Trace:
     return _new_trace(trace, walker)
 
 
+def rerun_output(trace: Trace, edits: Mapping[Any, Any], flat: Any = None) -> Any:
+    """``rerun(trace, edits).output`` without building the what-if trace, for sweeps that
+    read only the output (their selectors were checked to match); ``flat`` is
+    ``flatten(trace.output)``, computed once for many calls."""
+    walker = _WhatIf(trace, _parse_intervene(edits))
+    with torch.no_grad():
+        for ops in calls(trace):
+            walker.visit(ops)
+    return _output(trace, walker, flat)
+
+
+def _output(trace: Trace, walker: _WhatIf, flat: Any = None) -> Any:
+    leaves, template = flatten(trace.output) if flat is None else flat
+    outputs = [walker.new.get(label, t) for label, (_, t) in zip(trace.output_labels, leaves)]
+    return fill(template, outputs) if leaves else trace.output
+
+
 def _new_trace(trace: Trace, walker: _WhatIf) -> Trace:
     """The what-if trace. Ops whose value did not change are the original records, shared
     (finished records are never written); changed ops are copies reading the new values."""
@@ -181,9 +200,7 @@ def _new_trace(trace: Trace, walker: _WhatIf) -> Trace:
             continue
         meta = {**op.meta, "intervened": True} if op.label in edited else dict(op.meta)
         ops.append(_copy(op, meta=meta, _store=store, shape=tuple(value.shape), dtype=value.dtype))
-    leaves, template = flatten(trace.output)
-    outputs = [walker.new.get(label, t) for label, (_, t) in zip(trace.output_labels, leaves)]
-    output = fill(template, outputs) if leaves else trace.output
+    output = _output(trace, walker)
     meta = {**trace.meta, "intervened": list(walker.edited)}
     meta.pop("interventions", None)
     return Trace(ops, list(trace.sources), list(trace.modules), list(trace.input_labels),

@@ -18,9 +18,10 @@ from typing import Any
 import torch
 
 from torchlens.capture.controls import trace_candidates
+from torchlens.capture.tree import flatten
 from torchlens.edits._helpers import _axis, resample
 from torchlens.edits.labelled import LabelledTensor
-from torchlens.edits.rerun import check_comparable, rerun
+from torchlens.edits.rerun import check_comparable, rerun_output
 from torchlens.errors import GradUnavailableError, InterventionError
 from torchlens.selectors import as_selector, label, require_match
 from torchlens.trace import Trace
@@ -135,6 +136,7 @@ def sweep(
     found = _sites(trace, sites)
     cells = list(itertools.product(*([None] if p is None else list(p) for p in (positions, heads))))
     values = torch.empty(len(found) * len(cells), dtype=torch.float64)
+    flat = flatten(trace.output)
     with _bar(len(values), progress, "tl.edits.sweep") as bar:
         for i, ((_, labels), (pos, head)) in enumerate(itertools.product(found, cells)):
             edit = resample(
@@ -144,7 +146,7 @@ def sweep(
                 head_dim=head_dim,
                 seq_dim=seq_dim,
             )
-            values[i] = _number(metric(rerun(trace, {label(*labels): edit}).output))
+            values[i] = _number(metric(rerun_output(trace, {label(*labels): edit}, flat)))
             bar.update()
     dims, coords = _axes(found, positions, heads)
     meta = {"baseline": _number(metric(trace.output)), "source": _number(metric(source.output))}
