@@ -380,6 +380,39 @@ def test_save_selection_limits_kept_grads():
     assert check_backward(trace).state == "unverified"  # unkept grads are not proved
 
 
+def test_save_grads_keeps_gradients_of_module_outputs_selected_by_save():
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)), torch.randn(2, 4)
+    trace = tl.trace(model, x, save=tl.module("1").output, save_grads=True)
+    trace.backward()
+    h = model[1](model[0](x))
+    (expected,) = torch.autograd.grad(model[2](h).sum(), [h])
+    torch.testing.assert_close(trace["relu_1"].out, h)
+    torch.testing.assert_close(trace["relu_1"].grad, expected)
+    with pytest.raises(GradUnavailableError) as err:
+        trace["linear_1"].grad  # not selected: still refused, with the reason
+    assert err.value.code == "not_saved"
+    assert "relu_1" in trace.grads and "linear_2" not in trace.grads
+
+
+def test_save_grads_of_every_block_output_of_gpt2_equal_those_of_a_full_capture():
+    from tests import _tiny_llms as tiny
+
+    model = tiny.gpt2().requires_grad_(True)
+    ids = tiny.ids(1)
+    blocks = tl.module(type="GPT2Block").output | tl.module(type="GPT2Attention").output
+    some = tl.trace(model, ids, save=blocks, save_grads=True)
+    some.backward(lambda out: out.logits[0, -1, 7])
+    every = tl.trace(model, ids, save_grads=True)
+    every.backward(lambda out: out.logits[0, -1, 7])
+    kept = [op.label for op in some if op.has_out]
+    assert len(kept) == 4  # two blocks, two attention outputs (eval Dropouts)
+    assert any("returns_argument" in some[label].meta for label in kept)
+    for label in kept:
+        assert some[label].grad.abs().max() > 0
+        torch.testing.assert_close(some[label].grad, every[label].grad)
+
+
 # -- gradients on disk ------------------------------------------------------------------------
 
 

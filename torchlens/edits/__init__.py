@@ -6,11 +6,13 @@ of attention's q, k, v and ``scaled_dot_product_attention``'s output); the other
 their values. Wrong shapes or axes raise :class:`~torchlens.errors.InterventionError` naming
 the op and the shapes.
 
-:func:`rerun` (also ``trace.rerun(edits)``) applies edits to a finished trace, recomputing
-only their downstream cone; :func:`patch` builds the edits of activation patching (of some
-positions or heads only, if asked), :func:`sweep` runs it over sites x positions x heads
-and :func:`attribution` estimates the same cells from one backward. Both return a
-:class:`LabelledTensor`. :func:`logit_lens` decodes each layer's residual stream.
+:func:`edit_pattern` recomputes a ``scaled_dot_product_attention`` op's output from an
+edited attention pattern. :func:`rerun` (also ``trace.rerun(edits)``) applies edits to a
+finished trace, recomputing only their downstream cone; :func:`patch` builds the edits of
+activation patching (of some positions or heads only, if asked), :func:`sweep` runs it over
+sites x positions x heads and :func:`attribution` estimates the same cells from one
+backward. Both return a :class:`LabelledTensor`. :func:`logit_lens` decodes each layer's
+residual stream.
 
 Example:
     >>> import torch, torchlens as tl
@@ -21,6 +23,7 @@ Example:
     0.0
 """
 
+from torchlens.edits._attention import edit_pattern
 from torchlens.edits._helpers import (
     add,
     clamp,
@@ -43,6 +46,7 @@ __all__ = [
     "attribution",
     "check_comparable",
     "clamp",
+    "edit_pattern",
     "logit_diff",
     "logit_lens",
     "mean",
