@@ -71,6 +71,25 @@ def test_every_sweep_cell_equals_its_live_intervention(name):
     assert result.values[1, 2].item() == pytest.approx(result.meta["source"], abs=1e-5)
 
 
+@pytest.mark.parametrize(
+    ("name", "attn"),
+    [("gpt2", "transformer.h.{}.attn"), ("llama", "model.layers.{}.self_attn"),
+     ("bert", "bert.encoder.layer.{}.attention")],
+)  # fmt: skip
+def test_sweep_over_attention_outputs_equals_live(name, attn):
+    # GPT-2's attention output is an eval Dropout's: an op that returns its argument
+    model, corrupt_ids, clean, corrupt, _ = _runs(name)
+    sites = {f"attn {i}": tl.module(attn.format(i)).output for i in range(2)}
+    metric = edits.logit_diff(3, 7)
+    result = edits.sweep(corrupt, clean, sites, metric, positions=[3, -1])
+    for s, site in enumerate(sites.values()):
+        for p, pos in enumerate([3, -1]):
+            edit = edits.patch(corrupt, clean, site, positions=[pos])
+            live = _live(model, corrupt_ids, edit, metric)
+            assert result.values[s, p].item() == pytest.approx(live, abs=1e-5)
+    assert len(set(result.values.flatten().tolist())) > 1
+
+
 def test_sweep_over_heads_equals_live_on_gpt2_attention():
     model, corrupt_ids, clean, corrupt, _ = _runs("gpt2")
     sdpa = tl.func("scaled_dot_product_attention") & tl.module("transformer.h.1.*")
