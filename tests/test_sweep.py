@@ -210,6 +210,22 @@ def test_attribution_tracks_the_sweep_on_gpt2():
     assert torch.all(estimate.values[:, :3] == 0)  # before the changed token: no effect
 
 
+def test_attribution_per_position_and_head_sums_the_right_axes():
+    model, corrupt_ids, clean, _, _ = _runs("gpt2")
+    corrupt = tl.trace(model, corrupt_ids, save_grads=True)
+    sdpa = tl.func("scaled_dot_product_attention")  # two ops: one per layer, summed
+    metric = edits.logit_diff(3, 7)
+    got = edits.attribution(corrupt, clean, {"attn": sdpa}, metric, positions=[3, -1], heads=[0, 1])
+    assert got.dims == ("site", "position", "head") and tuple(got.shape) == (1, 2, 2)
+    want = torch.zeros(2, 2, dtype=torch.float64)
+    for op in corrupt:
+        if op.func_name == "scaled_dot_product_attention":  # (batch, heads, tokens, head_dim)
+            c = (clean[op.label].out - op.out).double() * op.grad.double()
+            want += c.sum(dim=(0, 3))[:, [3, -1]].T
+    torch.testing.assert_close(got.values[0], want)
+    assert torch.all(want != 0)
+
+
 def test_attribution_after_a_backward_and_its_errors():
     model = _Circuit()
     x, y = torch.randn(1, 5, 8), torch.randn(1, 5, 8)
@@ -230,3 +246,19 @@ def test_attribution_after_a_backward_and_its_errors():
     with pytest.raises(InterventionError) as err:
         edits.attribution(corrupt, clean, sites, positions=[0], heads=[0], head_dim=1, seq_dim=1)
     assert err.value.code == "bad_edit"
+
+
+def test_labelled_tensor_checks_its_labels():
+    values = torch.arange(6.0).view(2, 3)
+    t = edits.LabelledTensor(
+        values, ("site", "position"), {"site": ["a", "b"], "position": [0, 1, 2]}
+    )
+    assert t.to_dicts()[4] == {"site": "b", "position": 1, "value": 4.0}
+    assert torch.equal(t.sel(position=2), torch.tensor([2.0, 5.0]))
+    assert repr(t) == "<LabelledTensor value: site=2, position=3>"
+    with pytest.raises(tl.errors.InvalidArgumentError) as err:
+        edits.LabelledTensor(values, ("site",), {"site": ["a", "b"]})
+    assert err.value.code == "bad_labels"
+    with pytest.raises(tl.errors.InvalidArgumentError) as err:
+        edits.LabelledTensor(values, ("site", "position"), {"site": ["a"], "position": [0, 1, 2]})
+    assert err.value.code == "bad_labels"
