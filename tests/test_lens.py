@@ -109,3 +109,41 @@ def test_layers_by_hand_and_their_errors():
     with pytest.raises(InvalidArgumentError) as err:
         edits.logit_lens(trace, layers=[tl.func("linear")])
     assert err.value.code == "lens_layers" and "3 ops" in str(err.value)
+
+
+class _MoEBlock(nn.Module):
+    """Four experts inside each block, and a tuple returned: (hidden, router scores)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.experts = nn.ModuleList(nn.Linear(8, 8) for _ in range(4))
+        self.router = nn.Linear(8, 4)
+
+    def forward(self, h):
+        scores = self.router(h).softmax(-1)
+        mixed = sum(scores[..., i : i + 1] * e(h) for i, e in enumerate(self.experts))
+        return h + mixed, scores
+
+
+class _MoE(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList(_MoEBlock() for _ in range(2))
+        self.norm, self.head = nn.LayerNorm(8), nn.Linear(8, 20)
+
+    def forward(self, h):
+        for layer in self.layers:
+            h, _ = layer(h)
+        return self.head(self.norm(h))
+
+
+def test_the_blocks_found_are_the_outermost_and_their_first_output():
+    model = _MoE()
+    trace = tl.trace(model, torch.randn(1, 5, 8))
+    lens = edits.logit_lens(trace)
+    assert lens.layers == ["layers.0", "layers.1"]  # not the 4 experts of each block
+    with torch.no_grad():
+        first = model.layers[0](trace["input_1"].out)[0]  # the hidden state, not the scores
+        torch.testing.assert_close(lens.logits[0], model.head(model.norm(first)))
+    torch.testing.assert_close(lens.logits[-1], trace.output)

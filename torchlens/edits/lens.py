@@ -21,7 +21,7 @@ from torchlens.edits._helpers import replace
 from torchlens.edits.labelled import LabelledTensor, frame
 from torchlens.edits.rerun import rerun
 from torchlens.errors import InvalidArgumentError
-from torchlens.selectors import as_selector, label, module
+from torchlens.selectors import as_selector, label
 from torchlens.trace import Trace
 
 __all__ = ["LogitLens", "logit_lens"]
@@ -147,8 +147,8 @@ def logit_lens(
 
 def _layer_sites(trace: Trace, layers: Any) -> list[tuple[str, str]]:
     """``(name, op label)`` per layer."""
-    if layers is None:
-        layers = {address: module(address).output for address in _blocks(trace)}
+    if layers is None:  # a block's residual stream: the first tensor it returned
+        return [(call.address, call.outputs[0]) for call in _blocks(trace)]
     named = list(layers.items()) if isinstance(layers, Mapping) else [(repr(s), s) for s in layers]
     sites = []
     for name, select in named:
@@ -164,22 +164,26 @@ def _layer_sites(trace: Trace, layers: Any) -> list[tuple[str, str]]:
     return sites
 
 
-def _blocks(trace: Trace) -> list[str]:
-    """The addresses of the longest run of sibling blocks ``<list>.<i>`` of one class."""
-    groups: dict[tuple[str, str], list[tuple[int, str]]] = {}
+def _blocks(trace: Trace) -> list[Any]:
+    """The first calls of the longest run of sibling blocks ``<list>.<i>`` of one class
+    that returned a tensor, outermost runs only (not the experts inside each block)."""
+    groups: dict[tuple[str, str], list[tuple[int, Any]]] = {}
     for call in trace.modules:
         match = re.fullmatch(r"(.*)\.(\d+)", call.address)
-        if match and call.call_index == 1:
+        if match and call.call_index == 1 and call.outputs:
             key = (match.group(1), call.module_type)
-            groups.setdefault(key, []).append((int(match.group(2)), call.address))
-    if not groups:
+            groups.setdefault(key, []).append((int(match.group(2)), call))
+    members = [call.address + "." for run in groups.values() for _, call in run]
+    outer = [run for (prefix, _), run in groups.items()
+             if not any((prefix + ".").startswith(m) for m in members)]  # fmt: skip
+    if not outer:
         raise InvalidArgumentError(
             "found no stack of blocks (modules named <list>.0, <list>.1, ...) in the trace; "
             "pass layers= with a selector per layer, e.g. tl.module('h.0').output",
             code="lens_layers",
         )
-    best = max(groups.values(), key=len)
-    return [address for _, address in sorted(best)]
+    best = max(outer, key=len)
+    return [call for _, call in sorted(best, key=lambda pair: pair[0])]
 
 
 def _logits_label(trace: Trace, model: Any) -> str:
