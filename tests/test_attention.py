@@ -143,7 +143,7 @@ def _zero_row(head, query):
     return fn
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama"])
+@pytest.mark.parametrize("name", ["gpt2", "bert", "llama"])
 def test_zeroing_a_heads_pattern_row_zeroes_that_output_row_live_and_in_rerun(name):
     model = getattr(tiny, name)()
     ids = tiny.ids(4)
@@ -195,3 +195,65 @@ def test_edit_pattern_refuses_other_ops_and_a_reshaped_pattern():
     with pytest.raises(InterventionError) as err:
         tl.trace(fn, q, intervene={SDPA: edits.edit_pattern(lambda p: p[..., :2])})
     assert err.value.code == "bad_edit" and "(1, 2, 3, 3)" in str(err.value)
+
+
+def test_tl_record_views_are_refused_with_the_reason():
+    q = torch.randn(1, 2, 3, 4)
+    fn = lambda q: F.scaled_dot_product_attention(q, q, q)  # noqa: E731
+    with pytest.raises(InterventionError) as err:
+        tl.record(fn, q, intervene={SDPA: edits.edit_pattern(lambda p: p)})
+    assert err.value.code == "bad_edit" and "tl.record" in str(err.value)
+
+
+def test_multihead_attention_without_weights_gives_the_weights_it_would_have_returned():
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    x = torch.randn(2, 5, 16)
+    padding = torch.tensor([[False] * 5, [False, False, False, True, True]])
+    causal = torch.ones(5, 5, dtype=torch.bool).triu(1)  # True: not allowed
+    call = {"key_padding_mask": padding, "attn_mask": causal, "need_weights": False}
+    trace = tl.trace(mha, (x, x, x), call)
+    (op,) = _sdpa_ops(trace)
+    with torch.no_grad():
+        _, weights = mha(x, x, x, key_padding_mask=padding, attn_mask=causal,
+                         need_weights=True, average_attn_weights=False)  # fmt: skip
+    torch.testing.assert_close(tl.attention_pattern(op), weights)
+
+
+def test_attend_refuses_a_pattern_that_does_not_fit_the_call():
+    from torchlens.attention import AttentionInputs, attend
+
+    q, v = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 5, 4)
+    inputs = AttentionInputs(q, v, v, None, False, None, False, 0.0)
+    torch.testing.assert_close(
+        attend(torch.full((1, 2, 3, 5), 0.2), inputs), v.mean(-2, True).expand(1, 2, 3, 4)
+    )
+    for bad in (torch.ones(1, 2, 5, 3), "pattern"):
+        with pytest.raises(InvalidArgumentError) as err:
+            attend(bad, inputs)
+        assert err.value.code == "bad_pattern" and "(1, 2, 3, 5)" in str(err.value)
+
+
+def test_a_saved_and_loaded_trace_gives_the_same_pattern(tmp_path):
+    model = tiny.llama()
+    trace = tl.trace(model, tiny.ids(1))
+    tl.save(trace, tmp_path / "run")
+    loaded = tl.load(tmp_path / "run")
+    for op in _sdpa_ops(trace):
+        assert torch.equal(tl.attention_pattern(loaded[op.label]), tl.attention_pattern(op))
+
+
+def test_left_padding_queries_attend_to_nothing_and_the_rest_equal_eager():
+    sdpa, eager = _eager_twin("llama")
+    ids, mask = tiny.ids(3, n=7), torch.tensor([[0, 0, 1, 1, 1, 1, 1]])
+    trace = tl.trace(sdpa, (ids,), {"attention_mask": mask})
+    with torch.no_grad():
+        reference = eager(ids, attention_mask=mask, output_attentions=True).attentions
+    for op, expected in zip(_sdpa_ops(trace), reference, strict=True):
+        pattern = tl.attention_pattern(op)
+        torch.testing.assert_close(pattern[..., 2:, :], expected[..., 2:, :])
+        assert pattern[..., :2, :].abs().max() == 0  # eager: 1/7 each, from finfo.min
+        assert pattern[..., 2:, :2].abs().max() == 0  # nobody attends to the padding
+        v = attention_inputs(op).value
+        v = v.repeat_interleave(4 // v.shape[1], 1)
+        torch.testing.assert_close(pattern @ v, op.out)  # what the kernel computed

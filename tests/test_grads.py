@@ -395,22 +395,36 @@ def test_save_grads_keeps_gradients_of_module_outputs_selected_by_save():
     assert "relu_1" in trace.grads and "linear_2" not in trace.grads
 
 
-def test_save_grads_of_every_block_output_of_gpt2_equal_those_of_a_full_capture():
+@pytest.mark.parametrize(
+    ("name", "block", "inner"),
+    [
+        ("gpt2", "GPT2Block", "GPT2Attention"),  # the attention output is an eval Dropout's
+        ("bert", "BertLayer", "BertSelfOutput"),
+        ("llama", "LlamaDecoderLayer", "LlamaMLP"),
+    ],
+)
+def test_save_grads_of_block_outputs_of_tiny_lms_equal_those_of_a_full_capture(name, block, inner):
     from tests import _tiny_llms as tiny
 
-    model = tiny.gpt2().requires_grad_(True)
+    model = getattr(tiny, name)().requires_grad_(True)
     ids = tiny.ids(1)
-    blocks = tl.module(type="GPT2Block").output | tl.module(type="GPT2Attention").output
-    some = tl.trace(model, ids, save=blocks, save_grads=True)
-    some.backward(lambda out: out.logits[0, -1, 7])
+
+    def loss(out):
+        return tiny.main_output(out)[0, -1, 7]
+
+    selected = tl.module(type=block).output | tl.module(type=inner).output
+    some = tl.trace(model, ids, save=selected, save_grads=True)
+    some.backward(loss)
     every = tl.trace(model, ids, save_grads=True)
-    every.backward(lambda out: out.logits[0, -1, 7])
+    every.backward(loss)
     kept = [op.label for op in some if op.has_out]
-    assert len(kept) == 4  # two blocks, two attention outputs (eval Dropouts)
-    assert any("returns_argument" in some[label].meta for label in kept)
+    assert len(kept) == 4  # two blocks, two of their submodules
+    if name == "gpt2":
+        assert any("returns_argument" in some[label].meta for label in kept)
     for label in kept:
         assert some[label].grad.abs().max() > 0
         torch.testing.assert_close(some[label].grad, every[label].grad)
+    assert not any(op.label in some.grads for op in some if not op.has_out)
 
 
 # -- gradients on disk ------------------------------------------------------------------------

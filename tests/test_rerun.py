@@ -226,3 +226,39 @@ def test_rerun_tells_a_residual_kept_outside_the_call_from_the_returned_value():
     residual = x * 1  # the residual, kept outside the call, reads the argument
     expected = model.norm.linear(residual + 1.0) + residual
     torch.testing.assert_close(what_if.output, expected.detach())
+
+
+class _EndsWith(nn.Module):
+    """A block whose last op returns its argument as it was."""
+
+    def __init__(self, last) -> None:
+        super().__init__()
+        self.linear, self.last = nn.Linear(3, 3), last
+
+    def forward(self, x):
+        return self.last(self.linear(x))
+
+
+@pytest.mark.parametrize(
+    "last",
+    [
+        lambda t: t.contiguous(),
+        lambda t: t.to(torch.float32),
+        lambda t: t.view_as(t).view(t.shape).contiguous(),
+        nn.Identity(),
+        nn.Dropout(0.5).eval(),
+    ],
+    ids=["contiguous", "to_same_dtype", "view_then_contiguous", "identity", "eval_dropout"],
+)
+def test_patching_a_block_that_ends_by_returning_its_argument_equals_the_live_run(last):
+    torch.manual_seed(0)
+    model = nn.Sequential(_EndsWith(last), nn.Linear(3, 2)).eval()
+    xa, xb = torch.randn(2, 3), torch.randn(2, 3)
+    a, b = tl.trace(model, xa), tl.trace(model, xb)
+    patch = edits.patch(a, b, tl.module("0").output)
+    patched = a.rerun(patch)
+    torch.testing.assert_close(patched.output, b.output)
+    torch.testing.assert_close(patched.output, tl.trace(model, xa, intervene=patch).output)
+    scaled = {tl.module("0").output: edits.scale(3.0)}
+    live = tl.trace(model, xa, intervene=scaled)
+    torch.testing.assert_close(a.rerun(scaled).output, live.output)

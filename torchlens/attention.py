@@ -92,8 +92,14 @@ def attention_inputs(op: Any) -> AttentionInputs:
         (True, None, torch.Size([1, 2, 3, 4]))
     """
     name = getattr(op, "func_name", None)
-    if name != SDPA or not hasattr(op, "parent_args") or not hasattr(op, "args_template"):
-        label = getattr(op, "label", repr(op))
+    label = getattr(op, "label", repr(op))
+    if name == SDPA and not hasattr(op, "args_template"):  # a tl.record view
+        raise InvalidArgumentError(
+            f"{label!r} comes from tl.record, which keeps no inputs of its ops; rebuild "
+            "its pattern from an op of tl.trace, which keeps them",
+            code="not_attention",
+        )
+    if name != SDPA or not hasattr(op, "parent_args"):
         raise InvalidArgumentError(
             f"{label!r} is a {name or type(op).__name__!r} op, not {SDPA}; pass an op "
             f"of a trace whose func_name is {SDPA!r} (tl.func({SDPA!r}) selects them)",
@@ -151,8 +157,10 @@ def attention_pattern(op: Any) -> Tensor:
     group), without dropout.
 
     It equals the ``softmax`` that eager attention computes on the same weights
-    (transformers' ``attn_implementation="eager"``). A query with no key to attend to
-    (a fully masked row) gets zeros.
+    (transformers' ``attn_implementation="eager"``), and ``pattern @ v`` is the op's output.
+    A query with no key to attend to (a fully masked row: a padding position under left
+    padding) gets zeros, as the kernel computes it; eager attention, which masks with the
+    dtype's minimum rather than ``-inf``, spreads such a row evenly over the keys.
 
     Args:
         op: the op (``trace["scaled_dot_product_attention_1"]``); q and k must have been

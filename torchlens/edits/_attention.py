@@ -24,7 +24,8 @@ def edit_pattern(fn: Callable[..., Tensor]) -> Callable[[Tensor, Any], Tensor]:
     keys)``, rebuilt from the q and k the op reads in this run (the edited ones, when an
     earlier edit changed them); ``v`` is its value input (heads repeated under
     ``enable_gqa``). ``fn`` may take the pattern alone. The op's q, k and v must be saved
-    (the default).
+    (the default). The call's ``dropout_p`` is not applied: the output is what an eval
+    forward attending with the edited pattern computes.
 
     Args:
         fn: ``fn(pattern, op) -> pattern`` (or ``fn(pattern)``), of the same shape.
@@ -60,7 +61,7 @@ def edit_pattern(fn: Callable[..., Tensor]) -> Callable[[Tensor, Any], Tensor]:
             inputs = attention_inputs(op)
         except InvalidArgumentError as err:
             raise InterventionError(
-                f"edit_pattern applies to scaled_dot_product_attention ops only: {err}",
+                f"edit_pattern edits scaled_dot_product_attention ops of tl.trace: {err}",
                 code="bad_edit",
             ) from None
         pattern = attention_pattern(op)
