@@ -297,3 +297,11 @@ def test_attribution_is_the_derivative_of_a_live_patch(name):
 
     slope = (patched(1.0) - patched(-1.0)) / 2e-4  # central difference
     assert got == pytest.approx(slope, rel=1e-5)
+
+
+def test_positions_and_heads_may_be_generators():
+    _, _, clean, corrupt, sites = _runs("gpt2")
+    metric = edits.logit_diff(3, 7)
+    listed = edits.sweep(corrupt, clean, sites, metric, positions=[0, 3])
+    generated = edits.sweep(corrupt, clean, sites, metric, positions=(p for p in (0, 3)))
+    assert generated.coords == listed.coords and torch.equal(generated.values, listed.values)
