@@ -147,3 +147,13 @@ def test_the_blocks_found_are_the_outermost_and_their_first_output():
         first = model.layers[0](trace["input_1"].out)[0]  # the hidden state, not the scores
         torch.testing.assert_close(lens.logits[0], model.head(model.norm(first)))
     torch.testing.assert_close(lens.logits[-1], trace.output)
+
+
+@pytest.mark.parametrize(("name", "block"), [("gpt2", "GPT2Block"), ("llama", "LlamaDecoderLayer")])
+def test_a_trace_that_saved_only_the_block_outputs_is_enough(name, block):
+    model, full, _, _ = _trace(name)
+    ids, _ = prompts()
+    with torch.no_grad():
+        lean = tl.trace(model, ids, save=tl.module(type=block).output)
+    assert sum(op.has_out for op in lean) == 3
+    torch.testing.assert_close(edits.logit_lens(lean).logits, edits.logit_lens(full).logits)
