@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from torchlens._tensors import copy_keeping_layout, version_of
+from torchlens._tensors import copy_keeping_layout, storage_key, version_of
 from torchlens.capture import rng
 from torchlens.capture.record import record
 from torchlens.capture.tree import fill, flatten
@@ -140,7 +140,11 @@ _STATE = frozenset({Tensor, torch.Generator})  # module attributes a forward may
 
 
 class ModelState:
-    """The model's buffers (copied) and parameters (versions) before a forward.
+    """The model's buffers (copied) and parameters (versions and memory) before a forward.
+
+    A parameter is watched by its version counter and the address of its memory: an
+    in-place write moves the first, ``param.data = value`` (older spectral-norm code
+    updating its power-iteration vectors) only the second.
 
     With ``keep_parameters``, the parameters are copied too, so :meth:`rewind` puts back
     weights the forward wrote in place (taken only once a forward was seen to do that:
@@ -150,7 +154,7 @@ class ModelState:
     def __init__(self, model: Any, *, keep_parameters: bool = False) -> None:
         self.model = model if isinstance(model, nn.Module) else None
         self.buffers: dict[str, tuple[Tensor, int | None, Tensor]] = {}
-        self.params: dict[str, tuple[Tensor, int | None]] = {}
+        self.params: dict[str, tuple[Tensor, tuple]] = {}  # name -> (param, _mark)
         self.kept: dict[str, Tensor] = {}  # parameter copies, with keep_parameters
         # tensors kept as plain module attributes (torchmetrics' accumulators, counters):
         # (module, name, tensor, version, copy)
@@ -174,7 +178,7 @@ class ModelState:
         for name, buf in named_tensors(self.model, "_buffers", walk).items():
             self.buffers[name] = (buf, version_of(buf), buf.detach().clone())
         for name, param in named_tensors(self.model, "_parameters", walk).items():
-            self.params[name] = (param, version_of(param))
+            self.params[name] = (param, _mark(param))
             if keep_parameters:
                 self.kept[name] = param.detach().clone()
 
@@ -185,8 +189,8 @@ class ModelState:
         current = named_tensors(self.model, "_parameters") if self.model else {}
         return [
             name
-            for name, (param, version) in self.params.items()
-            if not _same_parameter(current.get(name), param, version)
+            for name, (param, mark) in self.params.items()
+            if not _same_parameter(current.get(name), param, mark)
         ]
 
     def rerun_blocked(self, findings: Findings) -> bool:
@@ -235,14 +239,20 @@ class ModelState:
                     module.__dict__[name] = tensor
 
     def rewind_parameters(self) -> None:
-        """Put the kept parameters back where the forward wrote them in place; they then
-        count as unchanged (the versions are taken again)."""
+        """Put the kept parameters back where the forward wrote them in place (or gave
+        them other memory, ``param.data = value``: they get a copy of their own, since
+        that memory may be another tensor's); they then count as unchanged (the versions
+        are taken again)."""
         with torch.no_grad():
             for name, saved in self.kept.items():
-                param, version = self.params[name]
-                if version_of(param) != version and param.shape == saved.shape:
+                param, (version, address) = self.params[name]
+                if storage_key(param) != address:
+                    param.data = saved.clone()
+                elif version_of(param) != version and param.shape == saved.shape:
                     param.copy_(saved)
-                    self.params[name] = (param, version_of(param))
+                else:
+                    continue
+                self.params[name] = (param, _mark(param))
 
     def compare_buffers(self, after: dict[str, Tensor], findings: Findings, atol, rtol) -> None:
         """Buffers now (after the second forward) must equal ``after`` (after the first)."""
@@ -270,11 +280,17 @@ def note_moved_parameters(findings: Findings, changed: list[str], consequence: s
         )  # fmt: skip
 
 
-def _same_parameter(now: Tensor | None, before: Tensor, version: int | None) -> bool:
-    """``now`` holds what ``before`` (at ``version``) held: it is that parameter, unwritten,
-    or another object with its shape, dtype and values (both on the meta device: no values
-    to differ)."""
-    if version_of(before) != version or now is None:
+def _mark(param: Tensor) -> tuple[int | None, int | None]:
+    """What moves when a parameter's values change: its version counter (an in-place
+    write) and the address of its memory (``param.data = value``)."""
+    return version_of(param), storage_key(param)
+
+
+def _same_parameter(now: Tensor | None, before: Tensor, mark: tuple) -> bool:
+    """``now`` holds what ``before`` (at ``mark``, see :func:`_mark`) held: it is that
+    parameter, unwritten, or another object with its shape, dtype and values (both on the
+    meta device: no values to differ)."""
+    if _mark(before) != mark or now is None:
         return False
     if now is before:
         return True
