@@ -47,6 +47,7 @@ from torchlens.replay.perturb import (
     same_elements,
     slice_plan,
 )
+from torchlens.replay.writes import surviving_parents
 
 __all__ = ["EdgeProver", "Runner"]
 
@@ -103,7 +104,12 @@ class EdgeProver:
         unmovable = _nothing_to_move(outputs)  # why no probe can move them, or None
         verdicts: dict[str, Verdict | None] = dict.fromkeys(slots)  # in argument order
         pending: list[tuple[str, list[int]]] = []
+        # a refresh's parents whose elements survive the writes into its value (writes.py)
+        shown = surviving_parents(head, self.runner.trace) if head.func_name == "refresh" else ()
         for label, indices in slots.items():
+            if label in shown and not unmovable:
+                verdicts[label] = ("verified", label)
+                continue
             verdict = self._without_calls(head, label, indices, values, outputs, unmovable)
             if verdict is None:
                 pending.append((label, indices))
