@@ -17,7 +17,7 @@ import torchlens as tl
 from torchlens.replay import check_trace
 from torchlens.replay.exemptions import exempt_reason, unread_reason, value_exempt
 from torchlens.replay.ground_truth import ModelState
-from torchlens.replay.writes import surviving_parents
+from torchlens.replay.memory import surviving_parents
 
 
 class PowerIterationSN(nn.Module):

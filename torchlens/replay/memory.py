@@ -1,14 +1,18 @@
-"""Which parents of a ``refresh`` op reach its value, worked out from the recorded geometry.
+"""Edges the recorded memory layout proves without a call.
 
-A ``refresh`` op is the value of a tensor after writes made through other views of its
-memory: the stale value, then each write laid over its region in order (replay redoes
-exactly that, ``interpreter.write_through``). A parent whose elements are not all overwritten
-by later writes appears, element for element, in the output at the places that survive:
-every change of it changes the output, as for a view of the parent's own memory. Such an
-edge is proved by the geometry, with no probe: a loop writing each channel of a large tensor
-through a view (torch's ``nn.CrossMapLRN2d``) would otherwise probe the whole tensor at every
-write. The replay arm checks the geometry itself: the recorded value must equal the writes
-redone over the stale value.
+* A ``refresh`` op is the value of a tensor after writes made through other views of its
+  memory: the stale value, then each write laid over its region in order (replay redoes
+  exactly that, ``interpreter.write_through``). A parent whose elements are not all
+  overwritten by later writes appears, element for element, in the output at the places
+  that survive: every change of it changes the output. The replay arm checks the geometry
+  itself (the recorded value must equal the writes redone over the stale value).
+* An output that is a view of part of its parent (``select``, ``narrow``, a slice, a
+  diagonal) holds elements of the parent: every change of those changes it. (A view of all
+  of it, reordered at most, is ``perturb.same_elements``.)
+
+Such an edge is proved as it stands. A loop writing each channel of a large tensor through
+a view and reading it back (torch's ``nn.CrossMapLRN2d``) would otherwise probe the whole
+tensor at every step, to see a small part of it move.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import torch
 
 from torchlens._tensors import geometry_end
 
-__all__ = ["surviving_parents"]
+__all__ = ["surviving_parents", "part_of"]
 
 
 def surviving_parents(op: Any, trace: Any) -> frozenset[str]:
@@ -81,3 +85,26 @@ def _one_write(stale: str, writer: str, base: tuple, region: tuple) -> frozenset
     if not inside:  # (partly outside: the masks of the general case decide)
         return frozenset()
     return frozenset({writer, stale}) if size < end - begin else frozenset({writer})
+
+
+def part_of(out: torch.Tensor, parent: torch.Tensor) -> bool:
+    """Whether every element of ``out`` is an element of ``parent``, by address: ``out``
+    (of ``parent``'s dtype, at least one element) lies within the memory of a ``parent``
+    that fills its own span (:func:`_dense`), so a view such as ``parent.select(1, c)``."""
+    if out.layout != _STRIDED or parent.layout != _STRIDED or out.is_quantized:
+        return False
+    size = parent.element_size()
+    start, first = parent.data_ptr(), out.data_ptr()
+    if not start <= first < start + parent.numel() * size:  # the usual answer, asked first
+        return False
+    if out.dtype != parent.dtype or out.device != parent.device or not out.numel():
+        return False
+    if out.is_conj() != parent.is_conj() or out.is_neg() != parent.is_neg():
+        return False
+    if not _dense((tuple(parent.shape), parent.stride(), 0)):
+        return False
+    span = geometry_end((tuple(out.shape), out.stride(), 0))
+    return first + span * size <= start + parent.numel() * size
+
+
+_STRIDED = torch.strided
