@@ -68,6 +68,28 @@ def test_model_state_sees_a_parameter_given_other_memory():
     assert state.changed_parameters() == []
 
 
+class RunningAverage(nn.Module):
+    """A buffer given the memory of the value the forward returns (``buf.data = new``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("avg", torch.zeros(2, 4))
+
+    def forward(self, x):
+        new = 0.9 * self.avg + 0.1 * self.lin(x)
+        self.avg.data = new
+        return new
+
+
+def test_a_buffer_given_the_output_memory_is_rewound_without_writing_into_it():
+    model, x = RunningAverage(), torch.randn(2, 4)
+    status = tl.replay(model, x)
+    assert status.state == "passed", str(status)  # the rerun's output was not overwritten
+    expected = 0.1 * model.lin(x).detach()  # one plain forward from zeros
+    torch.testing.assert_close(model.avg, expected)
+
+
 def test_data_assignment_replays_after_save_and_load(tmp_path):
     trace = tl.trace(PowerIterationSN(), torch.randn(3, 6))
     tl.save(trace, tmp_path / "sn")

@@ -153,7 +153,8 @@ class ModelState:
 
     def __init__(self, model: Any, *, keep_parameters: bool = False) -> None:
         self.model = model if isinstance(model, nn.Module) else None
-        self.buffers: dict[str, tuple[Tensor, int | None, Tensor]] = {}
+        # name -> (buffer, version, copy, address of its memory)
+        self.buffers: dict[str, tuple[Tensor, int | None, Tensor, int | None]] = {}
         self.params: dict[str, tuple[Tensor, tuple]] = {}  # name -> (param, _mark)
         self.kept: dict[str, Tensor] = {}  # parameter copies, with keep_parameters
         # tensors kept as plain module attributes (torchmetrics' accumulators, counters):
@@ -176,7 +177,7 @@ class ModelState:
                 else:
                     self.generators.append((value, value.get_state()))
         for name, buf in named_tensors(self.model, "_buffers", walk).items():
-            self.buffers[name] = (buf, version_of(buf), buf.detach().clone())
+            self.buffers[name] = (buf, version_of(buf), buf.detach().clone(), storage_key(buf))
         for name, param in named_tensors(self.model, "_parameters", walk).items():
             self.params[name] = (param, _mark(param))
             if keep_parameters:
@@ -211,7 +212,7 @@ class ModelState:
         current = named_tensors(self.model, "_buffers")
         rewound: dict[int, Tensor] = {}  # a buffer under two names (a module kept twice)
         with torch.no_grad():
-            for name, (buf, version, saved) in self.buffers.items():
+            for name, (buf, version, saved, address) in self.buffers.items():
                 now = current.get(name)
                 if now is not None and id(now) in rewound:  # put back under its first name
                     after[name] = rewound[id(now)]
@@ -219,7 +220,9 @@ class ModelState:
                 if now is None or (now is buf and _same(now, saved, version)):
                     continue
                 after[name] = rewound[id(now)] = now.detach().clone()
-                if now.shape == saved.shape and now.dtype == saved.dtype:
+                if now is buf and storage_key(now) != address:  # buf.data = value: that
+                    now.data = saved.clone()  # memory may be another tensor's (an output)
+                elif now.shape == saved.shape and now.dtype == saved.dtype:
                     now.copy_(saved)
                 else:
                     _set_buffer(self.model, name, saved.clone())
