@@ -90,6 +90,34 @@ def test_a_buffer_given_the_output_memory_is_rewound_without_writing_into_it():
     torch.testing.assert_close(model.avg, expected)
 
 
+class ClippedLinear(nn.Module):
+    """WGAN-style weight clipping inside the forward, and a write through a ``.data``
+    alias, which moves neither the parameter's version counter nor its memory."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x):
+        self.lin.weight.data = self.lin.weight.data.clamp(-0.1, 0.1)
+        y = self.lin(x)
+        self.lin.bias.data.mul_(0.5)
+        return y + self.lin.bias
+
+
+def test_writes_through_data_aliases_of_parameters_validate():
+    torch.manual_seed(0)
+    model, x = ClippedLinear(), torch.randn(2, 4)
+    bias = model.lin.bias.detach().clone()
+    status = tl.replay(model, x)
+    assert status.state == "passed", str(status)
+    torch.testing.assert_close(model.lin.bias.detach(), bias * 0.5)  # one forward's worth
+    trace = tl.trace(ClippedLinear(), x)
+    assert trace["linear_1"].parents[1] == "set_data_1"
+    assert trace["add_1"].parents[1] == "refresh_1"  # the bias after its write
+    assert trace["refresh_1"].parents == ("lin.bias", "mul__1")
+
+
 def test_data_assignment_replays_after_save_and_load(tmp_path):
     trace = tl.trace(PowerIterationSN(), torch.randn(3, 6))
     tl.save(trace, tmp_path / "sn")

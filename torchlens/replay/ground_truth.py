@@ -151,8 +151,13 @@ class ModelState:
     a copy of every weight is not paid for on every check).
     """
 
-    def __init__(self, model: Any, *, keep_parameters: bool = False) -> None:
+    def __init__(
+        self, model: Any, *, keep_parameters: bool = False, by_value: frozenset[str] = frozenset()
+    ) -> None:
         self.model = model if isinstance(model, nn.Module) else None
+        # kept parameters told changed by their values too: those whose .data the forward
+        # took, since a write through that alias moves neither version nor memory
+        self.by_value = by_value
         # name -> (buffer, version, copy, address of its memory)
         self.buffers: dict[str, tuple[Tensor, int | None, Tensor, int | None]] = {}
         self.params: dict[str, tuple[Tensor, tuple]] = {}  # name -> (param, _mark)
@@ -191,8 +196,21 @@ class ModelState:
         return [
             name
             for name, (param, mark) in self.params.items()
-            if not _same_parameter(current.get(name), param, mark)
+            if not _same_parameter(current.get(name), param, mark) or self._written(name)
         ]
+
+    def aliased(self, ids: set[int]) -> frozenset[str]:
+        """The parameters among ``ids`` (tensors whose ``.data`` a forward took, see
+        :func:`rerun`): the forward may have written them through that alias."""
+        return frozenset(name for name, (param, _) in self.params.items() if id(param) in ids)
+
+    def _written(self, name: str) -> bool:
+        """A kept parameter of :attr:`by_value` whose values moved."""
+        saved = self.kept.get(name) if name in self.by_value else None
+        if saved is None:
+            return False
+        param = self.params[name][0]
+        return param.shape != saved.shape or not equal(param.detach(), saved)
 
     def rerun_blocked(self, findings: Findings) -> bool:
         """Whether the forward changed parameters in place, which rules out a faithful
@@ -251,7 +269,9 @@ class ModelState:
                 param, (version, address) = self.params[name]
                 if storage_key(param) != address:
                     param.data = saved.clone()
-                elif version_of(param) != version and param.shape == saved.shape:
+                elif (version_of(param) != version or self._written(name)) and (
+                    param.shape == saved.shape
+                ):
                     param.copy_(saved)
                 else:
                     continue
@@ -319,26 +339,43 @@ def _set_buffer(model: nn.Module, name: str, value: Tensor) -> None:
 
 
 def rerun(
-    model: Any, args: tuple, kwargs: dict, rng_state: dict | None, intervene: Any = None
+    model: Any,
+    args: tuple,
+    kwargs: dict,
+    rng_state: dict | None,
+    intervene: Any = None,
+    aliased: set[int] | None = None,
 ) -> Any:
     """One plain forward with the captured RNG state in place (the caller's comes back).
 
     With ``intervene``, the edits are applied by ``tl.record``'s lean mode, which shares no
-    bookkeeping with the capture being checked.
+    bookkeeping with the capture being checked. ``aliased`` (a set) receives the ids of the
+    tensors whose ``.data`` the forward took: a write through such an alias moves neither
+    the tensor's version nor its memory (see :meth:`ModelState.aliased`).
     """
     with rng.restored(rng_state):
         if intervene is None:
-            with _Unrecorded():
+            with _Unrecorded(aliased):
                 return model(*args, **kwargs)
         return record(model, args, kwargs, intervene=intervene).output
+
+
+_DATA = torch._C.TensorBase.data.__get__  # x.data (equal to every reading of it)
 
 
 class _Unrecorded(TorchFunctionMode):
     """A mode that records nothing. Under the capture a mode is active, so code that asks
     whether one is (``has_torch_function``: the fast paths of ``nn.MultiheadAttention`` and
-    ``nn.TransformerEncoderLayer``) takes its general path; the rerun takes the same."""
+    ``nn.TransformerEncoderLayer``) takes its general path; the rerun takes the same. With
+    ``aliased``, the ids of tensors whose ``.data`` is taken are added to it."""
+
+    def __init__(self, aliased: set[int] | None = None) -> None:
+        super().__init__()
+        self.aliased = aliased
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if self.aliased is not None and args and func == _DATA:
+            self.aliased.add(id(args[0]))
         return func(*args, **kwargs) if kwargs else func(*args)
 
 
