@@ -17,7 +17,7 @@ import torchlens as tl
 from torchlens.replay import check_trace
 from torchlens.replay.exemptions import exempt_reason, unread_reason, value_exempt
 from torchlens.replay.ground_truth import ModelState
-from torchlens.replay.memory import surviving_parents
+from torchlens.replay.memory import part_of, surviving_parents
 
 
 class PowerIterationSN(nn.Module):
@@ -294,3 +294,13 @@ def test_embeddings_without_max_norm_stay_one_op():
     trace = tl.trace(nn.Embedding(20, 8), torch.tensor([[1, 2]]))
     assert [op.func_name for op in trace.ops] == ["embedding"]
     assert [call.address for call in trace.modules] == [""]
+
+
+def test_part_of_holds_for_views_into_a_dense_parent_only():
+    base = torch.randn(2, 8, 4, 4)
+    assert part_of(base.select(1, 3), base) and part_of(base[:, 2:5], base)
+    assert part_of(base.permute(0, 2, 3, 1)[..., 1], base.permute(0, 2, 3, 1))
+    assert not part_of(base.select(1, 3).clone(), base)  # a copy: its own memory
+    assert not part_of(base.select(1, 3), base[:, ::2])  # a parent with gaps: not proved
+    assert not part_of(base.view(torch.int32)[0], base)  # read as another dtype
+    assert not part_of(base[:, :0], base)  # no elements
