@@ -30,7 +30,7 @@ from torchlens._table import format_table
 from torchlens.debug._frame import dataframe
 from torchlens.debug._measure import DIFFERS, compare_norms, compare_values
 from torchlens.io import load
-from torchlens.replay.exemptions import value_exempt
+from torchlens.replay.exemptions import GROWS_TARGET, value_exempt
 from torchlens.replay.tolerances import TOLERANCES
 from torchlens.trace import Op, Trace
 
@@ -304,7 +304,7 @@ def _key(op: Op, parents: tuple[str, ...]) -> tuple:
 
 def _uninitialized(trace: Trace, op: Op) -> bool:
     """Whether ``op``'s values are uninitialized memory (see ``value_exempt``)."""
-    if op.func_name != "resize_":
+    if op.func_name not in GROWS_TARGET:
         return value_exempt(op, [], None)
     target = trace[op.parents[0]] if op.parents else None
     return target is not None and math.prod(op.shape) > math.prod(target.shape)
