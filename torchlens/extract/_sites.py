@@ -84,21 +84,18 @@ class BatchRunner:
         return named
 
     def _selected_by(self, view: Any) -> tuple[list[tuple[str, int]], bool]:
-        """The calls among those that returned ``view`` which the selector picks by their
-        output (asked one call at a time), and whether it picks the op without them. An op
-        kept only because ``stop_after=`` halted on it is neither."""
-        matches, returned = self.selector.matches, view.returned_by
-        frames = []
+        """The calls that returned ``view`` by whose output the selector picks it, and
+        whether it also picks the op by other means (its function, label, module...). An
+        op kept only because ``stop_after=`` halted on it is neither."""
+        calls = [(address or "(model)", call) for address, call, _ in
+                 self.selector.output_calls(view)]  # fmt: skip
+        returned = view.returned_by
         try:
-            for frame in returned:
-                view.returned_by = (frame,)
-                if matches(view):
-                    frames.append((frame[0] or "(model)", frame[1]))
             view.returned_by = ()
-            by_op = matches(view)
+            by_op = self.selector.matches(view)
         finally:
             view.returned_by = returned
-        return frames, by_op
+        return calls, by_op
 
     def _target(self, target: Any, batch: Batch) -> torch.Tensor:
         """The ``targets=`` part of a batch as a tensor: numbers, not text or nested parts."""
