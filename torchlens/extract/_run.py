@@ -50,7 +50,9 @@ def extract(
     Each batch goes through :func:`tl.record` under ``torch.no_grad()``; its kept sites
     (reduced by ``reduce=``) are streamed into safetensors shards, so memory stays bounded by
     about ``shard_mb`` plus one batch. A killed run, started again with the same arguments,
-    skips the batches already on disk. Under ``torch.distributed`` (e.g. ``torchrun``), rank
+    skips the batches already on disk; SIGTERM and Ctrl-C write the rows held before the
+    process stops, and a time interval bounds what a SIGKILL loses (``flush_s``). Under
+    ``torch.distributed`` (e.g. ``torchrun``), rank
     ``r`` runs batches ``r, r + world, ...`` and the finished store is the same as a single
     process would write.
 
@@ -90,7 +92,8 @@ def extract(
     Raises:
         ExtractionError: ``exists``, ``args_changed``, ``not_an_extraction``, ``bad_batch``,
             ``shape_changed``, ``sites_changed``, ``not_batched``, ``write_failed``,
-            ``distributed``, ``ranks_differ`` (see :class:`~torchlens.errors.ExtractionError`).
+            ``distributed``, ``ranks_differ``, ``interrupted`` (see
+            :class:`~torchlens.errors.ExtractionError`).
             Under torchrun every rank raises it when one rank fails.
         SelectorMatchError: ``no_match`` when ``save=`` matches nothing in the first batch.
         InvalidArgumentError: ``bad_inputs``, ``bad_targets``, ``bad_reduce``,
