@@ -298,3 +298,20 @@ def test_a_resumed_bar_starts_at_the_examples_on_disk(tmp_path, capsys, monkeypa
     bar = capsys.readouterr().err
     assert "tl.extract (12 on disk)" in bar and "30/30" in bar
     assert "| 12/30" in bar  # it starts at the 12 examples already done
+
+
+def test_a_forked_worker_keeps_the_default_sigterm(tmp_path):
+    import os
+
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork here")
+    with _signals.guarded():
+        pid = os.fork()
+        if pid == 0:  # a DataLoader worker forked mid-run, whose loop catches everything
+            try:
+                signal.raise_signal(signal.SIGTERM)  # ends it by the signal, as by default
+                os._exit(3)
+            except BaseException:
+                os._exit(4)
+        _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM

@@ -11,6 +11,7 @@ then, as if the signal had just arrived. SIGTERM ignored by the script stays ign
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -38,8 +39,14 @@ class Guard:
     def __init__(self) -> None:
         self._writing = 0
         self._pending: int | None = None
+        self._pid = os.getpid()
+        self.previous: dict[int, Any] = {}
 
     def handler(self, signum: int, frame: Any) -> None:
+        if os.getpid() != self._pid:  # a forked process (a DataLoader worker): as before
+            _restore({signum: self.previous.get(signum, signal.SIG_DFL)})
+            signal.raise_signal(signum)
+            return
         if self._writing:
             self._pending = signum
             return
@@ -78,7 +85,7 @@ def guarded() -> Iterator[Guard]:
     previous handlers are back whatever way it ends. On SIGTERM, once the block has unwound
     (writing what it held), the signal is raised again under its previous handler."""
     guard = Guard()
-    previous: dict[int, Any] = {}
+    previous = guard.previous
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
             current = signal.getsignal(signum)
