@@ -315,3 +315,37 @@ def test_a_forked_worker_keeps_the_default_sigterm(tmp_path):
                 os._exit(4)
         _, status = os.waitpid(pid, 0)
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
+
+
+def test_gpt2_blocks_up_to_the_last_residual_add_are_named_by_address(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=3, n_embd=32, n_head=2, vocab_size=100,
+                                     n_positions=16, bos_token_id=0, eos_token_id=0)  # fmt: skip
+    model = transformers.GPT2LMHeadModel(config).eval()
+    ids = [
+        torch.randint(0, 100, (4, 8), generator=torch.Generator().manual_seed(k)) for k in (1, 2)
+    ]
+    trace = tl.trace(model, ids[0])
+    last = [op.label for op in trace if tl.module("transformer.h.2").output.matches(op)]
+    assert last == ["add_14"]  # the last block's residual add, which used to go missing
+    ex = tl.extract(model, ids, save=tl.module(type=GPT2Block).output,
+                    stop_after=tl.label(*last), to=tmp_path / "run", progress=False)  # fmt: skip
+    names = [f"transformer.h.{i}" for i in range(3)]
+    assert list(ex) == names
+    assert ex.meta["site_ops"] == dict(zip(names, ["add_6", "add_10", "add_14"]))
+    rows: dict[str, list[torch.Tensor]] = {name: [] for name in names}
+    for name in names:
+        block = model.get_submodule(name)
+        block.register_forward_hook(
+            lambda m, a, out, name=name: rows[name].append(
+                out[0] if isinstance(out, tuple) else out
+            )
+        )
+    with torch.no_grad():
+        for x in ids:
+            model(x)
+    for name in names:
+        torch.testing.assert_close(ex[name][:], torch.cat(rows[name]))
