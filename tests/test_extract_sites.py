@@ -349,3 +349,36 @@ def test_gpt2_blocks_up_to_the_last_residual_add_are_named_by_address(tmp_path):
             model(x)
     for name in names:
         torch.testing.assert_close(ex[name][:], torch.cat(rows[name]))
+
+
+class Pair(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.lin(x)
+        return h.relu(), h.sigmoid()  # two values from one call
+
+
+class Twice(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pair = Pair()
+
+    def forward(self, x):
+        a, b = self.pair(x)
+        c, d = self.pair(a + b)
+        return c * d
+
+
+def test_each_value_a_call_returns_is_its_own_site(tmp_path):
+    torch.manual_seed(0)
+    model = Twice().eval()
+    ex = tl.extract(model, X, save=tl.module("pair").output, to=tmp_path / "run", progress=False)
+    assert list(ex) == ["pair:1[0]", "pair:1[1]", "pair:2[0]", "pair:2[1]"]
+    with torch.no_grad():
+        a, b = zip(*(model.pair(x) for x in X))
+        torch.testing.assert_close(ex["pair:1[1]"][:], torch.cat(b))
+        c, d = zip(*(model.pair(x + y) for x, y in zip(a, b)))
+        torch.testing.assert_close(ex["pair:2[0]"][:], torch.cat(c))

@@ -5,10 +5,12 @@ A site selected by what a module call returned (``tl.module("transformer.h.0").o
 named by the module's address, ``"transformer.h.0"``, not by the op that computed it
 (``"add_6"``): the address says what the row is and stays the same when the model's inside
 changes. A module called more than once in a batch (a shared block) gives
-``"address:call"`` sites. Any other site keeps its op label (``"relu_1"``), the label
-``tl.trace`` gives that op. An op that two selected calls returned (a wrapper returning its
-last child's output) is stored under both names, and an op selected both by a module's
-output and by something else (``tl.func("add") | ...``) under its label as well.
+``"address:call"`` sites, and a call returning several selected values ``"address[k]"``
+(the k-th, in the order they were computed). Any other site keeps its op label
+(``"relu_1"``), the label ``tl.trace`` gives that op. An op that two selected calls
+returned (a wrapper returning its last child's output) is stored under both names, and an
+op selected both by a module's output and by something else (``tl.func("add") | ...``)
+under its label as well.
 """
 
 from __future__ import annotations
@@ -67,20 +69,34 @@ class BatchRunner:
 
     def _named(self, views: list[Any]) -> list[tuple[Any, str]]:
         """``(view, site name)`` for every selected site, in the order computed: a module's
-        address for what a selected call returned, the op label otherwise."""
-        chosen = []
-        for view in views:
-            frames, by_op = self._selected_by(view)
-            chosen.append((view, frames, by_op))
-        calls = Counter(address for _, frames, _ in chosen for address, _ in set(frames))
-        named = []
+        address for what a selected call returned (``address:call`` when several calls of
+        it did, ``[k]`` after it for the k-th of several values one call returned), the op
+        label otherwise."""
+        chosen = [(view, *self._selected_by(view)) for view in views]
+        calls: dict[str, set[int]] = {}
+        values = Counter()  # selected values per call
+        for _, frames, _ in chosen:
+            for address, call in frames:
+                calls.setdefault(address, set()).add(call)
+                values[address, call] += 1
+        named, nth = [], Counter()
         for view, frames, by_op in chosen:
             for address, call in frames:
-                name = f"{address}:{call}" if calls[address] > 1 else address
+                name = address if len(calls[address]) == 1 else f"{address}:{call}"
+                if values[address, call] > 1:
+                    name += f"[{nth[address, call]}]"
+                    nth[address, call] += 1
                 named.append((view, name))
                 self.sources[name] = view.label
             if by_op:
                 named.append((view, view.label))
+        clash = [name for name, n in Counter(name for _, name in named).items() if n > 1]
+        if clash:
+            raise InvalidArgumentError(
+                f"sites {clash} would be stored under one name twice (a module named like an "
+                "op label?); select them by one means only, e.g. only by module output",
+                code="bad_save",
+            )
         return named
 
     def _selected_by(self, view: Any) -> tuple[list[tuple[str, int]], bool]:
