@@ -169,10 +169,11 @@ def _run_batches(plan: BatchPlan, run: BatchRunner, inputs: Any, writer, bar) ->
                 trim()
     except Exception as err:
         failure = err
-    finally:
-        bar.close()
+    finally:  # a signal arriving now waits until the rows held are written
         try:
-            writer.flush()
+            with writer.writing():
+                writer.flush()
+                bar.close()
         except Exception as err:
             failure = failure or err
     return failure

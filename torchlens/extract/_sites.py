@@ -87,7 +87,7 @@ class BatchRunner:
                     name += f"[{nth[address, call]}]"
                     nth[address, call] += 1
                 named.append((view, name))
-                self.sources[name] = view.label
+                self.sources.setdefault(name, view.label)
             if by_op:
                 named.append((view, view.label))
         clash = [name for name, n in Counter(name for _, name in named).items() if n > 1]

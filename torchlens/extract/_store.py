@@ -236,15 +236,19 @@ class ShardWriter:
         self.sources: dict[str, str] = {}
 
     def add(self, index: int, start: int, size: int, values: dict[str, torch.Tensor]) -> None:
+        """Hold one batch's rows (whole: a signal waits, so no site holds a row more than
+        another), and write the shard when it is due."""
         now = time.monotonic()
-        if not self.batches:
-            self.since = now
-        for key, value in values.items():
-            self.parts.setdefault(key, []).append(value)
-            self.nbytes += value.numel() * value.element_size()
-        self.batches.append([index, start, size])
-        if self.nbytes >= self.limit or (self.every is not None and now - self.since >= self.every):
-            self.flush()
+        with self.writing():
+            if not self.batches:
+                self.since = now
+            for key, value in values.items():
+                self.parts.setdefault(key, []).append(value)
+                self.nbytes += value.numel() * value.element_size()
+            self.batches.append([index, start, size])
+            due = self.every is not None and now - self.since >= self.every
+            if self.nbytes >= self.limit or due:
+                self.flush()
 
     def flush(self) -> None:
         if not self.batches:
