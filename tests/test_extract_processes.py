@@ -121,11 +121,18 @@ def test_torchrun_ranks_that_disagree_or_fail_all_raise_typed(tmp_path):
         assert cases["side_group", rank]["value"] == [6, True]
 
 
+def _start(command: list[str], log: Path) -> subprocess.Popen:
+    """Start ``command`` with its stderr to ``log`` (a pipe nobody reads could fill up)."""
+    with open(log, "wb") as f:
+        return subprocess.Popen(command, env=ENV, stderr=f)
+
+
 def _wait_for(markers: list[Path], proc: subprocess.Popen, seconds: float = 120) -> None:
     """Wait until every marker file exists (the worker is held inside a forward)."""
     deadline = time.monotonic() + seconds
+    log = markers[0].with_name("stderr.log")
     while not all(m.exists() for m in markers):
-        assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+        assert proc.poll() is None, log.read_text()[-3000:]
         assert time.monotonic() < deadline, "the worker never reached its hold"
         time.sleep(0.05)
 
@@ -149,8 +156,7 @@ def _assert_rows(ex: Extraction) -> None:
 
 def test_sigterm_midway_writes_the_rows_held_exits_by_the_signal_and_resumes(tmp_path):
     out = tmp_path / "run"  # 9 batches; held inside the forward of the 5th (batch 4)
-    proc = subprocess.Popen([sys.executable, str(WORKER), str(out), "--hold", "5"],
-                            env=ENV, stderr=subprocess.PIPE)  # fmt: skip
+    proc = _start([sys.executable, str(WORKER), str(out), "--hold", "5"], tmp_path / "stderr.log")
     try:
         _wait_for([Path(f"{out}.hold-rank0")], proc)
         assert _store.done_batches(out) == set()  # batches 0-3 are held in memory only
@@ -170,7 +176,7 @@ def test_sigkill_after_an_interval_flush_loses_only_the_rows_since(tmp_path):
     out = tmp_path / "run"  # the 3rd batch starts 0.6 s in: flush_s=0.2 writes 0-2 then
     command = [sys.executable, str(WORKER), str(out), "--hold", "5", "--flush", "0.2",
                "--pause", "3:0.6"]  # fmt: skip
-    proc = subprocess.Popen(command, env=ENV, stderr=subprocess.PIPE)
+    proc = _start(command, tmp_path / "stderr.log")
     try:
         _wait_for([Path(f"{out}.hold-rank0")], proc)
         proc.send_signal(signal.SIGKILL)
@@ -188,7 +194,7 @@ def test_sigterm_to_torchrun_every_rank_writes_what_it_held_then_resumes(tmp_pat
     out = tmp_path / "run"  # each rank is held in its 3rd batch: rank 0 in 4, rank 1 in 5
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone",
               "--nproc_per_node=2", str(WORKER), str(out)]  # fmt: skip
-    proc = subprocess.Popen(launch + ["--hold", "3"], env=ENV, stderr=subprocess.PIPE)
+    proc = _start(launch + ["--hold", "3"], tmp_path / "stderr.log")
     try:
         _wait_for([Path(f"{out}.hold-rank{r}") for r in (0, 1)], proc)
         proc.send_signal(signal.SIGTERM)  # torchrun passes it on to each worker
