@@ -382,3 +382,13 @@ def test_each_value_a_call_returns_is_its_own_site(tmp_path):
         torch.testing.assert_close(ex["pair:1[1]"][:], torch.cat(b))
         c, d = zip(*(model.pair(x + y) for x, y in zip(a, b)))
         torch.testing.assert_close(ex["pair:2[0]"][:], torch.cat(c))
+
+
+def test_a_halt_on_the_forwards_last_op_still_puts_the_buffers_back():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.BatchNorm1d(4), nn.Linear(4, 2)).train()  # updates its stats
+    before = model[0].running_mean.clone()
+    rec = tl.record(model, X[0], save=tl.module("1").output, stop_after=tl.label("linear_1"))
+    assert rec.labels == ["linear_1"] and rec.halted and rec.output is None
+    assert rec["linear_1"].returned_by == (("1", 1, "Linear"),)
+    assert torch.equal(model[0].running_mean, before)  # as when a halt cuts the forward
