@@ -120,7 +120,7 @@ class RecordMode(TorchFunctionMode):
             return func(*args, **kwargs) if kwargs else func(*args)
         if self.halt_pending:  # the op stop_after matched has left every call returning it
             raise _Halt
-        if info.opens:
+        if info.opens and (info.opens is True or info.opens(args, kwargs or {})):
             return self._open(info.name, func, args, kwargs or {})
         if self._aliases and (
             info.inplace or kwargs and ("out" in kwargs or kwargs.get("inplace") is True)
