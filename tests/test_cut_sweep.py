@@ -110,3 +110,14 @@ def test_a_call_no_rule_names_gets_no_cut_point():
     assert cut_points(torch.Tensor.add, "add", [x]) == rule_for("add").points
     assert rule_for("add").name == "pointwise" and rule_for("sum").name == "reductions"
     assert rule_for("no_such_function") is None and rule_for("__getitem__") is None
+
+
+def test_docs_state_every_cut_rule_and_the_functions_it_names():
+    text = (WORKER.parents[1] / "docs" / "validation.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    for rule in CUT_RULES:
+        row = next((line for line in rows if line.startswith(f"| {rule.name} |")), None)
+        assert row is not None, rule.name
+        for name in rule.functions:  # named whole, or as conv1d/`2d` and adaptive pools
+            stem = name.rstrip("123d").rstrip("_")
+            assert name in row or stem in row, (rule.name, name)
