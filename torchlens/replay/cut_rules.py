@@ -180,7 +180,8 @@ VALUE_RULES: tuple[tuple[str, str], ...] = (
         "perturbed parent (noise, half, shift, NaN, sign, zero, large, random, inf)",
         "the moved value has the parent's shape, dtype, layout and device; only floating "
         "and complex values are moved, so the integers that address memory (indices, "
-        "offsets, lengths, masks) stay as recorded",
+        "offsets, lengths, masks) stay as recorded; a sparse parent is only negated or "
+        "zeroed (torch's own ops, which keep its invariants), the other probes raise first",
     ),
     (
         "neutral point (the other floating arguments replaced by fresh values)",
