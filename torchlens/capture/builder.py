@@ -132,6 +132,9 @@ class TraceBuilder:
         # called as hook(call, output tensors) when a module call (or group) ends; may return
         # replacement tensors (edits of what the call returned, tl.module(...).output)
         self.exit_hooks: list[Callable[[ModuleCall, list[Tensor]], list[Tensor] | None]] = []
+        # called as selected(op, live tensor) when save= selects an op only once a module
+        # call has returned its value (tl.module(...).output): gradients are kept for it
+        self.late_selected: list[Callable[[Op, Tensor], None]] = []
         self.module_calls: list[ModuleCall] = []
         self.input_labels: list[str] = []
         self._records: dict[str, Op | Source] = {}
