@@ -207,6 +207,7 @@ def _from_torch(func: Any) -> bool:
 _BY_NAME: dict[str, CutRule] = {name: rule for rule in CUT_RULES for name in rule.functions}
 _TAGGED = [rule for rule in CUT_RULES if rule.tag is not None]
 _RULES: dict[str, CutRule | None] = {}  # function name -> its rule, worked out once
+_ORIGIN: dict[Any, bool] = {}  # function -> whether it is torch's own
 
 
 def rule_for(func_name: str) -> CutRule | None:
@@ -230,7 +231,12 @@ def rule_for(func_name: str) -> CutRule | None:
 def cut_points(func: Any, func_name: str, values: list[Tensor]) -> tuple[Point, ...]:
     """The sliced points a call of ``func`` on ``values`` may be made at: those of its rule,
     or none (the call is probed at its recorded shapes only)."""
-    if func is None or not _from_torch(func):
+    if func is None:
+        return ()
+    ours = _ORIGIN.get(func)
+    if ours is None:
+        ours = _ORIGIN[func] = _from_torch(func)
+    if not ours:
         return ()
     rule = rule_for(func_name)
     if rule is None or (rule.when is not None and not rule.when(values)):
