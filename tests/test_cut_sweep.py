@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchlens.replay.cut_rules import CUT_RULES, cut_points, rule_for
+from torchlens.replay.cut_rules import CUT_RULES, VALUE_RULES, cut_points, rule_for
 
 WORKER = Path(__file__).resolve().parent / "_cut_sweep_worker.py"
 sys.path.insert(0, str(WORKER.parent))
@@ -121,3 +121,5 @@ def test_docs_state_every_cut_rule_and_the_functions_it_names():
         for name in rule.functions:  # named whole, or as conv1d/`2d` and adaptive pools
             stem = name.rstrip("123d").rstrip("_")
             assert name in row or stem in row, (rule.name, name)
+    for change, _ in VALUE_RULES:  # the calls of changed values: "perturbed parent (...)"
+        assert any(line.startswith(f"| {change.split(' (')[0]} ") for line in rows), change
