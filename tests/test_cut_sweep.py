@@ -53,8 +53,11 @@ def _run_group(group: str) -> dict:
             verdicts.update(result["verdicts"])
             cut.update(result["cut"])
         else:
-            tail = " | ".join(one.stderr.strip().splitlines()[-8:])
-            verdicts[name] = f"crashed (exit {one.returncode}): {tail}"
+            lines = one.stderr.strip().splitlines()
+            fatal = next((i for i, line in enumerate(lines) if "Fatal Python" in line), None)
+            # faulthandler's error and the innermost frames, else the last lines
+            shown = lines[fatal : fatal + 6] if fatal is not None else lines[-8:]
+            verdicts[name] = f"crashed (exit {one.returncode}): {' | '.join(shown)}"
     return {"verdicts": verdicts, "cut": sorted(cut)}
 
 
