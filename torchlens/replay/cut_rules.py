@@ -127,9 +127,9 @@ CUT_RULES: tuple[CutRule, ...] = (
         ),  # fmt: skip
     ),
     CutRule(
-        "copies, joins, splits and indexing",
+        "copies, joins and indexing",
         BATCH,
-        "views and reshapes check the element count, cat and stack the other dimensions, "
+        "reshapes check the element count, cat and stack the other dimensions, "
         "and indexing checks every index against the size it indexes",
         functions=frozenset(
             {
@@ -140,8 +140,6 @@ CUT_RULES: tuple[CutRule, ...] = (
                 "copy_",
                 "cat",
                 "stack",
-                "split",
-                "chunk",
                 "flatten",
                 "reshape",
                 "getitem",
