@@ -9,6 +9,7 @@ counts it unverified instead of guessing.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -17,7 +18,7 @@ from torchlens.capture.tree import fill, flatten
 from torchlens.io._encode import Unencodable, decode, encode, encode_output
 from torchlens.io._funcs import UnresolvableFunc, func_ref, resolve_func
 from torchlens.io._payloads import dtype_name, parse_dtype
-from torchlens.trace import ArgRef, ModuleCall, Op, PayloadStore, Source, Trace
+from torchlens.trace import ArgRef, Escape, HiddenEdge, ModuleCall, Op, PayloadStore, Source, Trace
 
 __all__ = [
     "FORMAT",
@@ -47,6 +48,8 @@ def trace_to_manifest(trace: Trace, payloads: dict[str, dict], missing: dict) ->
     meta, dropped = _encode_meta(trace.meta)
     return {
         "dropped_meta": dropped,
+        "escapes": [_escape_to_json(e) for e in trace.escapes],
+        "hidden_edges": [_hidden_to_json(e) for e in trace.hidden_edges],
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "input_labels": list(trace.input_labels),
@@ -112,6 +115,41 @@ def _encode_meta(meta: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     return kept, sorted(dropped)
 
 
+def _escape_to_json(escape: Escape) -> dict:
+    return {**dataclasses.asdict(escape), "source": _where(escape.source)}
+
+
+def _hidden_to_json(edge: HiddenEdge) -> dict:
+    return {**dataclasses.asdict(edge), "source": _where(edge.source)}
+
+
+def _where(source: tuple | None) -> list | None:
+    return None if source is None else [str(source[0]), int(source[1]), str(source[2])]
+
+
+def _line(value: Any) -> tuple[str, int, str] | None:
+    if value is None:
+        return None
+    file, line, function = _list(value)
+    return str(file), int(line), str(function)
+
+
+def _escapes_from(data: dict) -> list[Escape]:
+    """The escapes of a manifest (none in files written before they were recorded)."""
+    return [
+        Escape(_str(d["label"]), _str(d["via"]), _str(d["value"]), _str(d["type"]),
+               int(d["index"]), int(d["call"]), _line(d.get("source")))
+        for d in map(_dict, _list(data.get("escapes", [])))
+    ]  # fmt: skip
+
+
+def _hidden_from(data: dict) -> list[HiddenEdge]:
+    return [
+        HiddenEdge(_str(d["parent"]), _str(d["child"]), _str(d["via"]), _line(d.get("source")))
+        for d in map(_dict, _list(data.get("hidden_edges", [])))
+    ]
+
+
 def _source_to_json(source: Source) -> dict:
     return {
         "children": list(source.children),
@@ -166,6 +204,8 @@ def manifest_to_trace(
         store=store,
         rng_state=trace_rng or None,
         meta=meta,
+        escapes=_escapes_from(data),
+        hidden_edges=_hidden_from(data),
     )
 
 

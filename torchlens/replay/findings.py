@@ -25,6 +25,8 @@ class Findings:
         self._exempt: set[str] = set()
         self.exempt_edges = 0  # edges a table exempts without a call
         self.unread: list[ReplayFailure] = []  # edges no probe could show, exempt by a rule
+        self.hidden_edges: list[Any] = []  # dependencies through escapes (completeness arm)
+        self.decisions: list[str] = []  # escapes that decide which ops run (completeness arm)
 
     def fail(self, label: str, arm: str, reason: str) -> None:
         self.failures.append(ReplayFailure(label, arm, reason))
@@ -79,4 +81,6 @@ class Findings:
             failures=list(self.failures),
             unchecked=list(self.gaps),
             arms=arms,
+            hidden_edges=list(self.hidden_edges),
+            decisions=list(self.decisions),
         )

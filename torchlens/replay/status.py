@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 __all__ = ["ReplayFailure", "ReplayStatus", "STATES", "ARMS"]
 
 STATES = ("passed", "failed", "unverified", "unavailable")
-ARMS = ("lint", "ground_truth", "replay", "perturbation")
+ARMS = ("lint", "ground_truth", "replay", "perturbation", "completeness")
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,12 @@ class ReplayStatus:
     failures: list[ReplayFailure] = field(default_factory=list)
     unchecked: list[ReplayFailure] = field(default_factory=list)  # why ops are unverified
     arms: tuple[str, ...] = ()  # the arms that ran
+    # dependencies through escapes (.item(), .tolist()...) that the graph has no edge for,
+    # as torchlens.trace.HiddenEdge; each is also a failure of the completeness arm
+    hidden_edges: list = field(default_factory=list)
+    # escapes whose value decides which ops run (if t.any():, assert), with their lines:
+    # the recorded graph is the branch taken, so they are noted, not failed
+    decisions: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.state not in STATES:
@@ -82,6 +88,9 @@ class ReplayStatus:
                 f"{len(self.unread)} unread by a rule after every probe"
             )
         lines += _section("failures", self.failures)
+        if self.decisions:
+            lines.append("branch decisions (escapes that decide which ops run; not failures):")
+            lines += [f"  {text}" for text in self.decisions[:20]]
         lines += _section("not checked", self.unchecked)
         lines += _section("unread (exempt by a rule)", self.unread)
         return "\n".join(lines)
