@@ -367,14 +367,15 @@ class Trace:
 
         return save(self, path)
 
-    def rerun(self, edits: Mapping[Any, Any]) -> Trace:
+    def rerun(self, edits: Mapping[Any, Any], *, escapes: str = "raise") -> Trace:
         """A what-if trace: ``edits`` (``{selector: fn(t, op)}``, as for ``intervene=``)
         applied to this trace's saved values, recomputing only the ops downstream of them;
-        this trace is untouched. See :func:`torchlens.edits.rerun`.
+        this trace is untouched. An edit reaching an escaped value raises unless
+        ``escapes="recorded"``. See :func:`torchlens.edits.rerun`.
         """
         from torchlens.edits import rerun  # lazy: edits sits above the data model
 
-        return rerun(self, edits)
+        return rerun(self, edits, escapes=escapes)
 
     def module_calls(self, pattern: str) -> list[ModuleCall]:
         """Every call of the modules matching ``pattern``, in call order.
