@@ -84,6 +84,10 @@ class HiddenEdge:
     via: str  # the escaping call, as Escape.via
     source: tuple[str, int, str] | None = None  # the escape's line
 
+    @property
+    def call_text(self) -> str:
+        """The escaping call as written: ``.item()``, ``bool()``..."""
+        return Escape(self.parent, self.via, "", "", 0, 0).call_text
+
     def __str__(self) -> str:
-        call = Escape(self.parent, self.via, "", "", 0, 0).call_text
-        return f"{self.parent} -> {self.child} via {call}{_where(self.source)}"
+        return f"{self.parent} -> {self.child} via {self.call_text}{_where(self.source)}"
