@@ -17,6 +17,7 @@ LAYERS = {
     "_views": 0.5,  # read-only views the data model hands out (module calls, summaries)
     "_store": 0.5,  # where saved values live (PayloadStore), re-exported by trace
     "_source": 0.5,  # op.source: the model line behind an op (tl.trace(source=True))
+    "_escapes": 0.5,  # Escape and HiddenEdge records, re-exported by trace
     "capabilities": 1, "trace": 1, "selectors": 1,
     "recording": 2,
     "capture": 3,

@@ -197,9 +197,7 @@ def test_no_escapes_no_completeness_arm():
 
 def test_transformers_attention_mask_fast_path_stays_passed():
     transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(
-        n_layer=1, n_head=2, n_embd=16, vocab_size=50, n_positions=16
-    )
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50, n_positions=16)
     torch.manual_seed(0)
     model = transformers.GPT2Model(config).eval()
     ids = torch.randint(0, 50, (1, 6))

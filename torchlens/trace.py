@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from torchlens._escapes import Escape, HiddenEdge, short_repr
+from torchlens._escapes import Escape, HiddenEdge
 from torchlens._source import SourceLine, source_of
 from torchlens._store import MemoryPayloadStore, PayloadStore
 from torchlens._views import (
@@ -37,7 +37,6 @@ __all__ = [
     "MemoryPayloadStore",
     "Source",
     "Trace",
-    "short_repr",
 ]
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchlens._escapes import short_repr
 from torchlens._tensors import (
     _storage_address,
     copy_keeping_layout,
@@ -46,7 +47,6 @@ from torchlens.trace import (
     Op,
     Source,
     Trace,
-    short_repr,
 )
 
 __all__ = ["TraceBuilder", "REFRESH_FUNC_NAME", "UNSEEN_COMPUTATION"]
