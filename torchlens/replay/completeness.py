@@ -10,9 +10,10 @@ values perturbed (``replay/escape_values.py``) and watches what moves:
    ``if mask.all():`` fast path, an ``assert not x.isnan().any()``). Cost: one forward.
 2. when the outputs moved, one captured forward with the same values: an op that moved
    while none of its recorded parents did reads an escaped value. It gets a
-   :class:`~torchlens.trace.HiddenEdge` from the escaped record (attributed by one
-   captured forward per escape only when several escapes came before it), unless the
-   graph has a path from that record already. A hidden edge fails the arm.
+   :class:`~torchlens.trace.HiddenEdge` from the escaped record, unless the graph has a
+   path from that record already. With several escapes perturbed, one captured forward
+   per escape, each alone, says which escape feeds which op (and finds the ones an
+   earlier moved op hid). A hidden edge fails the arm.
 3. an escape whose perturbed value changes which ops run (other functions, parents, or
    the forward raising, as an ``assert`` does) is a *branch decision*: the recorded graph
    is the graph of the branch taken, which is not a failure. It is noted with its line,
@@ -35,9 +36,9 @@ from torchlens.replay.ground_truth import ModelState, copy_inputs, expected_outp
 from torchlens.replay.tolerances import mismatch
 from torchlens.trace import Escape, HiddenEdge, Trace
 
-__all__ = ["check_completeness", "MAX_RUNS", "MAX_ATTRIBUTION_RUNS"]
+__all__ = ["check_completeness", "MAX_ROUNDS", "MAX_ATTRIBUTION_RUNS"]
 
-MAX_RUNS = 4  # forwards spent finding which escapes decide branches
+MAX_ROUNDS = 6  # rounds (one or two forwards each) spent telling branch decisions apart
 MAX_ATTRIBUTION_RUNS = 6  # captured forwards spent telling several escapes' edges apart
 ARM = "completeness"
 
@@ -126,19 +127,31 @@ class _Arm:
 
     def run(self) -> tuple[list[HiddenEdge], list[str]]:
         pending = set(self.calls)
-        while pending:
-            if self.runner.forwards >= MAX_RUNS:
-                first = self.calls[min(pending)][0]
-                self.findings.unchecked(
-                    first.label, ARM,
-                    f"{len(pending)} escape(s) from {first} on were not checked for hidden "
-                    f"dependencies: {MAX_RUNS} forwards went to telling branch decisions apart",
-                )  # fmt: skip
-                break
-            blame = self._round(Plan(pending))
+        for _ in range(MAX_ROUNDS):
+            blame = self._round(Plan(pending)) if pending else None
             if blame is None:
-                break
+                return self.edges, self.decisions
+            # the same code read again (a loop's test, per-image sizes) decides alike:
+            # every read at the blamed escape's line is held with it
+            decided = self.calls[blame][0]
+            pending -= {c for c in pending if _same_site(self.calls[c][0], decided)}
             pending.discard(blame)
+        if not pending:
+            return self.edges, self.decisions
+        first = self.calls[min(pending)][0]
+        if all(self.calls[c][0].control for c in pending):
+            # bools read after branches that were decided already (a while loop's test):
+            # perturbed together with those, each one alone not
+            self.decisions.append(
+                f"branch decisions: {len(pending)} more bool escape(s) from {first} on were "
+                f"perturbed only together with the earlier ones ({MAX_ROUNDS} rounds)"
+            )
+            return self.edges, self.decisions
+        self.findings.unchecked(
+            first.label, ARM,
+            f"{len(pending)} escape(s) from {first} on were not checked for hidden "
+            f"dependencies: {MAX_ROUNDS} rounds went to telling branch decisions apart",
+        )  # fmt: skip
         return self.edges, self.decisions
 
     def _round(self, plan: Plan) -> int | None:
@@ -160,11 +173,14 @@ class _Arm:
             return self._decided(self._last_before(plan, seen), f"raised {_short(err)}")
         d = _structure_divergence(self.trace, moved)
         targets = self._targets(moved, d)
-        self._attribute(plan, targets)
         if d is None:
+            self._attribute(plan, targets)
             return None
+        # what moved before the branch changed belongs to the branch when a bool decided
+        # it (an arange sized by the branch taken); data escapes still get their edges
+        self._attribute(plan, targets, data_only=True)
         index = self.trace.ops[d].index if d < len(self.trace.ops) else len(self.trace.ops)
-        calls = [c for c in plan.moved if self.calls[c][0].index <= index]
+        calls = [c for c in sorted(plan.moved) if self.calls[c][0].index <= index]
         blame = self._prefer_control(calls) if calls else self._last_before(plan, 0)
         label = self.trace.ops[d].label if d < len(self.trace.ops) else "the end"
         return self._decided(blame, f"changed which ops ran from {label} on")
@@ -202,31 +218,30 @@ class _Arm:
         return targets
 
     # -- hidden edges ---------------------------------------------------------------------
-    def _attribute(self, plan: Plan, targets: dict[str, int]) -> None:
-        """Hidden edges to ``targets`` from the escapes that came before each; with more
-        than one candidate, one captured forward per candidate tells them apart."""
-        by_call: dict[int, set[str]] = {}
-        ambiguous: dict[str, list[int]] = {}
-        for target, index in targets.items():
-            candidates = [c for c in plan.moved if self.calls[c][0].index <= index]
-            if len(candidates) == 1:
-                by_call.setdefault(candidates[0], set()).add(target)
-            elif candidates:
-                ambiguous[target] = candidates
-        calls = sorted({c for cs in ambiguous.values() for c in cs})
-        for call in calls[:MAX_ATTRIBUTION_RUNS]:
-            alone, err = self.runner.captured(Plan({call}))
-            if alone is None or err is not None:
-                continue
-            found = self._targets(alone, _structure_divergence(self.trace, alone))
-            by_call.setdefault(call, set()).update(t for t in found if t in ambiguous)
-        attributed = {t for ts in by_call.values() for t in ts}
-        for target, candidates in ambiguous.items():
-            if target not in attributed:  # past the attribution budget: the nearest one
-                by_call.setdefault(candidates[-1], set()).add(target)
-        for call, found in sorted(by_call.items()):
+    def _attribute(self, plan: Plan, targets: dict[str, int], data_only: bool = False) -> None:
+        """Hidden edges to ``targets``. With one escape perturbed, from it; with several,
+        one captured forward per escape, each alone (at most MAX_ATTRIBUTION_RUNS): a
+        target moved by one escape can hide another's behind it (its parent moved too).
+        Targets left past that budget go to the nearest escape before them."""
+        moved = sorted(c for c in plan.moved if not (data_only and self.calls[c][0].control))
+        if not targets or not moved:
+            return
+        found: dict[int, dict[str, int]] = {}
+        if len(moved) == 1:
+            found[moved[0]] = targets
+        else:
+            for call in moved[:MAX_ATTRIBUTION_RUNS]:
+                alone, err = self.runner.captured(Plan({call}))
+                if alone is not None and err is None:
+                    found[call] = self._targets(alone, _structure_divergence(self.trace, alone))
+            attributed = {t for ts in found.values() for t in ts}
+            for target, index in targets.items():
+                before = [c for c in moved if self.calls[c][0].index <= index]
+                if target not in attributed and before:
+                    found.setdefault(before[-1], {})[target] = index
+        for call, hits in sorted(found.items()):
             for escape in self.calls[call]:
-                for target in sorted(found, key=targets.__getitem__):
+                for target in sorted(hits, key=hits.__getitem__):
                     self._edge(escape, target)
 
     def _edge(self, escape: Escape, target: str) -> None:
@@ -255,12 +270,17 @@ class _Arm:
     def _last_before(self, plan: Plan, k: int) -> int | None:
         """The escape call that most likely decided a divergence at escape call ``k``:
         the last perturbed one before it, a bool (what ``if`` reads) if there is one."""
-        calls = [c for c in plan.moved if c < max(k, 1)] or sorted(plan.moved)[:1]
+        calls = [c for c in sorted(plan.moved) if c < max(k, 1)] or sorted(plan.moved)[:1]
         return self._prefer_control(calls) if calls else None
 
     def _prefer_control(self, calls: list[int]) -> int:
         control = [c for c in calls if self.calls[c][0].control]
         return (control or calls)[-1]
+
+
+def _same_site(a: Escape, b: Escape) -> bool:
+    """Two escapes read by one line of code through one call."""
+    return a.source is not None and a.source == b.source and a.via == b.via
 
 
 def _divergence(vias: list[str], recorded: list[str]) -> int | None:

@@ -79,7 +79,7 @@ class Plan:
 
     def __init__(self, calls: Collection[int]) -> None:
         self.calls = frozenset(calls)
-        self.moved: list[int] = []  # the calls whose values it changed
+        self.moved: set[int] = set()  # the calls whose values it changed
 
     def __call__(self, call: int, value: Any) -> Any:
         if call not in self.calls:
@@ -87,7 +87,7 @@ class Plan:
         new = perturbed(value)
         if new is UNCHANGED:
             return value
-        self.moved.append(call)
+        self.moved.add(call)
         return new
 
 
