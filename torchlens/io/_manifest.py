@@ -48,8 +48,6 @@ def trace_to_manifest(trace: Trace, payloads: dict[str, dict], missing: dict) ->
     meta, dropped = _encode_meta(trace.meta)
     return {
         "dropped_meta": dropped,
-        "escapes": [_escape_to_json(e) for e in trace.escapes],
-        "hidden_edges": [_hidden_to_json(e) for e in trace.hidden_edges],
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "input_labels": list(trace.input_labels),
@@ -64,6 +62,13 @@ def trace_to_manifest(trace: Trace, payloads: dict[str, dict], missing: dict) ->
         "sources": [_source_to_json(s) for s in trace.sources],
         "torch_version": torch.__version__,
         "torchlens_version": str(trace.meta.get("torchlens_version", "")),
+        # only when there are some: traces without escapes keep the bytes they had
+        **({"escapes": [_escape_to_json(e) for e in trace.escapes]} if trace.escapes else {}),
+        **(
+            {"hidden_edges": [_hidden_to_json(e) for e in trace.hidden_edges]}
+            if trace.hidden_edges
+            else {}
+        ),
     }
 
 
