@@ -30,7 +30,7 @@ from torchlens.capture import rng
 from torchlens.capture.api import trace_for_check
 from torchlens.capture.tree import flatten
 from torchlens.errors import PayloadUnavailableError
-from torchlens.replay.escape_values import PerturbingMode, Plan
+from torchlens.replay.escape_values import PerturbingMode, Plan, recorded_calls
 from torchlens.replay.findings import Findings
 from torchlens.replay.ground_truth import ModelState, copy_inputs, expected_outputs
 from torchlens.replay.tolerances import mismatch
@@ -59,15 +59,15 @@ class _Runner:
         self.forwards += 1
         return copy_inputs(*self.inputs)
 
-    def light(self, plan: Plan) -> tuple[Any, list[str], BaseException | None]:
-        """A plain forward: (output, the escape calls that ran, the error it raised)."""
+    def light(self, plan: Plan) -> tuple[Any, PerturbingMode, BaseException | None]:
+        """A plain forward: (output, the mode that ran it, the error it raised)."""
         args, kwargs = self._fresh()
         mode = PerturbingMode(plan)
         try:
             with rng.restored(self.start), mode:
-                return self.model(*args, **kwargs), mode.vias, None
+                return self.model(*args, **kwargs), mode, None
         except Exception as err:  # the model's own error: a guard tripped
-            return None, mode.vias, err
+            return None, mode, err
 
     def captured(self, plan: Plan) -> tuple[Trace | None, BaseException | None]:
         args, kwargs = self._fresh()
@@ -122,6 +122,7 @@ class _Arm:
         for escape in trace.escapes:
             self.calls.setdefault(escape.call, []).append(escape)
         self.vias = [records[0].via for records in self.calls.values()]
+        self.recorded = recorded_calls(trace)
         self.decisions: list[str] = []
         self.edges: list[HiddenEdge] = []
 
@@ -136,17 +137,18 @@ class _Arm:
             decided = self.calls[blame][0]
             pending -= {c for c in pending if _same_site(self.calls[c][0], decided)}
             pending.discard(blame)
+            # after a branch changed, bools are held too: each would mostly decide another
+            # branch (a forward each); they were perturbed with the first round's values
+            held = sorted(c for c in pending if self.calls[c][0].control)
+            if held:
+                pending -= set(held)
+                self.decisions.append(
+                    f"{len(held)} more bool escape(s), from {self.calls[held[0]][0]} on, "
+                    "were perturbed only together with the branch decision above"
+                )
         if not pending:
             return self.edges, self.decisions
         first = self.calls[min(pending)][0]
-        if all(self.calls[c][0].control for c in pending):
-            # bools read after branches that were decided already (a while loop's test):
-            # perturbed together with those, each one alone not
-            self.decisions.append(
-                f"branch decisions: {len(pending)} more bool escape(s) from {first} on were "
-                f"perturbed only together with the earlier ones ({MAX_ROUNDS} rounds)"
-            )
-            return self.edges, self.decisions
         self.findings.unchecked(
             first.label, ARM,
             f"{len(pending)} escape(s) from {first} on were not checked for hidden "
@@ -158,15 +160,26 @@ class _Arm:
         """One round with ``plan``: None when it settled every escape it perturbed, else
         the escape call that decided a branch (to hold at its value next round)."""
         if self.runner.intervene is None:
-            output, vias, err = self.runner.light(plan)
+            output, mode, err = self.runner.light(plan)
+            vias = mode.vias
             if err is not None:
                 return self._decided(self._last_before(plan, len(vias)), f"raised {_short(err)}")
+            k = _divergence(vias, self.vias)
             if not self._outputs_moved(output):
-                k = _divergence(vias, self.vias)
                 if k is not None:
                     blame = self._last_before(plan, k)
                     self._decided(blame, "changed which ops ran; the outputs stayed the same")
                 return None
+            if k is not None:  # Python took another path: no capture needed to know that
+                return self._decided(self._last_before(plan, k), "changed which ops ran")
+            j = _divergence(mode.calls, self.recorded)
+            bools = [c for c in sorted(plan.moved) if self.calls[c][0].control]
+            if j is not None and any(mode.at[c] <= j for c in bools if c < len(mode.at)):
+                # other ops ran after a bool flipped: a branch (a capture would say the same)
+                blame = [c for c in bools if c < len(mode.at) and mode.at[c] <= j][-1]
+                return self._decided(
+                    blame, f"changed which ops ran (a {mode.calls[j : j + 1] or 'missing'} call)"
+                )
         moved, err = self.runner.captured(plan)
         if moved is None or err is not None:
             seen = len({e.call for e in moved.escapes}) if moved is not None else 0

@@ -22,8 +22,9 @@ from torch.overrides import TorchFunctionMode
 from torchlens.capture.composite import opened_body
 from torchlens.capture.mode import functorch_level
 from torchlens.capture.naming import FUNC_INFOS, func_info
+from torchlens.capture.special import SPECIAL_OUTPUTS
 
-__all__ = ["UNCHANGED", "perturbed", "Plan", "PerturbingMode"]
+__all__ = ["UNCHANGED", "perturbed", "Plan", "PerturbingMode", "recorded_calls"]
 
 UNCHANGED = object()  # what perturbed() gives for a value it has no way to move (text)
 _RELATIVE, _ABSOLUTE = 1e-2, 1e-3
@@ -91,15 +92,37 @@ class Plan:
         return new
 
 
+def _makes_tensors(name: str, result: Any) -> bool:
+    """Whether the capture would record the call (it produced a tensor)."""
+    if isinstance(result, torch.Tensor) or name in SPECIAL_OUTPUTS:
+        return True
+    return isinstance(result, (tuple, list)) and any(isinstance(r, torch.Tensor) for r in result)
+
+
+def recorded_calls(trace: Any) -> list[str]:
+    """The names of the calls a trace recorded, one per call (what
+    :attr:`PerturbingMode.calls` lists for a plain forward of the same code path)."""
+    names: list[str] = []
+    last = None
+    for op in trace.ops:
+        if op.call_index != last and op.func is not None:
+            names.append(op.func_name)
+        last = op.call_index
+    return names
+
+
 class PerturbingMode(TorchFunctionMode):
     """A plain forward (nothing recorded) whose escapes give ``plan``'s values; ``vias``
-    lists the escape calls that ran, as ``Escape.via``. Composite functions the capture
-    opens are opened here too, so escapes are numbered as the capture numbered them."""
+    lists the escape calls that ran, as ``Escape.via``, and ``calls`` the names of the
+    calls a capture would have recorded (see :func:`recorded_calls`). Composite functions
+    the capture opens are opened here too, so escapes are numbered as the capture did."""
 
     def __init__(self, plan: Callable[[int, Any], Any]) -> None:
         super().__init__()
         self.plan = plan
         self.vias: list[str] = []
+        self.calls: list[str] = []  # the calls the capture would record, by name
+        self.at: list[int] = []  # per escape call, how many of those ran before it
         self._level = functorch_level()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -115,9 +138,14 @@ class PerturbingMode(TorchFunctionMode):
             finally:
                 torch._C._pop_torch_function_stack()
         result = func(*args, **kwargs)
-        if info.escape is None or functorch_level() != self._level:
+        if functorch_level() != self._level:
+            return result
+        if not info.never_tensor and _makes_tensors(info.name, result):
+            self.calls.append(info.name)
+        if info.escape is None:
             return result
         if not any(isinstance(a, torch.Tensor) for a in (*args, *kwargs.values())):
             return result
         self.vias.append(info.escape)
+        self.at.append(len(self.calls))
         return self.plan(len(self.vias) - 1, result)
