@@ -131,7 +131,7 @@ class PerturbingMode(TorchFunctionMode):
             info = FUNC_INFOS[func]
         except (KeyError, TypeError):
             info = func_info(func)
-        if info.opens:
+        if info.opens and (info.opens is True or info.opens(args, kwargs)):
             torch._C._push_on_torch_function_stack(self)
             try:
                 return opened_body(func)(*args, **kwargs)
