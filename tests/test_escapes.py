@@ -255,3 +255,22 @@ def test_perturbed_values(value, expected):
         assert got == pytest.approx(expected)
     else:
         assert got == expected
+
+
+def test_found_hidden_edges_join_a_trace_and_are_saved(tmp_path):
+    torch.manual_seed(0)
+    model, x = ItemScale().eval(), torch.randn(2, 8)
+    status = tl.replay(model, x)
+    trace = tl.trace(model, x)
+    trace.hidden_edges.extend(status.hidden_edges)  # labels match for the same call
+    assert trace.hidden_parents("mul_1") == ("mean_1",)
+    assert trace.hidden_children("mean_1") == ("mul_1",)
+    assert trace["mul_1"].parents == ("linear_2",)  # a separate edge kind
+    assert "hidden edges (1" in str(trace)
+    loaded = tl.load(trace.save(tmp_path / "t"))
+    assert loaded.hidden_edges == trace.hidden_edges
+
+
+def test_status_text_lists_branch_decisions():
+    text = str(_status(DataIf(), torch.randn(2, 8)))
+    assert "branch decisions" in text and "gt_1 bool()" in text
