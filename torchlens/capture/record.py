@@ -48,7 +48,9 @@ def record(
             view, or a combination); ``None`` keeps no values (``intervene=`` alone).
         intervene: ``{selector: fn}``; ``fn(tensor, op_view)`` returns the value downstream
             ops use instead (or a ``tl.Intervention``). Edited ops are kept too.
-        stop_after: a selector; the forward halts right after the first matching op.
+        stop_after: a selector; the forward halts right after the first matching op (when
+            a rule selects ``tl.module(...).output``, once the module calls that return
+            that op have returned, so that they count as returning it).
 
     Returns:
         A :class:`~torchlens.recording.Recording`; ``recording[label].out`` is a kept value,
@@ -74,6 +76,8 @@ def record(
     output = None
     with controls.halting(model), _recording(model, mode, modules):
         output = model(*args, **kwargs)
+    if mode.halt_pending:  # halted on the forward's last op: the output is not returned
+        output = None
     _protect_kept(mode, modules or [], args, kwargs, output)
     meta = {"n_ops": mode.n_ops, **controls.meta()}
     controls.check(lambda: _candidates(model, mode))
