@@ -18,6 +18,7 @@ LAYERS = {
     "_store": 0.5,  # where saved values live (PayloadStore), re-exported by trace
     "_source": 0.5,  # op.source: the model line behind an op (tl.trace(source=True))
     "_patterns": 0.25,  # module address globs, shared by selectors and the views
+    "_escapes": 0.5,  # Escape and HiddenEdge records, re-exported by trace
     "capabilities": 1, "trace": 1, "selectors": 1,
     "recording": 2,
     "capture": 3,

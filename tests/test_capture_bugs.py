@@ -694,7 +694,13 @@ def test_module_outputs_that_refuse_a_truth_test_are_traced():
     model, x = ReturnsStrictObjects().eval(), torch.randn(3, 4)
     trace = tl.trace(model, x)
     torch.testing.assert_close(trace.output, model(x))
-    assert tl.replay(model, (x,)).state == "passed"
+    status = tl.replay(model, (x,))
+    # every arm holds but completeness: the numpy round trip is a dependency the graph
+    # has no edge for (an escape), which validation finds and reports
+    assert [(f.label, f.arm) for f in status.failures] == [("constant_1", "completeness")]
+    assert [str(e).split(" at ")[0] for e in status.hidden_edges] == [
+        "detach_1 -> constant_1 via .numpy()"
+    ]
 
 
 class BiasedAttention(nn.Module):

@@ -182,7 +182,25 @@ def summary_text(
     if hidden:
         lines.append(f"({hidden} ops not shown: {more_hint})")
     lines.append(f"outputs: {', '.join(trace.output_labels) or '-'}")
+    lines += escape_lines(trace)
     return "\n".join(lines)
+
+
+def escape_lines(trace: Any, limit: int = 10) -> list[str]:
+    """The trace's escapes (values read by Python) and hidden edges (dependencies through
+    them that validation proved), one a line, the first ``limit`` of each."""
+    lines: list[str] = []
+    sections = (
+        ("escapes", "values read by Python", getattr(trace, "escapes", ())),
+        ("hidden edges", "dependencies through escapes", getattr(trace, "hidden_edges", ())),
+    )
+    for title, what, items in sections:
+        if items:
+            lines.append(f"{title} ({len(items)}, {what}):")
+            lines += [f"  {item}" for item in items[:limit]]
+            if len(items) > limit:
+                lines.append(f"  ... and {len(items) - limit} more")
+    return lines
 
 
 # Functions whose output depends on training mode, and where their ``training`` flag sits.

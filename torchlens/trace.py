@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from torchlens._escapes import Escape, HiddenEdge
 from torchlens._source import SourceLine, source_of
 from torchlens._store import MemoryPayloadStore, PayloadStore
 from torchlens._views import (
@@ -28,6 +29,8 @@ from torchlens.errors import GradUnavailableError, LookupFailedError, PayloadUna
 
 __all__ = [
     "ArgRef",
+    "Escape",
+    "HiddenEdge",
     "ModuleCall",
     "Op",
     "PayloadStore",
@@ -224,6 +227,8 @@ class Trace:
         store: PayloadStore,
         rng_state: dict[str, Any] | None = None,
         meta: dict[str, Any] | None = None,
+        escapes: list[Escape] | None = None,
+        hidden_edges: list[HiddenEdge] | None = None,
     ) -> None:
         self.ops = ops
         self.sources = sources
@@ -235,6 +240,10 @@ class Trace:
         self.rng_state = rng_state
         self.meta: dict[str, Any] = dict(meta or {})
         self.grad_session: Any = None  # set by tl.trace(save_grads=True); runs backward
+        # values Python read during the forward (.item(), if t.any(): ...), in order
+        self.escapes: list[Escape] = list(escapes or ())
+        # dependencies through escapes, proved by validation: an edge kind apart from parents
+        self.hidden_edges: list[HiddenEdge] = list(hidden_edges or ())
         self._by_label: dict[str, Record] = {s.label: s for s in sources}
         self._by_label.update({op.label: op for op in ops})
         types = module_types(self.modules)
@@ -306,6 +315,15 @@ class Trace:
         """Whether the trace was captured without payloads."""
         return bool(self.meta.get("structure_only", False))
 
+    def hidden_parents(self, label: str) -> tuple[str, ...]:
+        """The records ``label`` depends on through escapes, as validation proved them
+        (:attr:`hidden_edges`); never part of ``op.parents``. See ``docs/validation.md``."""
+        return tuple(dict.fromkeys(e.parent for e in self.hidden_edges if e.child == label))
+
+    def hidden_children(self, label: str) -> tuple[str, ...]:
+        """The records that depend on ``label`` through escapes (:attr:`hidden_edges`)."""
+        return tuple(dict.fromkeys(e.child for e in self.hidden_edges if e.parent == label))
+
     # -- gradients (filled by backward capture, torchlens.capture.grads) --------------------
     @property
     def grads(self) -> Mapping[str, torch.Tensor]:
@@ -348,14 +366,15 @@ class Trace:
 
         return save(self, path)
 
-    def rerun(self, edits: Mapping[Any, Any]) -> Trace:
+    def rerun(self, edits: Mapping[Any, Any], *, escapes: str = "raise") -> Trace:
         """A what-if trace: ``edits`` (``{selector: fn(t, op)}``, as for ``intervene=``)
         applied to this trace's saved values, recomputing only the ops downstream of them;
-        this trace is untouched. See :func:`torchlens.edits.rerun`.
+        this trace is untouched. An edit reaching an escaped value raises unless
+        ``escapes="recorded"``. See :func:`torchlens.edits.rerun`.
         """
         from torchlens.edits import rerun  # lazy: edits sits above the data model
 
-        return rerun(self, edits)
+        return rerun(self, edits, escapes=escapes)
 
     def module_calls(self, pattern: str) -> list[ModuleCall]:
         """Every call of the modules matching ``pattern``, in call order.

@@ -14,6 +14,7 @@ from torchlens.capabilities import refuse_unsupported
 from torchlens.capture import rng
 from torchlens.capture.builder import TraceBuilder
 from torchlens.capture.controls import Controls, trace_candidates
+from torchlens.capture.escapes import EscapeHook
 from torchlens.capture.failures import attach_partial_trace, trim_torchlens_frames
 from torchlens.capture.grads import GradCapture
 from torchlens.capture.refusals import check_traceable
@@ -172,6 +173,7 @@ def trace_for_check(
     kwargs: Mapping[str, Any] | None = None,
     *,
     intervene: Mapping[Any, Any] | None = None,
+    escape_hook: EscapeHook | None = None,
 ) -> Trace:
     """:func:`trace` for a check that alone holds the trace and the output (``tl.validate``).
 
@@ -179,6 +181,8 @@ def trace_for_check(
     output, so the caller may edit those afterwards: a copy of the output at least, which
     costs as much as a small layer. No caller code runs between such a capture and the
     check reading it, so here they stay aliases (the model's buffers are still copied).
+    ``escape_hook(call, value)``, when given, returns the value each escape gives the
+    model instead (validation's completeness arm perturbs them).
 
     Example:
         >>> import torch
@@ -187,7 +191,9 @@ def trace_for_check(
         >>> checked["linear_1"].out.data_ptr() == checked.output.data_ptr()
         True
     """
-    return _capture(model, args, kwargs, intervene=intervene, keep_caller_safe=False)
+    return _capture(
+        model, args, kwargs, intervene=intervene, keep_caller_safe=False, escape_hook=escape_hook
+    )
 
 
 def _capture(
@@ -204,9 +210,11 @@ def _capture(
     intermediate_derived_grads: bool = False,
     source: bool = False,
     keep_caller_safe: bool,
+    escape_hook: EscapeHook | None = None,
 ) -> Trace:
     """The capture behind :func:`trace`; ``keep_caller_safe``: copy saved values that are
-    the caller's inputs or the returned outputs (see :func:`trace_for_check`)."""
+    the caller's inputs or the returned outputs (see :func:`trace_for_check`); an
+    ``escape_hook`` replaces the values escapes give (``capture/escapes.py``)."""
     refuse_unsupported({"intermediate_derived_grads": intermediate_derived_grads})
     if save_grads and not torch.is_grad_enabled():
         raise InvalidArgumentError(
@@ -225,6 +233,8 @@ def _capture(
             save_payloads=not structure_only, sink=sink, payload_filter=controls.save_filter()
         )
         builder.register_model(model, modules)
+        if escape_hook is not None:  # validation's completeness arm perturbs escaped values
+            builder.escape_hook = escape_hook
         grads = GradCapture(builder.payload_filter) if save_grads else None
         if grads is not None:
             builder.observers.append(grads.observe)

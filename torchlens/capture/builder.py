@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchlens._escapes import short_repr
 from torchlens._tensors import (
     _storage_address,
     copy_keeping_layout,
@@ -33,10 +34,20 @@ from torchlens._tensors import (
     version_of,
 )
 from torchlens.capture.composite import group_address
+from torchlens.capture.escapes import EscapeHook, type_name
 from torchlens.capture.sinks import PayloadSink
+from torchlens.capture.source import caller_line
 from torchlens.capture.tree import _POSITIONS, _SLOTS, ATOMS, flatten_call, plain_slice
 from torchlens.capture.walk import named_modules, owned_tensors
-from torchlens.trace import ArgRef, MemoryPayloadStore, ModuleCall, Op, Source, Trace
+from torchlens.trace import (
+    ArgRef,
+    Escape,
+    MemoryPayloadStore,
+    ModuleCall,
+    Op,
+    Source,
+    Trace,
+)
 
 __all__ = ["TraceBuilder", "REFRESH_FUNC_NAME", "UNSEEN_COMPUTATION"]
 
@@ -95,6 +106,10 @@ class TraceBuilder:
     # past the size at which CPython shares attribute keys, and every attribute read of
     # the per-op path would get slower (+2.6% instructions per op)
     _unshared_versions: frozenset[int] = frozenset()
+    # the escapes recorded (record_escape), and the hook that may replace escaped values:
+    # class defaults too, set on the instance only when used, for the same reason
+    escapes: Sequence[Escape] = ()
+    escape_hook: EscapeHook | None = None
 
     def __init__(
         self,
@@ -596,6 +611,21 @@ class TraceBuilder:
             label = f"{name}_{self._name_counts[name]}"
         return label
 
+    # -- escapes --------------------------------------------------------------------------
+    def record_escape(self, via: str, tensors: Sequence[Tensor], value: Any) -> Any:
+        """Python read ``tensors``' values through ``via`` and got ``value``: one
+        :class:`~torchlens.trace.Escape` per record read; returns the value the model gets
+        (``escape_hook``'s replacement, when one is set)."""
+        escapes = self.escapes
+        if type(escapes) is not list:  # the first escape: a list of the instance's own
+            escapes = self.escapes = []
+        call = escapes[-1].call + 1 if escapes else 0
+        labels = dict.fromkeys(map(self.label_of, tensors))
+        kind, text, where = type_name(value), short_repr(value), caller_line(2)
+        index = len(self.ops)
+        escapes += [Escape(label, via, text, kind, index, call, where) for label in labels]
+        return value if self.escape_hook is None else self.escape_hook(call, value)
+
     # -- module calls ---------------------------------------------------------------------
     def enter_module(
         self,
@@ -695,6 +725,7 @@ class TraceBuilder:
             store=self.store,
             rng_state=rng_state,
             meta=meta,
+            escapes=list(self.escapes),
         )
         self._live.clear()
         self._owned.clear()

@@ -18,6 +18,7 @@ from torchlens.capture.autocast import any_autocast as _any_autocast
 from torchlens.capture.autocast import autocast_state
 from torchlens.capture.builder import TraceBuilder
 from torchlens.capture.composite import opened_body
+from torchlens.capture.escapes import escape_call
 from torchlens.capture.failures import note_model_error
 from torchlens.capture.hooks import run_exit_hooks
 from torchlens.capture.naming import FUNC_INFOS, func_info
@@ -54,6 +55,8 @@ class CaptureMode(TorchFunctionMode):
         except (KeyError, TypeError):
             info = func_info(func)
         if info.never_tensor or functorch_level() != self._level:
+            if info.escape is not None and functorch_level() == self._level:
+                return escape_call(self.builder, info.escape, func, args, kwargs)
             return func(*args, **kwargs) if kwargs else func(*args)
         kwargs = kwargs or {}
         if info.opens and (info.opens is True or info.opens(args, kwargs)):

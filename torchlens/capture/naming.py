@@ -23,6 +23,7 @@ __all__ = [
     "OPENED_WHEN",
     "STOCHASTIC_FUNCS",
     "TENSOR_PROPERTIES",
+    "ESCAPES",
     "SET_DATA",
 ]
 
@@ -77,6 +78,16 @@ _NEVER_TENSOR_DUNDERS = frozenset({
     "reduce_ex", "contains", "iter", "reversed", "array", "dlpack", "dlpack_device",
 })  # fmt: skip
 
+# Calls through which a tensor's value leaves torch as a Python value (an escape, see
+# torchlens/_escapes.py): Tensor methods and dunders by name, and torch functions that
+# compare values and answer with a bool. ``format`` and ``repr`` give text, ``dlpack``
+# a capsule; they are recorded too.
+ESCAPES = frozenset({
+    "item", "tolist", "numpy", "is_nonzero", "equal", "allclose",
+    "__bool__", "__int__", "__float__", "__index__", "__complex__", "__array__",
+    "__format__", "__dlpack__",
+})  # fmt: skip
+
 # Functions that draw from a random generator: capture snapshots the RNG state before them
 # so per-op replay reproduces their output. Names are the readable names defined above.
 STOCHASTIC_FUNCS = frozenset({
@@ -106,6 +117,7 @@ class FuncInfo:
     # a composite recorded as a group of its inner ops (composite.py): always (True), or
     # at the calls where opens(args, kwargs) holds
     opens: bool | Callable[[tuple, dict], bool] = False
+    escape: str | None = None  # its value leaves torch (ESCAPES): recorded as an escape
 
 
 # func -> its FuncInfo. The capture modes read it directly on their per-op paths (a dict
@@ -177,13 +189,16 @@ def _describe(func: Callable[..., Any]) -> FuncInfo:
             name = _DUNDER_NAMES.get(stem[1:], stem[1:]) + "_"
             return FuncInfo(name, True, False, False)
         name = _DUNDER_NAMES.get(stem, stem)
-        return FuncInfo(name, stem == "setitem", stem in _NEVER_TENSOR_DUNDERS, False)
+        escape = raw if raw in ESCAPES else None
+        never = stem in _NEVER_TENSOR_DUNDERS
+        return FuncInfo(name, stem == "setitem", never, False, False, escape)
     inplace = SIDE_WRITES.get(raw) or _schema_writes(func, raw)
     if inplace is None:
         inplace = raw.endswith("_") and not raw.startswith("_")
-    never = raw in _NEVER_TENSOR_METHODS
+    escape = raw if raw in ESCAPES and packet is None else None
+    never = raw in _NEVER_TENSOR_METHODS or escape is not None
     try:
         opens: bool | Callable[[tuple, dict], bool] = func in OPENED or OPENED_WHEN.get(func, False)
     except TypeError:  # unhashable callables
         opens = False
-    return FuncInfo(raw, inplace, never, raw in STOCHASTIC_FUNCS, opens)
+    return FuncInfo(raw, inplace, never, raw in STOCHASTIC_FUNCS, opens, escape)

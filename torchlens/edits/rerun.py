@@ -12,6 +12,7 @@ another trace's values (a clean run) into this one, after checking the two are c
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -19,7 +20,7 @@ import torch
 
 from torchlens.capture.controls import _parse_intervene, apply_edit
 from torchlens.capture.tree import fill, flatten
-from torchlens.errors import InterventionError, PayloadUnavailableError
+from torchlens.errors import InterventionError, InvalidArgumentError, PayloadUnavailableError
 from torchlens.replay.exemptions import MUTATES_ARGUMENTS
 from torchlens.replay.interpreter import Interpreter, Unreplayable, calls
 from torchlens.selectors import as_selector
@@ -44,10 +45,18 @@ class _Overlay:
         return label in self.values or self.base.has(label)
 
 
+ESCAPE_POLICIES = ("raise", "recorded")
+
+
 class _WhatIf(Interpreter):
-    def __init__(self, trace: Trace, edits: list) -> None:
+    def __init__(self, trace: Trace, edits: list, escapes: str = "raise") -> None:
         super().__init__(trace)
         self.edits = edits
+        self.escapes: dict[str, list[Any]] = {}  # escaped label -> its escapes
+        for escape in trace.escapes:
+            self.escapes.setdefault(escape.label, []).append(escape)
+        self.policy = escapes
+        self.replayed: list[Any] = []  # escapes whose recorded Python values were kept
         self.new: dict[str, Tensor] = {}  # label -> value that differs from the saved one
         self.edited: list[str] = []
         self.aliased: dict[str, Any] = {}  # edited ops that returned their argument
@@ -95,6 +104,24 @@ class _WhatIf(Interpreter):
                     self.aliased[op.label] = op
             if changed or op_hits:
                 self.new[op.label] = value
+                if op.label in self.escapes:
+                    self._escaped(op.label)
+
+    def _escaped(self, label: str) -> None:
+        """An edit reached a value Python read in the forward: a live run would have read
+        the new one; raise, or (``escapes="recorded"``) note that the old one is kept."""
+        escapes = self.escapes[label]
+        if self.policy == "recorded":
+            self.replayed += escapes
+            return
+        raise InterventionError(
+            f"the edit reaches {label!r}, whose value Python read in the forward "
+            f"({escapes[0]}{f' and {len(escapes) - 1} more' if len(escapes) > 1 else ''}): "
+            "the ops after it used that Python value, which rerun cannot recompute; run the "
+            "model with tl.trace(..., intervene=...), or pass escapes='recorded' to keep "
+            "the recorded Python values",
+            code="escape_downstream",
+        )
 
     def _read(self, label: str, reader: Any) -> str:
         """The label whose value ``reader`` reads where the trace says ``label``: the
@@ -152,7 +179,7 @@ def _reads_returned_value(op: Any, reader: Any) -> bool:
     return True
 
 
-def rerun(trace: Trace, edits: Mapping[Any, Any]) -> Trace:
+def rerun(trace: Trace, edits: Mapping[Any, Any], *, escapes: str = "raise") -> Trace:
     """A new trace in which the edited ops take new values and only their downstream cone
     is recomputed, from saved values with the recorded calls. ``trace`` is untouched.
 
@@ -175,6 +202,11 @@ def rerun(trace: Trace, edits: Mapping[Any, Any]) -> Trace:
             when a recomputed call has no replayable function.
         edits: ``{selector: fn(t, op)}`` as for ``intervene=`` (``torchlens.edits`` helpers
             or ``tl.Intervention``); ``tl.module(...).output`` selectors work too.
+        escapes: ``"raise"`` (default): an edit that changes a value Python read in the
+            forward (``trace.escapes``: ``.item()``, ``if t.any():``) raises, since the
+            ops after it used the old Python value. ``"recorded"``: keep the recorded
+            Python values; the result's ``meta["escapes_replayed"]`` lists those escapes
+            and a warning says so.
 
     Returns:
         The what-if :class:`~torchlens.trace.Trace`: same ops and labels, new values where
@@ -185,6 +217,8 @@ def rerun(trace: Trace, edits: Mapping[Any, Any]) -> Trace:
         PayloadUnavailableError: when a value the recomputation needs was not saved.
         InterventionError: ``not_replayable`` for a call in the cone that cannot be re-run,
             ``recompute_failed`` for one that raises on the edited values,
+            ``escape_downstream`` for an edit reaching an escaped value (named with its
+            line);
             the edit function's own errors (``bad_edit``, ``changed_shape``...).
 
     Example:
@@ -199,14 +233,27 @@ def rerun(trace: Trace, edits: Mapping[Any, Any]) -> Trace:
     from torchlens.capture.controls import trace_candidates
     from torchlens.selectors import require_match
 
+    if escapes not in ESCAPE_POLICIES:
+        raise InvalidArgumentError(
+            f"escapes must be one of {ESCAPE_POLICIES}, got {escapes!r}", code="bad_escapes"
+        )
     parsed = _parse_intervene(edits)
-    walker = _WhatIf(trace, parsed)
+    walker = _WhatIf(trace, parsed, escapes)
     for ops in calls(trace):
         walker.visit(ops)
     for selector, _ in parsed:
         if not any(selector.matches(op) for op in trace.ops if op.func is not None):
             require_match(selector, "rerun edit", trace_candidates(trace))
-    return _new_trace(trace, walker)
+    result = _new_trace(trace, walker)
+    if walker.replayed:
+        result.meta["escapes_replayed"] = [str(e) for e in walker.replayed]
+        warnings.warn(
+            f"rerun kept the recorded Python values of {len(walker.replayed)} escape(s) the "
+            f"edit reaches ({walker.replayed[0]}...): ops after them used the old values, as "
+            "escapes='recorded' asks",
+            stacklevel=2,
+        )
+    return result
 
 
 def rerun_output(trace: Trace, edits: Mapping[Any, Any], flat: Any = None) -> Any:
@@ -243,7 +290,8 @@ def _new_trace(trace: Trace, walker: _WhatIf) -> Trace:
     meta = {**trace.meta, "intervened": list(walker.edited)}
     meta.pop("interventions", None)
     return Trace(ops, list(trace.sources), list(trace.modules), list(trace.input_labels),
-                 list(trace.output_labels), output, store, trace.rng_state, meta)  # fmt: skip
+                 list(trace.output_labels), output, store, trace.rng_state, meta,
+                 trace.escapes, trace.hidden_edges)  # fmt: skip
 
 
 def _copy(record: Any, **changes: Any) -> Any:

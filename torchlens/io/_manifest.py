@@ -9,6 +9,7 @@ counts it unverified instead of guessing.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -17,7 +18,7 @@ from torchlens.capture.tree import fill, flatten
 from torchlens.io._encode import Unencodable, decode, encode, encode_output
 from torchlens.io._funcs import UnresolvableFunc, func_ref, resolve_func
 from torchlens.io._payloads import dtype_name, parse_dtype
-from torchlens.trace import ArgRef, ModuleCall, Op, PayloadStore, Source, Trace
+from torchlens.trace import ArgRef, Escape, HiddenEdge, ModuleCall, Op, PayloadStore, Source, Trace
 
 __all__ = [
     "FORMAT",
@@ -61,6 +62,13 @@ def trace_to_manifest(trace: Trace, payloads: dict[str, dict], missing: dict) ->
         "sources": [_source_to_json(s) for s in trace.sources],
         "torch_version": torch.__version__,
         "torchlens_version": str(trace.meta.get("torchlens_version", "")),
+        # only when there are some: traces without escapes keep the bytes they had
+        **({"escapes": [_escape_to_json(e) for e in trace.escapes]} if trace.escapes else {}),
+        **(
+            {"hidden_edges": [_hidden_to_json(e) for e in trace.hidden_edges]}
+            if trace.hidden_edges
+            else {}
+        ),
     }
 
 
@@ -110,6 +118,41 @@ def _encode_meta(meta: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         except Unencodable:
             dropped.append(str(key))
     return kept, sorted(dropped)
+
+
+def _escape_to_json(escape: Escape) -> dict:
+    return {**dataclasses.asdict(escape), "source": _where(escape.source)}
+
+
+def _hidden_to_json(edge: HiddenEdge) -> dict:
+    return {**dataclasses.asdict(edge), "source": _where(edge.source)}
+
+
+def _where(source: tuple | None) -> list | None:
+    return None if source is None else [str(source[0]), int(source[1]), str(source[2])]
+
+
+def _line(value: Any) -> tuple[str, int, str] | None:
+    if value is None:
+        return None
+    file, line, function = _list(value)
+    return str(file), int(line), str(function)
+
+
+def _escapes_from(data: dict) -> list[Escape]:
+    """The escapes of a manifest (none in files written before they were recorded)."""
+    return [
+        Escape(_str(d["label"]), _str(d["via"]), _str(d["value"]), _str(d["type"]),
+               int(d["index"]), int(d["call"]), _line(d.get("source")))
+        for d in map(_dict, _list(data.get("escapes", [])))
+    ]  # fmt: skip
+
+
+def _hidden_from(data: dict) -> list[HiddenEdge]:
+    return [
+        HiddenEdge(_str(d["parent"]), _str(d["child"]), _str(d["via"]), _line(d.get("source")))
+        for d in map(_dict, _list(data.get("hidden_edges", [])))
+    ]
 
 
 def _source_to_json(source: Source) -> dict:
@@ -166,6 +209,8 @@ def manifest_to_trace(
         store=store,
         rng_state=trace_rng or None,
         meta=meta,
+        escapes=_escapes_from(data),
+        hidden_edges=_hidden_from(data),
     )
 
 

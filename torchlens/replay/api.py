@@ -16,6 +16,7 @@ from torchlens.capture.refusals import check_traceable
 from torchlens.capture.session import refuse_reentry, suspended
 from torchlens.errors import InvalidArgumentError
 from torchlens.replay.backward import validate_backward
+from torchlens.replay.completeness import check_completeness
 from torchlens.replay.findings import Findings
 from torchlens.replay.ground_truth import (
     ModelState,
@@ -145,6 +146,7 @@ def replay(
         rng.restore(host)
         after_rerun = state.rewind()
         moved_parameters = state.changed_parameters()
+    spare = copy_inputs(args, kwargs)  # for the completeness arm, if the forward has escapes
     trace = trace_for_check(model, args, kwargs, intervene=intervene)
     after_capture = rng.snapshot()  # the checks touch torch's generators only
     trace.output = detached(trace.output)  # private to this check: its graph is not needed
@@ -161,10 +163,25 @@ def replay(
         state.compare_buffers(after_rerun, outcome, atol, rtol)
         _blame_uncopied(outcome, findings, uncopied)
     rng.restore(after_capture)
+    arms = ("lint", "ground_truth", *arms[1:])
+    if trace.escapes:
+        arms += ("completeness",)
+        if moved_parameters:
+            findings.unchecked(
+                trace.escapes[0].label, "completeness",
+                "the forward modified its parameters in place, so the escapes could not be "
+                "perturbed from the state the capture started in",
+            )  # fmt: skip
+        else:
+            check_completeness(
+                model, trace, spare, (start, host), state, findings, atol, rtol, intervene
+            )
+            rng.restore(after_capture)
+    del spare
     # weights written at every call go back to what one plain forward left (the trace,
     # whose saved values may alias them, is private to this check and done with)
     state.rewind_parameters()
-    return findings.status(("lint", "ground_truth", *arms[1:]))
+    return findings.status(arms)
 
 
 def check_trace(

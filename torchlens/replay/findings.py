@@ -29,6 +29,8 @@ class Findings:
         self._exempt_edges: dict[str, list[str]] = {}  # op -> why each exempt edge is
         self.exempt_edges = 0  # edges a table exempts without a call
         self.unread: list[ReplayFailure] = []  # edges no probe could show, exempt by a rule
+        self.hidden_edges: list[Any] = []  # dependencies through escapes (completeness arm)
+        self.decisions: list[str] = []  # escapes that decide which ops run (completeness arm)
 
     def fail(self, label: str, arm: str, reason: str) -> None:
         self.failures.append(ReplayFailure(label, arm, reason))
@@ -89,6 +91,8 @@ class Findings:
             arms=arms,
             verdicts=self._verdicts(arms),
             exemptions=dict(self._exempt),
+            hidden_edges=list(self.hidden_edges),
+            decisions=list(self.decisions),
         )
 
     def _verdicts(self, arms: tuple[str, ...]) -> dict[str, OpVerdict]:

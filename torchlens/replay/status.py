@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 __all__ = ["OpVerdict", "ReplayFailure", "ReplayStatus", "STATES", "ARMS", "OUTCOMES"]
 
 STATES = ("passed", "failed", "unverified", "unavailable")
-ARMS = ("lint", "ground_truth", "replay", "perturbation")
+ARMS = ("lint", "ground_truth", "replay", "perturbation", "completeness")
 # what one arm concluded about one op: "exempt" is the perturbation arm's "nothing to prove"
 OUTCOMES = ("passed", "exempt", "unverified", "failed")
 
@@ -93,6 +93,12 @@ class ReplayStatus:
     verdicts: dict[str, OpVerdict] = field(default_factory=dict)
     # the ops counted in `exempt`, each with why the perturbation arm had nothing to prove
     exemptions: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # dependencies through escapes (.item(), .tolist()...) that the graph has no edge for,
+    # as torchlens.trace.HiddenEdge; each is also a failure of the completeness arm
+    hidden_edges: list = field(default_factory=list)
+    # escapes whose value decides which ops run (if t.any():, assert), with their lines:
+    # the recorded graph is the branch taken, so they are noted, not failed
+    decisions: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.state not in STATES:
@@ -129,6 +135,9 @@ class ReplayStatus:
             )
         lines.append(f"arms run: {', '.join(self.arms) or '-'}")
         lines += _section("failures", self.failures)
+        if self.decisions:
+            lines.append("branch decisions (escapes that decide which ops run; not failures):")
+            lines += [f"  {text}" for text in self.decisions[:20]]
         lines += _section("not checked", self.unchecked)
         lines += _section("unread (exempt by a rule)", self.unread)
         return "\n".join(lines)

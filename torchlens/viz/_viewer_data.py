@@ -188,6 +188,12 @@ def _op_node(trace: Trace, op: Op, group: int, values: int) -> dict[str, Any]:
     }
     if op.is_inplace:
         node["ip"] = 1
+    escapes = [str(e) for e in trace.escapes if e.label == op.label]
+    if escapes:  # its value left torch for Python: marked in the panel
+        node["esc"] = escapes
+    hidden = trace.hidden_parents(op.label)
+    if hidden:
+        node["hp"] = list(hidden)
     if op.has_out:
         node.update(_stats(op.out, values))
     return node

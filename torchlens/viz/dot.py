@@ -104,8 +104,22 @@ def view_to_dot(view: View, rankdir: str = "TB") -> str:
     lines.append(f"  edge [{_attrs(_EDGE)}];")
     _write_cluster(view, view.root, lines, "  ")
     lines.extend(f"  {_quote(a)} -> {_quote(b)};" for a, b in view.edges)
+    _write_escapes(view, lines)
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def _write_escapes(view: View, lines: list[str]) -> None:
+    """Each escape as a small note hanging off the record Python read (dotted), each
+    hidden edge as a dashed red edge labelled with the escape it goes through."""
+    for i, (node, text) in enumerate(view.escapes, start=1):
+        note = f"escape {i}"
+        lines.append(f"  {_quote(note)} [shape=note, style=filled, fillcolor=\"#fff3cd\", "
+                     f"fontsize=9, label={_quote(text)}];")  # fmt: skip
+        lines.append(f"  {_quote(node)} -> {_quote(note)} [style=dotted, arrowhead=none];")
+    for a, b, text in view.hidden:
+        lines.append(f"  {_quote(a)} -> {_quote(b)} [style=dashed, color=\"#d0312d\", "
+                     f"fontsize=9, label={_quote(text)}];")  # fmt: skip
 
 
 def _write_cluster(view: View, cluster: Cluster, lines: list[str], indent: str) -> None:

@@ -63,6 +63,9 @@ class View:
     nodes: dict[str, Node]
     root: Cluster
     edges: list[tuple[str, str]]
+    # escapes as (node id of the record read, text), hidden edges as (from, to, text)
+    escapes: list[tuple[str, str]] = field(default_factory=list)
+    hidden: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 def build_view(
@@ -118,9 +121,23 @@ class _ViewBuilder:
             self._output(i, label)
         for node_id, sources in self.module_params.items():
             self.nodes[node_id].params.extend(_source_counts(sources.values()))
-        return View(self.root.title, self.nodes, self.root, list(self.edges))
+        escapes = [(self._drawn(e.label), f"{e.call_text} -> {e.value}")
+                   for e in self.trace.escapes if e.label in self.trace]  # fmt: skip
+        hidden = [(self._drawn(e.parent), self._drawn(e.child), f"via {e.call_text}")
+                  for e in self.trace.hidden_edges
+                  if e.parent in self.trace and e.child in self.trace]  # fmt: skip
+        return View(self.root.title, self.nodes, self.root, list(self.edges), escapes, hidden)
 
     # -- nodes ----------------------------------------------------------------------------
+    def _drawn(self, label: str) -> str:
+        """The node ``label`` is drawn as; a source folded into its reader (a constant made
+        from an escaped value) is its first reader's node."""
+        node = self.node_of(label)
+        record = self.trace[label]
+        if node not in self.nodes and isinstance(record, Source) and record.children:
+            return self.node_of(record.children[0])
+        return node
+
     def node_of(self, label: str) -> str:
         """The id of the node that ``label`` (op or source) is drawn as."""
         record = self.trace[self.fold.canonical.get(label, label)]

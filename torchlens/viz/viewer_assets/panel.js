@@ -48,6 +48,8 @@
     html += row("call", `<code>${esc(n.a)}</code>`);
     html += row("parents", links(n.par, byId)) + row("children", links(n.ch, byId));
     if (n.w && n.w.length) html += row("parameters, buffers", esc(n.w.join(", ")));
+    if (n.esc) html += row("read by Python (escapes)", n.esc.map(esc).join("<br>"));
+    if (n.hp) html += row("hidden parents (through escapes)", links(n.hp, byId));
     return html + "</table>" + stats(n.st);
   };
   window.tlViewerLegend = function (data, nodes, el) {

@@ -1,0 +1,276 @@
+"""Escapes (values read by Python) are recorded, and validation's completeness arm proves
+the hidden dependencies they carry, or notes the branches they decide."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import torchlens as tl
+from torchlens import edits
+from torchlens.errors import InterventionError
+from torchlens.replay.escape_values import UNCHANGED, perturbed
+from torchlens.trace import HiddenEdge
+
+
+class ItemScale(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        s = self.a(x).abs().mean().item()
+        return self.b(x) * s
+
+
+class NumpyRoundTrip(nn.Module):
+    def forward(self, h):
+        h = h * 3
+        return torch.from_numpy(h.detach().numpy() * 2) + h
+
+
+class TolistRoundTrip(nn.Module):
+    def forward(self, h):
+        h = h + 1
+        return torch.tensor(h.mean(0).tolist()) * h
+
+
+class DataIf(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        if x.sum() > 0:
+            return self.a(x)
+        return self.b(x)
+
+
+class NanGuard(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        assert not torch.isnan(x).any()
+        return self.lin(x)
+
+
+class SplitMoE(nn.Module):
+    """Tokens sorted by expert, split by the router's counts read with tolist()."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.router = nn.Linear(8, 2)
+        self.experts = nn.ModuleList([nn.Linear(8, 8), nn.Linear(8, 8)])
+
+    def forward(self, x):
+        choice = self.router(x).argmax(-1)
+        order = torch.argsort(choice, stable=True)
+        counts = torch.bincount(choice, minlength=2).tolist()
+        parts = torch.split(x[order], counts)
+        out = torch.cat([expert(p) for expert, p in zip(self.experts, parts)])
+        return out[torch.argsort(order)]
+
+
+class DetectionLoop(nn.Module):
+    """Boxes kept by a Python loop over .item() scores, scaled by the score."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, x):
+        out = self.head(x)
+        scores, boxes = out[:, 0].sigmoid(), out[:, 1:]
+        kept = []
+        for i in range(scores.shape[0]):
+            score = scores[i].item()
+            if score > 0.05:
+                kept.append(boxes[i] * score)
+        return torch.stack(kept)
+
+
+def _status(model, x):
+    torch.manual_seed(0)
+    return tl.replay(model.eval(), x)
+
+
+def test_capture_records_each_escape_with_value_line_and_place():
+    torch.manual_seed(0)
+    trace = tl.trace(ItemScale(), torch.randn(2, 8))
+    [escape] = trace.escapes
+    assert (escape.label, escape.via, escape.type, escape.index) == ("mean_1", "item", "float", 3)
+    assert float(escape.value) == pytest.approx(trace["mean_1"].out.item())
+    assert escape.source[0] == __file__ and escape.source[2] == "forward"
+    assert "mean_1 .item() ->" in str(trace) and "escapes (1" in str(trace)
+    assert trace["mul_1"].parents == ("linear_2",)  # parents stay the call's tensor arguments
+
+
+@pytest.mark.parametrize(
+    "model, via, label",
+    [(NumpyRoundTrip(), "numpy", "detach_1"), (TolistRoundTrip(), "tolist", "mean_1"),
+     (NanGuard(), "__bool__", "any_1"), (DataIf(), "__bool__", "gt_1")],
+)  # fmt: skip
+def test_each_kind_of_escape_is_recorded(model, via, label):
+    trace = tl.trace(model, torch.randn(2, 8))
+    assert [(e.via, e.label) for e in trace.escapes] == [(via, label)]
+
+
+def test_escapes_of_python_conversions():
+    def f(x):
+        y = x.sum()
+        return x * float(y) + int(y.abs() + 1) + x[x[0].argmax()] * bool(y > -100)
+
+    trace = tl.trace(f, torch.randn(3))
+    vias = [e.via for e in trace.escapes]
+    assert vias[:3] == ["__float__", "__int__", "__bool__"]
+
+
+def test_escapes_survive_save_and_load(tmp_path):
+    trace = tl.trace(TolistRoundTrip(), torch.randn(2, 8))
+    loaded = tl.load(trace.save(tmp_path / "t"))
+    assert loaded.escapes == trace.escapes
+
+
+@pytest.mark.parametrize(
+    "model, edge",
+    [(ItemScale(), "mean_1 -> mul_1 via .item()"),
+     (NumpyRoundTrip(), "detach_1 -> constant_1 via .numpy()"),
+     (TolistRoundTrip(), "mean_1 -> tensor_1 via .tolist()")],
+)  # fmt: skip
+def test_completeness_arm_finds_the_hidden_edge(model, edge):
+    status = _status(model, torch.randn(2, 8))
+    assert status.state == "failed" and "completeness" in status.arms
+    assert [str(e).split(" at ")[0] for e in status.hidden_edges] == [edge]
+    assert [f.arm for f in status.failures] == ["completeness"]
+    assert not tl.validate(model, torch.randn(2, 8))
+
+
+def test_data_dependent_if_is_a_branch_decision_not_a_failure():
+    status = _status(DataIf(), torch.randn(2, 8))
+    assert status.state == "passed" and not status.hidden_edges
+    [decision] = status.decisions
+    assert "gt_1 bool()" in decision and "changed which ops ran" in decision
+    assert "test_escapes.py:" in decision
+
+
+def test_nan_assert_stays_passed():
+    status = _status(NanGuard(), torch.randn(2, 8))
+    assert status.state == "passed", str(status)
+    assert "raised AssertionError" in status.decisions[0]
+
+
+def test_moe_split_by_tolist_sizes_is_found():
+    torch.manual_seed(1)
+    model = SplitMoE()
+    x = torch.randn(6, 8)
+    trace = tl.trace(model, x)
+    assert [e.via for e in trace.escapes] == ["tolist"]
+    status = _status(model, x)
+    assert status.state == "failed"
+    assert {e.parent for e in status.hidden_edges} == {"bincount_1"}
+    assert all(e.child.startswith("split") for e in status.hidden_edges)
+
+
+def test_detection_loop_over_item_scores():
+    torch.manual_seed(2)
+    model = DetectionLoop()
+    x = torch.randn(4, 8)
+    status = _status(model, x)
+    assert status.state == "failed"
+    trace = tl.trace(model, x)
+    scores = [e.label for e in trace.escapes]
+    assert len(scores) == 4 and all(e.via == "item" for e in trace.escapes)
+    # each score is attributed to its own box (one captured forward per escape)
+    pairs = [(e.parent, e.child) for e in status.hidden_edges]
+    assert pairs == [(score, f"mul_{i}") for i, score in enumerate(scores, start=1)]
+
+
+def test_no_escapes_no_completeness_arm():
+    status = _status(nn.Linear(4, 3), torch.randn(2, 4))
+    assert status.state == "passed" and "completeness" not in status.arms
+
+
+def test_transformers_attention_mask_fast_path_stays_passed():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50, n_positions=16)
+    torch.manual_seed(0)
+    model = transformers.GPT2Model(config).eval()
+    ids = torch.randint(0, 50, (1, 6))
+    mask = torch.ones(1, 6, dtype=torch.long)
+    trace = tl.trace(model, (), {"input_ids": ids, "attention_mask": mask})
+    assert any(e.control for e in trace.escapes)
+    status = tl.replay(model, (), {"input_ids": ids, "attention_mask": mask})
+    assert status.state == "passed", str(status)
+    assert not status.hidden_edges
+
+
+def test_rerun_refuses_an_edit_reaching_an_escape():
+    torch.manual_seed(0)
+    trace = tl.trace(ItemScale(), torch.randn(2, 8))
+    with pytest.raises(InterventionError) as info:
+        trace.rerun({tl.label("linear_1"): edits.zero()})
+    assert info.value.code == "escape_downstream"
+    assert "mean_1 .item()" in str(info.value) and "test_escapes.py:" in str(info.value)
+    # an edit whose cone misses the escape reruns as before
+    assert float(trace.rerun({tl.label("linear_2"): edits.zero()}).output.abs().sum()) == 0
+
+
+def test_rerun_can_keep_the_recorded_python_values():
+    torch.manual_seed(0)
+    trace = tl.trace(ItemScale(), torch.randn(2, 8))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        what_if = trace.rerun({tl.label("linear_1"): edits.zero()}, escapes="recorded")
+    assert what_if.meta["escapes_replayed"] == [str(trace.escapes[0])]
+    assert "escape" in str(caught[0].message)
+    assert torch.equal(what_if.output, trace.output)  # mul_1 kept the recorded scale
+    with pytest.raises(tl.errors.InvalidArgumentError):
+        trace.rerun({tl.label("linear_1"): edits.zero()}, escapes="ignore")
+
+
+def test_drawing_marks_escapes_and_hidden_edges():
+    trace = tl.trace(ItemScale(), torch.randn(2, 8))
+    trace.hidden_edges.append(HiddenEdge("mean_1", "mul_1", "item"))
+    dot = trace.to_dot()
+    assert '"mean_1" -> "escape 1"' in dot and "shape=note" in dot
+    assert '"mean_1" -> "mul_1" [style=dashed' in dot
+    assert trace.hidden_parents("mul_1") == ("mean_1",)
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [(True, False), (3, 2), (0, 1), (1.0, 1.011), ([3, 5], [4, 4]), ([2.0], [2.021]),
+     ("text", UNCHANGED)],
+)  # fmt: skip
+def test_perturbed_values(value, expected):
+    got = perturbed(value)
+    if isinstance(expected, list) and isinstance(expected[0], float):
+        assert got == pytest.approx(expected)
+    elif isinstance(expected, float):
+        assert got == pytest.approx(expected)
+    else:
+        assert got == expected
+
+
+def test_found_hidden_edges_join_a_trace_and_are_saved(tmp_path):
+    torch.manual_seed(0)
+    model, x = ItemScale().eval(), torch.randn(2, 8)
+    status = tl.replay(model, x)
+    trace = tl.trace(model, x)
+    trace.hidden_edges.extend(status.hidden_edges)  # labels match for the same call
+    assert trace.hidden_parents("mul_1") == ("mean_1",)
+    assert trace.hidden_children("mean_1") == ("mul_1",)
+    assert trace["mul_1"].parents == ("linear_2",)  # a separate edge kind
+    assert "hidden edges (1" in str(trace)
+    loaded = tl.load(trace.save(tmp_path / "t"))
+    assert loaded.hidden_edges == trace.hidden_edges
+
+
+def test_status_text_lists_branch_decisions():
+    text = str(_status(DataIf(), torch.randn(2, 8)))
+    assert "branch decisions" in text and "gt_1 bool()" in text

@@ -1,0 +1,348 @@
+"""Arm 5, completeness: do the escapes hide dependencies the graph does not have?
+
+A value read by Python (``.item()``, ``.tolist()``, ``.numpy()``, ``bool(t)``: a
+:class:`~torchlens.trace.Escape`) can come back as a constant of a later op, which then
+has no edge to the op whose value left. This arm reruns the model with the escaped Python
+values perturbed (``replay/escape_values.py``) and watches what moves:
+
+1. one plain forward with every escape perturbed; when it returns what the capture
+   returned, no dependency through an escape reaches the outputs (the usual case: a
+   ``if mask.all():`` fast path, an ``assert not x.isnan().any()``). Cost: one forward.
+2. when the outputs moved, one captured forward with the same values: an op that moved
+   while none of its recorded parents did reads an escaped value. It gets a
+   :class:`~torchlens.trace.HiddenEdge` from the escaped record, unless the graph has a
+   path from that record already. With several escapes perturbed, one captured forward
+   per escape, each alone, says which escape feeds which op (and finds the ones an
+   earlier moved op hid). A hidden edge fails the arm.
+3. an escape whose perturbed value changes which ops run (other functions, parents, or
+   the forward raising, as an ``assert`` does) is a *branch decision*: the recorded graph
+   is the graph of the branch taken, which is not a failure. It is noted with its line,
+   held at its recorded value, and the rest are checked again (at most four forwards).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from torchlens.capture import rng
+from torchlens.capture.api import trace_for_check
+from torchlens.capture.tree import flatten
+from torchlens.errors import PayloadUnavailableError
+from torchlens.replay.escape_values import PerturbingMode, Plan, recorded_calls
+from torchlens.replay.findings import Findings
+from torchlens.replay.ground_truth import ModelState, copy_inputs, expected_outputs
+from torchlens.replay.tolerances import equal, mismatch
+from torchlens.trace import Escape, HiddenEdge, Trace
+
+__all__ = ["check_completeness", "MAX_ROUNDS", "MAX_ATTRIBUTION_RUNS"]
+
+MAX_ROUNDS = 6  # rounds (one or two forwards each) spent telling branch decisions apart
+MAX_ATTRIBUTION_RUNS = 6  # captured forwards spent telling several escapes' edges apart
+ARM = "completeness"
+
+
+class _Runner:
+    """Runs the model from the state the capture started from, with a plan's values."""
+
+    def __init__(self, model: Any, trace: Trace, inputs: tuple, start: Any, host: Any,
+                 state: ModelState | None, intervene: Any) -> None:  # fmt: skip
+        self.model, self.trace, self.inputs = model, trace, inputs
+        self.start, self.host, self.state, self.intervene = start, host, state, intervene
+        self.forwards = 0
+
+    def _fresh(self) -> tuple[tuple, dict]:
+        if self.state is not None:
+            self.state.rewind()
+        rng.restore(self.host)
+        self.forwards += 1
+        return copy_inputs(*self.inputs)
+
+    def light(self, plan: Plan) -> tuple[Any, PerturbingMode, BaseException | None]:
+        """A plain forward: (output, the mode that ran it, the error it raised)."""
+        args, kwargs = self._fresh()
+        mode = PerturbingMode(plan)
+        try:
+            with rng.restored(self.start), mode:
+                return self.model(*args, **kwargs), mode, None
+        except Exception as err:  # the model's own error: a guard tripped
+            return None, mode, err
+
+    def captured(self, plan: Plan) -> tuple[Trace | None, BaseException | None]:
+        args, kwargs = self._fresh()
+        try:
+            with rng.restored(self.start):
+                return trace_for_check(
+                    self.model, args, kwargs, intervene=self.intervene, escape_hook=plan
+                ), None  # fmt: skip
+        except Exception as err:
+            return getattr(err, "partial_trace", None), err
+
+
+def check_completeness(
+    model: Any,
+    trace: Trace,
+    inputs: tuple[tuple, dict],
+    rngs: tuple[Any, Any],
+    state: ModelState,
+    findings: Findings,
+    atol: float | None,
+    rtol: float | None,
+    intervene: Any = None,
+) -> tuple[list[HiddenEdge], list[str], int]:
+    """Run the arm (see the module docstring) on ``trace``, captured from ``inputs`` (a
+    pristine copy), the RNG states ``rngs`` (torch's, Python's and NumPy's) and the model
+    state ``state`` holds; the model is left as the capture left it.
+
+    Hidden edges are failures in ``findings`` and are added to ``trace.hidden_edges``.
+
+    Returns:
+        The hidden edges, the branch decisions (as text), and the forwards it ran.
+    """
+    keep = ModelState(model)  # the state the capture left, put back at the end
+    host = rng.host_snapshot()
+    runner = _Runner(model, trace, inputs, rngs[0], rngs[1], state, intervene)
+    try:
+        edges, decisions = _Arm(runner, trace, findings, atol, rtol).run()
+    finally:
+        keep.rewind()
+        rng.restore(host)
+    trace.hidden_edges.extend(edges)
+    findings.hidden_edges += edges
+    findings.decisions += decisions
+    return edges, decisions, runner.forwards
+
+
+class _Arm:
+    def __init__(self, runner: _Runner, trace: Trace, findings: Findings, atol, rtol) -> None:
+        self.runner, self.trace, self.findings = runner, trace, findings
+        self.atol, self.rtol = atol, rtol
+        self.calls: dict[int, list[Escape]] = {}
+        for escape in trace.escapes:
+            self.calls.setdefault(escape.call, []).append(escape)
+        self.vias = [records[0].via for records in self.calls.values()]
+        self.recorded = recorded_calls(trace)
+        self.decisions: list[str] = []
+        self.edges: list[HiddenEdge] = []
+
+    def run(self) -> tuple[list[HiddenEdge], list[str]]:
+        pending = set(self.calls)
+        for _ in range(MAX_ROUNDS):
+            blame = self._round(Plan(pending)) if pending else None
+            if blame is None:
+                return self.edges, self.decisions
+            # the same code read again (a loop's test, per-image sizes) decides alike:
+            # every read at the blamed escape's line is held with it
+            decided = self.calls[blame][0]
+            pending -= {c for c in pending if _same_site(self.calls[c][0], decided)}
+            pending.discard(blame)
+            # after a branch changed, bools are held too: each would mostly decide another
+            # branch (a forward each); they were perturbed with the first round's values
+            held = sorted(c for c in pending if self.calls[c][0].control)
+            if held:
+                pending -= set(held)
+                self.decisions.append(
+                    f"{len(held)} more bool escape(s), from {self.calls[held[0]][0]} on, "
+                    "were perturbed only together with the branch decision above"
+                )
+        if not pending:
+            return self.edges, self.decisions
+        first = self.calls[min(pending)][0]
+        self.findings.unchecked(
+            first.label, ARM,
+            f"{len(pending)} escape(s) from {first} on were not checked for hidden "
+            f"dependencies: {MAX_ROUNDS} rounds went to telling branch decisions apart",
+        )  # fmt: skip
+        return self.edges, self.decisions
+
+    def _round(self, plan: Plan) -> int | None:
+        """One round with ``plan``: None when it settled every escape it perturbed, else
+        the escape call that decided a branch (to hold at its value next round)."""
+        if self.runner.intervene is None:
+            output, mode, err = self.runner.light(plan)
+            vias = mode.vias
+            if err is not None:
+                return self._decided(self._last_before(plan, len(vias)), f"raised {_short(err)}")
+            k = _divergence(vias, self.vias)
+            if not self._outputs_moved(output):
+                if k is not None:
+                    blame = self._last_before(plan, k)
+                    self._decided(blame, "changed which ops ran; the outputs stayed the same")
+                return None
+            if k is not None:  # Python took another path: no capture needed to know that
+                return self._decided(self._last_before(plan, k), "changed which ops ran")
+            j = _divergence(mode.calls, self.recorded)
+            bools = [c for c in sorted(plan.moved) if self.calls[c][0].control]
+            if j is not None and any(mode.at[c] <= j for c in bools if c < len(mode.at)):
+                # other ops ran after a bool flipped: a branch (a capture would say the same)
+                blame = [c for c in bools if c < len(mode.at) and mode.at[c] <= j][-1]
+                return self._decided(
+                    blame, f"changed which ops ran (a {mode.calls[j : j + 1] or 'missing'} call)"
+                )
+        moved, err = self.runner.captured(plan)
+        if moved is None or err is not None:
+            seen = len({e.call for e in moved.escapes}) if moved is not None else 0
+            return self._decided(self._last_before(plan, seen), f"raised {_short(err)}")
+        d = _structure_divergence(self.trace, moved)
+        targets = self._targets(moved, d)
+        if d is None:
+            self._attribute(plan, targets)
+            return None
+        # what moved before the branch changed belongs to the branch when a bool decided
+        # it (an arange sized by the branch taken); data escapes still get their edges
+        self._attribute(plan, targets, data_only=True)
+        index = self.trace.ops[d].index if d < len(self.trace.ops) else len(self.trace.ops)
+        calls = [c for c in sorted(plan.moved) if self.calls[c][0].index <= index]
+        blame = self._prefer_control(calls) if calls else self._last_before(plan, 0)
+        label = self.trace.ops[d].label if d < len(self.trace.ops) else "the end"
+        return self._decided(blame, f"changed which ops ran from {label} on")
+
+    # -- what moved -----------------------------------------------------------------------
+    def _outputs_moved(self, output: Any) -> bool:
+        got = [t for _, t in flatten(output)[0]]
+        want = expected_outputs(self.trace)
+        if len(got) != len(want):
+            return True
+        for value, expected in zip(got, want):
+            if expected is None:
+                continue
+            if _moved(value.detach(), expected, self.atol, self.rtol):
+                return True
+        return False
+
+    def _targets(self, moved: Trace, end: int | None) -> dict[str, int]:
+        """Ops (and constants) of the aligned part that moved while none of their recorded
+        parents did, with their place in op order."""
+        changed: set[str] = set()
+        targets: dict[str, int] = {}
+        for source in self.trace.sources:
+            if source.kind == "constant" and source.label in moved:
+                if _record_moved(source, moved[source.label], self.atol, self.rtol):
+                    changed.add(source.label)
+                    first = min((self.trace[c].index for c in source.children), default=0)
+                    targets[source.label] = first
+        for op in self.trace.ops[:end]:
+            if not _record_moved(op, moved[op.label], self.atol, self.rtol):
+                continue
+            changed.add(op.label)
+            if not any(parent in changed for parent in op.parents):
+                targets[op.label] = op.index
+        return targets
+
+    # -- hidden edges ---------------------------------------------------------------------
+    def _attribute(self, plan: Plan, targets: dict[str, int], data_only: bool = False) -> None:
+        """Hidden edges to ``targets``. With one escape perturbed, from it; with several,
+        one captured forward per escape, each alone (at most MAX_ATTRIBUTION_RUNS): a
+        target moved by one escape can hide another's behind it (its parent moved too).
+        Targets left past that budget go to the nearest escape before them."""
+        moved = sorted(c for c in plan.moved if not (data_only and self.calls[c][0].control))
+        if not targets or not moved:
+            return
+        found: dict[int, dict[str, int]] = {}
+        if len(moved) == 1:
+            found[moved[0]] = targets
+        else:
+            for call in moved[:MAX_ATTRIBUTION_RUNS]:
+                alone, err = self.runner.captured(Plan({call}))
+                if alone is not None and err is None:
+                    found[call] = self._targets(alone, _structure_divergence(self.trace, alone))
+            attributed = {t for ts in found.values() for t in ts}
+            for target, index in targets.items():
+                before = [c for c in moved if self.calls[c][0].index <= index]
+                if target not in attributed and before:
+                    found.setdefault(before[-1], {})[target] = index
+        for call, hits in sorted(found.items()):
+            for escape in self.calls[call]:
+                for target in sorted(hits, key=hits.__getitem__):
+                    self._edge(escape, target)
+
+    def _edge(self, escape: Escape, target: str) -> None:
+        if target == escape.label or target in _descendants(self.trace, escape.label):
+            return  # the graph has a path already: lineage is complete
+        edge = HiddenEdge(escape.label, target, escape.via, escape.source)
+        if edge in self.edges:
+            return
+        self.edges.append(edge)
+        self.findings.fail(
+            target, ARM,
+            f"hidden dependency {edge}: perturbing the escaped value moved {target!r}, "
+            "but the graph has no edge for it (see trace.hidden_edges)",
+        )  # fmt: skip
+
+    # -- branch decisions -----------------------------------------------------------------
+    def _decided(self, call: int | None, what: str) -> int | None:
+        if call is None:
+            return None
+        escape = self.calls[call][0]
+        text = f"branch decision: {escape} {what} when perturbed"
+        if text not in self.decisions:
+            self.decisions.append(text)
+        return call
+
+    def _last_before(self, plan: Plan, k: int) -> int | None:
+        """The escape call that most likely decided a divergence at escape call ``k``:
+        the last perturbed one before it, a bool (what ``if`` reads) if there is one."""
+        calls = [c for c in sorted(plan.moved) if c < max(k, 1)] or sorted(plan.moved)[:1]
+        return self._prefer_control(calls) if calls else None
+
+    def _prefer_control(self, calls: list[int]) -> int:
+        control = [c for c in calls if self.calls[c][0].control]
+        return (control or calls)[-1]
+
+
+def _same_site(a: Escape, b: Escape) -> bool:
+    """Two escapes read by one line of code through one call."""
+    return a.source is not None and a.source == b.source and a.via == b.via
+
+
+def _divergence(vias: list[str], recorded: list[str]) -> int | None:
+    """The first escape call at which two runs differ, or None."""
+    for k, (a, b) in enumerate(zip(vias, recorded)):
+        if a != b:
+            return k
+    return None if len(vias) == len(recorded) else min(len(vias), len(recorded))
+
+
+def _structure_divergence(trace: Trace, other: Trace) -> int | None:
+    """The position of the first op at which ``other`` ran something else (another
+    function, label or parents), or None when both ran the same ops."""
+    for i, (a, b) in enumerate(zip(trace.ops, other.ops)):
+        if a.label != b.label or a.func_name != b.func_name or a.parents != b.parents:
+            return i
+    return None if len(trace.ops) == len(other.ops) else min(len(trace.ops), len(other.ops))
+
+
+def _record_moved(record: Any, other: Any, atol, rtol) -> bool:
+    if record.shape != other.shape or record.dtype != other.dtype:
+        return True
+    try:
+        return _moved(other.out, record.out, atol, rtol)
+    except PayloadUnavailableError:
+        return False
+
+
+def _moved(value: torch.Tensor, expected: torch.Tensor, atol, rtol) -> bool:
+    if value.shape != expected.shape or value.dtype != expected.dtype:
+        return True
+    if value.layout == torch.strided and not value.is_meta and equal(value, expected):
+        return False  # the usual answer, without the tolerance table's arithmetic
+    return mismatch(value, expected, atol, rtol) is not None
+
+
+def _descendants(trace: Trace, label: str) -> set[str]:
+    seen: set[str] = set()
+    stack = list(trace[label].children) if label in trace else []
+    while stack:
+        child = stack.pop()
+        if child not in seen:
+            seen.add(child)
+            stack += trace[child].children
+    return seen
+
+
+def _short(err: BaseException | None) -> str:
+    if err is None:
+        return "nothing"
+    text = str(err).splitlines()[0] if str(err) else ""
+    return f"{type(err).__name__}" + (f" ({text[:60]})" if text else "")
