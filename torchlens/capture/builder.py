@@ -146,9 +146,9 @@ class TraceBuilder:
         self._writers: dict[int, list[tuple[int, str]]] = defaultdict(list)
         self._call_count = 0
         self._module_call_counts: dict[int | str, int] = {}
-        # the open calls, innermost last, each with its index in module_calls and the
-        # module stack (self._frames) it replaced, to pop back to
-        self._open_calls: list[tuple[ModuleCall, int, tuple[tuple[str, int], ...]]] = []
+        # the open calls, innermost last, each with its index in module_calls, the module
+        # stack (self._frames) it replaced, to pop back to, and its module (None: a group)
+        self._open_calls: list[tuple[ModuleCall, int, tuple[tuple[str, int], ...], Any]] = []
         # per module call, the ops recorded while it was open: ops[start:end] (end None
         # while open); ops are only appended, so a call's ops are one run of them
         self._starts: list[int] = []
@@ -170,13 +170,26 @@ class TraceBuilder:
 
         One walk of the module tree serves the hooks too (``self.named_modules``); the
         addresses are those ``named_parameters``/``named_buffers`` give, first name first.
-        ``modules`` is that walk when the caller has made it already.
+        ``modules`` is that walk when the caller has made it already (for any callable:
+        the walk of its root, ``capture/roots.py``).
         """
-        if not isinstance(model, nn.Module):
-            return
-        self.named_modules = named_modules(model) if modules is None else modules
+        if modules is None:
+            if not isinstance(model, nn.Module):
+                return
+            modules = named_modules(model)
+        self.named_modules = modules
         self._owned = owned_tensors(self.named_modules)
         self.model_buffers = [t for kind, _, t in self._owned.values() if kind == "buffer"]
+
+    def add_modules(self, modules: list[tuple[str, nn.Module]]) -> None:
+        """Know modules first seen during the forward (``(address, module)``, their
+        addresses given by ``capture/roots.py``): their weights are named by address."""
+        self.named_modules = [*self.named_modules, *modules]
+        for key, entry in owned_tensors(modules).items():
+            if key not in self._owned:
+                self._owned[key] = entry
+                if entry[0] == "buffer":
+                    self.model_buffers.append(entry[2])
 
     def add_input(self, path: str, tensor: Tensor) -> str:
         """Record a tensor passed to the traced callable; returns its label."""
@@ -234,6 +247,9 @@ class TraceBuilder:
             label = address if address not in self._records else self._new_label(address)
             self._add_source(label, kind, address, tensor)
             return label
+        weight = self._current_weight(tensor)
+        if weight is not None:
+            return weight
         same = self._same_memory(tensor)
         if same is not None:  # a recorded value under another object (as_subclass)
             self._remember(tensor, same)
@@ -242,6 +258,43 @@ class TraceBuilder:
         unseen = tensor.grad_fn is not None and self._made_during_forward(tensor)
         self._add_source(label, "constant", UNSEEN_COMPUTATION if unseen else "closure", tensor)
         return label
+
+    def _current_weight(self, tensor: Tensor) -> str | None:
+        """The label of ``tensor`` as a parameter or buffer of a module whose call is open,
+        read from that module's ``_parameters``/``_buffers`` now: weights a hook puts in
+        place during the forward (accelerate's offloading moves them in from the ``meta``
+        device at each call) are not the tensors the module held when the capture began.
+
+        A weight put in place again (the next call, the next decoding step) is the source
+        already recorded at that address while it holds the same value.
+        """
+        for call, _, _, module in reversed(self._open_calls):
+            if module is None:
+                continue
+            for kind, members in (("parameter", module._parameters), ("buffer", module._buffers)):
+                for name, member in members.items():
+                    if member is tensor:
+                        address = f"{call.address}.{name}" if call.address else name
+                        return self._weight_source(kind, address, tensor)
+        return None
+
+    def _weight_source(self, kind: str, address: str, tensor: Tensor) -> str:
+        """The source of a weight found at ``address`` during the forward: the one recorded
+        there before when it holds the same value, else a new one."""
+        self._owned[id(tensor)] = (kind, address, tensor)  # its later reads: the fast path
+        earlier = self._records.get(address)
+        if earlier is not None and getattr(earlier, "kind", None) == kind:
+            value = self._values.get(address)
+            if not self.save_payloads or (
+                value is not None
+                and value.shape == tensor.shape
+                and value.dtype == tensor.dtype
+                and value.device == tensor.device
+                and torch.equal(value, tensor)
+            ):
+                self._remember(tensor, address)
+                return address
+        return self.label_of(tensor)
 
     def _same_memory(self, tensor: Tensor) -> str | None:
         """The label of a saved value that ``tensor``, an object not seen before, is: the
@@ -587,7 +640,8 @@ class TraceBuilder:
         counts = self._module_call_counts
         call_index = counts[id(module)] = counts.get(id(module), 0) + 1
         labels = self._labels(inputs)
-        self._push(ModuleCall(address, call_index, type_name or type(module).__name__, labels))
+        call = ModuleCall(address, call_index, type_name or type(module).__name__, labels)
+        self._push(call, module)
 
     def _labels(self, tensors: Sequence[Tensor]) -> tuple[str, ...]:
         """``label_of`` each tensor; a module call's one tensor (the usual call, once on
@@ -606,8 +660,8 @@ class TraceBuilder:
             return (entry[1],)
         return (self.label_of(tensor),)
 
-    def _push(self, call: ModuleCall) -> None:
-        self._open_calls.append((call, len(self.module_calls), self._frames))
+    def _push(self, call: ModuleCall, module: nn.Module | None = None) -> None:
+        self._open_calls.append((call, len(self.module_calls), self._frames, module))
         self._frames += ((call.address, call.call_index),)
         self.module_calls.append(call)
         self._starts.append(len(self.ops))
@@ -617,7 +671,7 @@ class TraceBuilder:
         """A module's forward returned: pop it and note what it returned; returns the call."""
         if not self._open_calls:
             return None
-        call, index, self._frames = self._open_calls.pop()
+        call, index, self._frames, _ = self._open_calls.pop()
         self._ends[index] = len(self.ops)
         call.outputs = self._labels(outputs)
         return call
@@ -658,7 +712,10 @@ class TraceBuilder:
         output_labels = [self.label_of(t) for t in output_tensors]
         for tensor in keep_safe:
             self.protect(tensor)
-        root = ModuleCall("", 1, root_type, tuple(self.input_labels), tuple(output_labels))
+        # the root module's own calls inside a traced method are calls 1, 2, ... of "":
+        # the whole capture is then call 0
+        first = 0 if any(not call.address for call in self.module_calls) else 1
+        root = ModuleCall("", first, root_type, tuple(self.input_labels), tuple(output_labels))
         calls = [root, *self.module_calls]
         labels = root.ops = tuple(map(_label, self.ops))
         for call, start, end in zip(self.module_calls, self._starts, self._ends):
