@@ -171,6 +171,13 @@ def summary_text(
             "trace.summary(select=..., module=...) narrows the table)"
         )
     lines.append(f"outputs: {', '.join(trace.output_labels) or '-'}")
+    fallbacks = trace.meta.get("fallback_modules")
+    if fallbacks:
+        named = ", ".join(fallbacks[:3]) + (", ..." if len(fallbacks) > 3 else "")
+        lines.append(
+            f"modules outside the root are named by class ({named}); name them with "
+            "tl.trace(..., root={'name': module})"
+        )
     return "\n".join(lines)
 
 

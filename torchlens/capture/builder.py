@@ -45,6 +45,10 @@ REFRESH_FUNC_NAME = "refresh"  # a value changed by a write the capture could no
 UNSEEN_COMPUTATION = "unseen computation"  # the path of a constant with autograd history
 _KEPT_AS_IS = frozenset({Tensor, nn.Parameter})  # saved undetached; see _save
 _ASK: Any = object()  # an argument the callee reads itself (a version counter not read yet)
+# the version noted for an op's output that is an nn.Parameter the capture did not know
+# (an offloading hook making a module's weight): its next read asks label_of, which finds
+# whether it sits in an open module's _parameters by then (see _current_weight)
+_FRESH_WEIGHT: Any = object()
 _Parameter = nn.Parameter
 _arg_ref = tuple.__new__  # ArgRef(label, position) without the Python-level __new__
 _first = operator.itemgetter(0)  # (the per-op path: map with these runs no Python frame)
@@ -240,6 +244,8 @@ class TraceBuilder:
                 return self._unversioned(tensor, entry[1], entry[3])
             if entry[2] == tensor._version:  # version_of inline: every tensor argument
                 return entry[1]
+            if entry[2] is _FRESH_WEIGHT:
+                return self._fresh_weight(tensor, entry)
             return self._refresh(tensor, entry[1], entry[3])
         owned = self._owned.get(id(tensor))
         if owned is not None and owned[2] is tensor:
@@ -278,6 +284,18 @@ class TraceBuilder:
                         return self._weight_source(kind, address, tensor)
         return None
 
+    def _fresh_weight(self, tensor: Tensor, entry: tuple) -> str:
+        """:meth:`label_of` of a parameter an op made (``_FRESH_WEIGHT``): a parameter
+        source when a module whose call is open holds it now, else the op's value, or a
+        refresh of it if it was written since."""
+        weight = self._current_weight(tensor)
+        if weight is not None:
+            return weight
+        label = entry[1]
+        if self._versions.get(label, version_of(tensor)) == version_of(tensor):
+            return label
+        return self._refresh(tensor, label, entry[3])
+
     def _weight_source(self, kind: str, address: str, tensor: Tensor) -> str:
         """The source of a weight found at ``address`` during the forward: the one recorded
         there before when it holds the same value, else a new one."""
@@ -294,7 +312,9 @@ class TraceBuilder:
             ):
                 self._remember(tensor, address)
                 return address
-        return self.label_of(tensor)
+        label = address if address not in self._records else self._new_label(address)
+        self._add_source(label, kind, address, tensor)
+        return label
 
     def _same_memory(self, tensor: Tensor) -> str | None:
         """The label of a saved value that ``tensor``, an object not seen before, is: the
@@ -547,6 +567,8 @@ class TraceBuilder:
                     label, "not_saved", f"{label!r} was not selected by save=; trace again "
                     "with a selector that matches it to keep its value",
                 )  # fmt: skip
+        if type(tensor) is _Parameter and id(tensor) not in self._owned:
+            version = _FRESH_WEIGHT  # (a weight made during the forward: see label_of)
         if self.observers:
             self._remember(tensor, label, version)
         else:  # _remember inline (the per-op path)

@@ -135,12 +135,10 @@ class ModuleNames:
 
     def __init__(self, root: Root) -> None:
         self._root = root
-        self._by_id = {id(module): address for address, module in root.modules}
-        self._taken = set(self._by_id.values())
-
-    def known(self, module: nn.Module) -> str | None:
-        """``module``'s address, if it has one already."""
-        return self._by_id.get(id(module))
+        # made at the first call of a module not walked before the forward, if any: a
+        # capture of a module and its tree alone never pays for them
+        self._by_id: dict[int, str] = {}
+        self._taken: set[str] = set()
 
     def name(self, module: nn.Module) -> tuple[str, list[tuple[str, nn.Module]]]:
         """``module``'s address, and the modules named by this call (``module`` and its
@@ -149,6 +147,9 @@ class ModuleNames:
         A module the root reaches now but did not before the forward (built during it)
         gets its address below the root; any other the fallback of the module docstring.
         """
+        if not self._by_id:
+            self._by_id = {id(m): address for address, m in self._root.modules}
+            self._taken = set(self._by_id.values())
         address = self._by_id.get(id(module))
         if address is not None:
             return address, []
