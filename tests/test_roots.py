@@ -149,7 +149,12 @@ def test_a_module_made_during_the_forward_is_addressed_below_the_root():
     model = Lazy()
     trace = tl.trace(model, torch.randn(1, 2))
     assert [m.name for m in trace.modules] == ["<root>:1", "late:1"]
-    assert _sources(trace, "parameter") == ["late.bias", "late.weight"]
+    # its weights were computed in the forward (initialised in place): the edges stay
+    linear = next(op for op in trace if op.func_name == "linear")
+    assert linear.module == "late"
+    assert linear.parents == ("input_1", "kaiming_uniform__1", "uniform__1")
+    again = tl.trace(model, torch.randn(1, 2))  # built now: a parameter like any other
+    assert _sources(again, "parameter") == ["late.bias", "late.weight"]
 
 
 def test_a_module_kept_outside_the_tree_is_recorded_too():

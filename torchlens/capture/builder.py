@@ -45,9 +45,9 @@ REFRESH_FUNC_NAME = "refresh"  # a value changed by a write the capture could no
 UNSEEN_COMPUTATION = "unseen computation"  # the path of a constant with autograd history
 _KEPT_AS_IS = frozenset({Tensor, nn.Parameter})  # saved undetached; see _save
 _ASK: Any = object()  # an argument the callee reads itself (a version counter not read yet)
-# the version noted for an op's output that is an nn.Parameter the capture did not know
-# (an offloading hook making a module's weight): its next read asks label_of, which finds
-# whether it sits in an open module's _parameters by then (see _current_weight)
+# the version noted for an op's output (not in place) that is an nn.Parameter the capture
+# did not know (an offloading hook making a module's weight): its next read asks label_of,
+# which finds whether it sits in an open module's _parameters by then (_current_weight)
 _FRESH_WEIGHT: Any = object()
 _Parameter = nn.Parameter
 _arg_ref = tuple.__new__  # ArgRef(label, position) without the Python-level __new__
@@ -567,8 +567,10 @@ class TraceBuilder:
                     label, "not_saved", f"{label!r} was not selected by save=; trace again "
                     "with a selector that matches it to keep its value",
                 )  # fmt: skip
-        if type(tensor) is _Parameter and id(tensor) not in self._owned:
-            version = _FRESH_WEIGHT  # (a weight made during the forward: see label_of)
+        if type(tensor) is _Parameter and not inplace and id(tensor) not in self._owned:
+            # a weight an op handed over during the forward (an offloading hook moving it
+            # in): see label_of. One written in place (an init) keeps its writes as edges
+            version = _FRESH_WEIGHT
         if self.observers:
             self._remember(tensor, label, version)
         else:  # _remember inline (the per-op path)

@@ -190,7 +190,8 @@ class Controls:
         self.stop = None if stop_after is None else as_selector(stop_after)
         self.saved = 0  # ops the save selector matched
         self.edit_hits = [0] * len(self.edits)
-        self.edit_shapes: list[dict[tuple[int, ...], str]] = [{} for _ in self.edits]
+        # per edit: (rank, feature size) -> (shape, label) of the first op edited so
+        self.edit_shapes: list[dict[tuple[int, int], tuple]] = [{} for _ in self.edits]
         self.intervened: list[str] = []  # labels of edited ops, in order
         self._edited: set[tuple[int, str]] = set()  # (edit index, label) applied
         self.halted_at: str | None = None
@@ -281,15 +282,21 @@ class Controls:
         return name
 
     def note_shape(self, i: int, label: str, shape: tuple[int, ...]) -> None:
-        """Warn once when the ``i``-th intervene= selector edits ops of a second shape."""
+        """Warn once when the ``i``-th intervene= selector edits ops of a second shape.
+
+        Shapes alike but for their leading axes (the same rank and feature axis: a prompt
+        of 6 tokens, then one token per decoding step) are one shape here: one edit along
+        the features fits them all.
+        """
         shapes = self.edit_shapes[i]
-        if shape in shapes or len(shapes) > 1:
-            shapes.setdefault(shape, label)
+        kind = (len(shape), shape[-1]) if shape else (0, 0)
+        if kind in shapes or len(shapes) > 1:
+            shapes.setdefault(kind, (shape, label))
             return
-        shapes[shape] = label
+        shapes[kind] = (shape, label)
         if len(shapes) == 2:
             selector = self.edits[i][0]
-            seen = ", ".join(f"{lab} {tuple(s)}" for s, lab in shapes.items())
+            seen = ", ".join(f"{lab} {tuple(s)}" for s, lab in shapes.values())
             warnings.warn(
                 f"the intervene= selector {selector!r} edits ops of different shapes ({seen}); "
                 "one function rarely fits both. To edit what a module returned, select "
