@@ -1,4 +1,7 @@
-"""How a capture follows module calls: each submodule's ``forward`` is wrapped for the capture.
+"""How a capture follows module calls: each module of its root has its ``forward`` wrapped.
+
+(Modules outside the root, called from a traced method or function or built during the
+forward, are followed by ``capture/follow.py``; :func:`follow_calls` installs both.)
 
 The wrapper is an attribute of the module instance (``module.__dict__["forward"]``), which
 ``nn.Module.__call__`` finds before the class's ``forward``; it is removed again on every
@@ -6,7 +9,8 @@ exit path, and whatever instance ``forward`` the module had before is put back. 
 without hooks keeps torch's fast call path (no hook dispatch at all), and the wrapper sees
 the call's positional and keyword arguments alike, so ``layer(x, attention_mask=m)`` names
 ``m`` as an input when the call begins. Registering hooks (a pair per module, or torch's
-global ones) cost more than the whole capture of a small layer.
+global ones) cost more than the whole capture of a small layer. The owner of a traced
+method is wrapped too: its calls (one per decoding step of ``generate``) are calls of ``""``.
 
 A module that has hooks of its own gets a pair of hooks instead, registered after its
 hooks: ops that its pre-hooks run fall before its call, those of its forward hooks inside
