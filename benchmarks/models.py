@@ -27,7 +27,7 @@ Factory = Callable[[], tuple[nn.Module, tuple]]
 
 
 # ---------------------------------------------------------------------------
-# MLP / conv net / transformer encoder
+# MLP / conv net / transformer encoder / local response normalization
 # ---------------------------------------------------------------------------
 
 
@@ -87,6 +87,15 @@ def convnet8() -> tuple[nn.Module, tuple]:
     model = ConvNet8()
     _randomize_bn(model)
     return model.eval(), (torch.randn(8, 3, 64, 64),)
+
+
+def lrn_convnet() -> tuple[nn.Module, tuple]:
+    """``Conv2d(3, 32, 5) -> ReLU -> CrossMapLRN2d(5)``, input (2, 3, 36, 36): torch's own
+    Python LRN, a loop of small in-place writes through channel views of one large tensor
+    (258 ops, each reading a large parent through a small slice)."""
+    torch.manual_seed(4)
+    model = nn.Sequential(nn.Conv2d(3, 32, 5), nn.ReLU(), nn.CrossMapLRN2d(5))
+    return model.eval(), (torch.randn(2, 3, 36, 36),)
 
 
 def transformer_encoder() -> tuple[nn.Module, tuple]:

@@ -21,6 +21,7 @@ LAYERS = {
     "recording": 2,
     "capture": 3,
     "replay": 4, "io": 4, "viz": 4,
+    "attention": 4.5,  # reads recorded attention calls; edits builds on it
     "report": 5, "extract": 5, "edits": 5, "debug": 5,
     "backends": 6,
     "demo": 7, "cli": 7,
@@ -66,9 +67,9 @@ def test_layers_import_only_downward():
 def test_public_names():
     assert sorted(tl.__all__) == [
         "Intervention", "ModuleCall", "Op", "Recording", "Selector", "Source", "Trace",
-        "__version__", "backends", "diff", "errors", "extract", "find_nonfinite", "func",
-        "label", "load", "load_extraction", "module", "record", "replay", "report", "save",
-        "summary", "trace", "validate", "viz", "where",
+        "__version__", "attention_pattern", "backends", "diff", "errors", "extract",
+        "find_nonfinite", "func", "label", "load", "load_extraction", "module", "record",
+        "replay", "report", "save", "summary", "trace", "validate", "viz", "where",
     ]  # fmt: skip
     for name in tl.__all__:
         if name != "__version__":

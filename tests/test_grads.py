@@ -380,6 +380,53 @@ def test_save_selection_limits_kept_grads():
     assert check_backward(trace).state == "unverified"  # unkept grads are not proved
 
 
+def test_save_grads_keeps_gradients_of_module_outputs_selected_by_save():
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)), torch.randn(2, 4)
+    trace = tl.trace(model, x, save=tl.module("1").output, save_grads=True)
+    trace.backward()
+    h = model[1](model[0](x))
+    (expected,) = torch.autograd.grad(model[2](h).sum(), [h])
+    torch.testing.assert_close(trace["relu_1"].out, h)
+    torch.testing.assert_close(trace["relu_1"].grad, expected)
+    with pytest.raises(GradUnavailableError) as err:
+        trace["linear_1"].grad  # not selected: still refused, with the reason
+    assert err.value.code == "not_saved"
+    assert "relu_1" in trace.grads and "linear_2" not in trace.grads
+
+
+@pytest.mark.parametrize(
+    ("name", "block", "inner"),
+    [
+        ("gpt2", "GPT2Block", "GPT2Attention"),  # the attention output is an eval Dropout's
+        ("bert", "BertLayer", "BertSelfOutput"),
+        ("llama", "LlamaDecoderLayer", "LlamaMLP"),
+    ],
+)
+def test_save_grads_of_block_outputs_of_tiny_lms_equal_those_of_a_full_capture(name, block, inner):
+    from tests import _tiny_llms as tiny
+
+    model = getattr(tiny, name)().requires_grad_(True)
+    ids = tiny.ids(1)
+
+    def loss(out):
+        return tiny.main_output(out)[0, -1, 7]
+
+    selected = tl.module(type=block).output | tl.module(type=inner).output
+    some = tl.trace(model, ids, save=selected, save_grads=True)
+    some.backward(loss)
+    every = tl.trace(model, ids, save_grads=True)
+    every.backward(loss)
+    kept = [op.label for op in some if op.has_out]
+    assert len(kept) == 4  # two blocks, two of their submodules
+    if name == "gpt2":
+        assert any("returns_argument" in some[label].meta for label in kept)
+    for label in kept:
+        assert some[label].grad.abs().max() > 0
+        torch.testing.assert_close(some[label].grad, every[label].grad)
+    assert not any(op.label in some.grads for op in some if not op.has_out)
+
+
 # -- gradients on disk ------------------------------------------------------------------------
 
 

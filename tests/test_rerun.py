@@ -163,11 +163,102 @@ def test_a_live_edit_of_an_op_that_returned_its_argument_leaves_the_argument_alo
     assert tl.replay(_keeps_a_residual, (x,), intervene=edit).state == "passed"
 
 
-def test_rerun_refuses_an_edit_of_an_op_that_returned_its_argument():
-    trace = tl.trace(_keeps_a_residual, torch.randn(3))
+def test_rerun_edits_an_op_that_returned_its_argument_for_all_its_readers_in_one_call():
+    # one tensor under two names inside one call: the trace cannot tell them apart, and
+    # rerun (as documented) gives the edit to both; a live run gives it to the returned one
+    x = torch.randn(3)
+    trace = tl.trace(_keeps_a_residual, x)
     assert trace["to_1"].meta["returns_argument"] == "mul_1"
     assert "returns_argument" not in trace["exp_1"].meta
-    with pytest.raises(InterventionError) as caught:
-        trace.rerun({tl.label("to_1"): lambda t: t * 1.5})
-    assert caught.value.code == "returned_argument"
-    assert "intervene=" in str(caught.value)
+    assert trace["add_1"].parents == ("exp_1", "to_1")
+    what_if = trace.rerun({tl.label("to_1"): lambda t: t * 1.5})
+    h = x * 2
+    torch.testing.assert_close(what_if.output, (h * 1.5).exp() + h * 1.5)
+    assert what_if.meta["intervened"] == ["to_1"]
+
+
+def test_rerun_through_eval_dropout_equals_the_live_run():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.1), nn.Linear(4, 2)).eval()
+    xa, xb = torch.randn(1, 4), torch.randn(1, 4)
+    a, b = tl.trace(m, xa), tl.trace(m, xb)
+    assert a["dropout_1"].meta["returns_argument"] == "linear_1"
+    patch = edits.patch(a, b, tl.module("1").output)
+    patched = a.rerun(patch)
+    torch.testing.assert_close(patched.output, b.output, rtol=0, atol=0)
+    torch.testing.assert_close(patched.output, tl.trace(m, xa, intervene=patch).output)
+    assert patched.meta["intervened"] == ["dropout_1"]
+
+
+class _Cast(nn.Module):
+    """``RMSNorm``'s first step: ``x.to(float32)``, which returns a float32 ``x`` itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.linear(x.to(torch.float32))
+
+
+class _KeepsResidualOutside(nn.Module):
+    """A residual kept by the caller before a submodule whose first op returns its
+    argument: the residual holds the argument, the submodule the returned value."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = _Cast()
+
+    def forward(self, x):
+        residual = x * 1
+        return self.norm(residual) + residual
+
+
+def test_rerun_tells_a_residual_kept_outside_the_call_from_the_returned_value():
+    torch.manual_seed(0)
+    model, x = _KeepsResidualOutside(), torch.randn(2, 3)
+    trace = tl.trace(model, x)
+    (identity,) = [op for op in trace if "returns_argument" in op.meta]
+    assert identity.module == "norm" and len(identity.children) == 2  # linear and add
+    edit = {tl.label(identity.label): lambda t: t + 1.0}
+    what_if = trace.rerun(edit)
+    torch.testing.assert_close(what_if.output, tl.trace(model, x, intervene=edit).output)
+    residual = x * 1  # the residual, kept outside the call, reads the argument
+    expected = model.norm.linear(residual + 1.0) + residual
+    torch.testing.assert_close(what_if.output, expected.detach())
+
+
+class _EndsWith(nn.Module):
+    """A block whose last op returns its argument as it was."""
+
+    def __init__(self, last) -> None:
+        super().__init__()
+        self.linear, self.last = nn.Linear(3, 3), last
+
+    def forward(self, x):
+        return self.last(self.linear(x))
+
+
+@pytest.mark.parametrize(
+    "last",
+    [
+        lambda t: t.contiguous(),
+        lambda t: t.to(torch.float32),
+        lambda t: t.view_as(t).view(t.shape).contiguous(),
+        nn.Identity(),
+        nn.Dropout(0.5).eval(),
+    ],
+    ids=["contiguous", "to_same_dtype", "view_then_contiguous", "identity", "eval_dropout"],
+)
+def test_patching_a_block_that_ends_by_returning_its_argument_equals_the_live_run(last):
+    torch.manual_seed(0)
+    model = nn.Sequential(_EndsWith(last), nn.Linear(3, 2)).eval()
+    xa, xb = torch.randn(2, 3), torch.randn(2, 3)
+    a, b = tl.trace(model, xa), tl.trace(model, xb)
+    patch = edits.patch(a, b, tl.module("0").output)
+    patched = a.rerun(patch)
+    torch.testing.assert_close(patched.output, b.output)
+    torch.testing.assert_close(patched.output, tl.trace(model, xa, intervene=patch).output)
+    scaled = {tl.module("0").output: edits.scale(3.0)}
+    live = tl.trace(model, xa, intervene=scaled)
+    torch.testing.assert_close(a.rerun(scaled).output, live.output)

@@ -34,6 +34,7 @@ Importing torchlens changes nothing in torch: interception exists only while a c
 
 from torchlens import backends, errors, report, viz
 from torchlens._version import __version__
+from torchlens.attention import attention_pattern
 from torchlens.capture import trace
 from torchlens.capture.controls import Intervention
 from torchlens.capture.record import record
@@ -73,4 +74,5 @@ __all__ = [
     "Op",
     "Source",
     "ModuleCall",
+    "attention_pattern",
 ]

@@ -181,8 +181,7 @@ class InterventionError(TorchLensError, ValueError):
     ``inplace_change`` (an in-place op's output is edited in place, so it must keep its
     shape, dtype and device even with ``allow_changes``); from ``trace.rerun``,
     ``not_replayable`` and ``recompute_failed`` (a recorded call downstream of the edit
-    cannot run, or raises, on the edited values) and ``returned_argument`` (the edited op
-    returned its argument as it was, so its readers cannot be told apart).
+    cannot run, or raises, on the edited values).
     """
 
     code = "intervention_failed"

@@ -432,8 +432,28 @@ def require_match(selector: Selector, role: str, seen: Candidates) -> None:
             "; no module call was recorded: the traced callable called no nn.Module, so "
             "trace the module itself, or wrap the call in an nn.Module whose forward makes it"
         )
+    hint += _fused_attention_hint(selector, seen)
     raise SelectorMatchError(
         f"the {role} selector {selector!r} matched no op of this forward{hint}; "
         "check the names against trace.labels or trace.modules",
         code="no_match",
+    )
+
+
+# what eager attention records and scaled_dot_product_attention computes inside one op
+_INSIDE_SDPA = frozenset({"softmax", "_softmax", "safe_softmax", "_safe_softmax"})
+
+
+def _fused_attention_hint(selector: Selector, seen: Candidates) -> str:
+    """Why a softmax selector matched nothing in a forward that attends with SDPA."""
+    names = selector.func_names
+    if not names or not names & _INSIDE_SDPA:
+        return ""
+    if "scaled_dot_product_attention" not in set(seen.func_names):
+        return ""
+    return (
+        "; this forward attends with scaled_dot_product_attention, one fused op whose "
+        "softmax is not a tensor of the forward: select tl.func('scaled_dot_product_"
+        "attention') and read the probabilities with tl.attention_pattern(op), or build "
+        "the model with attn_implementation='eager' to record the softmax"
     )

@@ -129,7 +129,9 @@ def trace(
             memory; the returned trace reads them back lazily (see ``docs/saving.md``).
         save_grads: keep the live autograd graph and hook it, so that after
             ``trace.backward()`` (or ``loss.backward()`` on ``trace.output``) every op has
-            ``op.grad`` and ``trace.grads["0.weight"]`` holds parameter gradients.
+            ``op.grad`` and ``trace.grads["0.weight"]`` holds parameter gradients. With
+            ``save=``, only the ops it selects (``tl.module(...).output`` included) keep
+            a gradient; sources always do.
         intermediate_derived_grads: refused for torch (see ``torchlens.capabilities``);
             torch records true gradients through ``save_grads=True`` instead.
         source: note the model's line behind each op, read as ``op.source`` (file, line,
@@ -240,6 +242,9 @@ def _capture(
         grads = GradCapture(builder.payload_filter) if save_grads else None
         if grads is not None:
             builder.observers.append(grads.observe)
+            if controls.save is not None and controls.save.at_exit:  # .output selectors
+                grads.pending = {}
+                builder.late_selected.append(grads.select)
             if sink is not None:
                 grads.sinks.append(sink.write_grads)
         arg_leaves, kwarg_leaves = flatten(args)[0], flatten(kwargs)[0]

@@ -136,6 +136,9 @@ class TraceBuilder:
         # called as hook(call, output tensors) when a module call (or group) ends; may return
         # replacement tensors (edits of what the call returned, tl.module(...).output)
         self.exit_hooks: list[Callable[[ModuleCall, list[Tensor]], list[Tensor] | None]] = []
+        # called as selected(op, live tensor) when save= selects an op only once a module
+        # call has returned its value (tl.module(...).output): gradients are kept for it
+        self.late_selected: list[Callable[[Op, Tensor], None]] = []
         self.module_calls: list[ModuleCall] = []
         self.input_labels: list[str] = []
         self._records: dict[str, Op | Source] = {}
@@ -443,22 +446,41 @@ class TraceBuilder:
         Its parents are the stale value, then every recorded write into its storage since
         that value was taken (call count ``since``), in order: replay redoes each of them.
         A write into memory later reused by this storage came before ``since``, so the
-        call counts also keep writes into freed tensors out. A write covering the whole
-        tensor makes the writes before it moot: they are left out.
+        call counts also keep writes into freed tensors out. A write makes the writes
+        before it moot where it covers them: all of them when it covers the whole tensor,
+        an earlier write at the same place (``v.copy_(a); v.add_(b)``, a loop updating one
+        slice) otherwise. Moot writes are left out: their values reach this one only
+        through the write that overwrote them, and a parent that keeps no element would
+        be an edge no probe can show.
         """
-        parents = [stale_label]
         key = storage_key(tensor)
         geometry = _geometry(tensor)
+        writers: dict[str, None] = {}  # the writes kept, in order
+        at: dict[tuple, str] = {}  # (geometry, dtype) -> the last write kept there
+        covered = False  # whether a write reached every element of the stale value
         for when, writer in self._writers.get(key, ()) if key is not None else ():
             if when > since and writer != stale_label:
-                if _covers(self._records[writer].meta.get("geometry"), geometry):
-                    del parents[1:]
-                parents.append(writer)
+                record = self._records[writer]
+                region = record.meta.get("geometry")
+                if _covers(region, geometry):
+                    writers.clear()
+                    at.clear()
+                    covered = True
+                elif region is not None:
+                    earlier = at.get((region, record.dtype))
+                    if earlier is not None:
+                        del writers[earlier]
+                writers[writer] = None
+                if region is not None:
+                    at[region, record.dtype] = writer
+        parents = [stale_label, *writers]
         refs = [ArgRef(label, str(i)) for i, label in enumerate(parents)]
         self._call_count += 1  # a call of its own, not part of the previous one
         op = self._new_op(REFRESH_FUNC_NAME, None, (), {}, refs, tensor, 0, False)
         op.meta["reason"] = "value changed in place through another tensor"
         op.meta["geometry"] = geometry  # with the writers', replay can redo the writes
+        if covered:  # the stale value is still the base replay writes over, but unread
+            op.meta["covered"] = True
         return op.label
 
     # -- ops ------------------------------------------------------------------------------
@@ -498,8 +520,8 @@ class TraceBuilder:
     ) -> list[Op]:
         """Record the outputs of one function call as ops; returns them."""
         self._call_count += 1
-        if name == "data":  # x.data: an alias with a version counter of its own
-            self._note_unshared(outputs[0])
+        if name == "data" or name == "set_data":  # x.data, x.data = y: an alias with a
+            self._note_unshared(outputs[0])  # version counter of its own
         if len(outputs) == 1 and not inplace:  # the common case, without the loop
             return [self._new_op(name, func, args_template, kwargs_template, parent_args,
                                  outputs[0], 0, False, None, rng_state)]  # fmt: skip
@@ -512,7 +534,7 @@ class TraceBuilder:
                 name, func, args_template, kwargs_template, parent_args, tensor,
                 output_index, inplace, label, rng_state,
             )  # fmt: skip
-            if inplace:
+            if inplace and name != "set_data":  # (x.data = y writes no memory: y's is x's)
                 key = storage_key(tensor)
                 if key is not None:
                     self._writers[key].append((self._call_count, op.label))

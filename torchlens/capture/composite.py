@@ -12,7 +12,10 @@ function returned. Kernel-level calls (``scaled_dot_product_attention``, ``layer
 
 Opened by default: :data:`DEFAULT_OPENED` (``F.multi_head_attention_forward``, which every
 ``nn.MultiheadAttention`` and ``nn.Transformer*`` layer calls). Open another with
-:func:`open_function`.
+:func:`open_function`. Opened at some calls only: :data:`OPENED_WHEN`, ``F.embedding`` and
+``F.embedding_bag`` given ``max_norm``, whose bodies renormalize rows of the weight in place
+(``embedding_renorm_``) before the lookup: a write into a parameter, recorded as the op it
+is, so the lookup reads the written weight and replay starts from the weight before it.
 
 How: the body is run through a private copy of the function whose own
 ``has_torch_function*`` checks answer False, so it does not hand itself back to the mode;
@@ -30,7 +33,14 @@ import torch.nn.functional as F
 from torchlens.capture import naming
 from torchlens.errors import InvalidArgumentError
 
-__all__ = ["DEFAULT_OPENED", "open_function", "close_function", "opened_body", "group_address"]
+__all__ = [
+    "DEFAULT_OPENED",
+    "OPENED_WHEN",
+    "open_function",
+    "close_function",
+    "opened_body",
+    "group_address",
+]
 
 DEFAULT_OPENED: tuple[Callable[..., Any], ...] = (F.multi_head_attention_forward,)
 _CHECKS = ("has_torch_function", "has_torch_function_unary", "has_torch_function_variadic")
@@ -39,6 +49,19 @@ _BODIES: dict[Callable[..., Any], Callable[..., Any]] = {}
 
 def _never(*args: Any) -> bool:
     return False
+
+
+def _renormalizes(args: tuple, kwargs: dict) -> bool:
+    """``F.embedding``/``F.embedding_bag`` given ``max_norm`` (4th argument of both): the
+    call writes into its weight."""
+    max_norm = kwargs["max_norm"] if "max_norm" in kwargs else (args[3:4] or (None,))[0]
+    return max_norm is not None
+
+
+OPENED_WHEN: dict[Callable[..., Any], Callable[[tuple, dict], bool]] = {
+    F.embedding: _renormalizes,
+    F.embedding_bag: _renormalizes,
+}
 
 
 def opened_body(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -107,8 +130,10 @@ def close_function(func: Callable[..., Any]) -> None:
         >>> open_function(F.multi_head_attention_forward)
     """
     naming.OPENED.discard(func)
+    naming.OPENED_WHEN.pop(func, None)
     naming.forget(func)
 
 
 for _func in DEFAULT_OPENED:
     naming.OPENED.add(_func)
+naming.OPENED_WHEN.update(OPENED_WHEN)

@@ -256,9 +256,12 @@ class Controls:
                 if not hasattr(op, "returned_by"):
                     continue  # a source returned as is: not an op
                 op.returned_by += (frame,)
-                if save is not None and save.matches(op) and not op.has_out:
-                    builder.save_extra(label, tensors[k])
-                    self.saved += 1
+                if save is not None and save.matches(op):
+                    if not op.has_out:
+                        builder.save_extra(label, tensors[k])
+                        self.saved += 1
+                    for selected in builder.late_selected:
+                        selected(op, tensors[k])
                 for i, selector, edit in edits:
                     if selector.matches(op):
                         self.edit_hits[i] += 1

@@ -164,6 +164,9 @@ class GradCapture:
         self.armed = False
         self._queued = False
         self.aliases = AliasTracker()  # records whose grad autograd merges with another's
+        # label -> alias_of of ops save= rejected when they ran; kept (not None) only when
+        # save= selects module outputs, which a call's end may select (see :meth:`select`)
+        self.pending: dict[str, str | None] | None = None
 
     @property
     def grads(self) -> GradMapping:
@@ -179,7 +182,20 @@ class GradCapture:
             old.remove()
         if isinstance(record, Op) and self.payload_filter and not self.payload_filter(record):
             self.store.missing[label] = ("not_saved", _not_selected(label))
+            if self.pending is not None:
+                self.pending[label] = alias_of
             return
+        self._hook(record, tensor, alias_of)
+
+    def select(self, op: Op, tensor: Tensor) -> None:
+        """``save=`` selected ``op`` when a module call returned its value (``tl.module(...)
+        .output``): hook it now. ``tensor`` still holds the op's value (the call returned
+        it), so its node is the one the op produced."""
+        if self.pending is not None and op.label in self.pending:
+            self._hook(op, tensor, self.pending.pop(op.label))
+
+    def _hook(self, record: Op | Source, tensor: Tensor, alias_of: str | None) -> None:
+        label = record.label
         if not tensor.requires_grad:
             self.store.missing[label] = ("no_grad", _untracked(label))
             self.store.untracked.add(label)
@@ -211,6 +227,7 @@ class GradCapture:
             self.store.missing[label] = ("grad_aliased", reason)
         trace.grad_session = self
         self.armed = True
+        self.pending = None  # no module call ends any more
         weakref.finalize(trace, _remove_all, self.handles)
 
     # -- during backward ------------------------------------------------------------------

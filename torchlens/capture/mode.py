@@ -56,7 +56,7 @@ class CaptureMode(TorchFunctionMode):
         if info.never_tensor or functorch_level() != self._level:
             return func(*args, **kwargs) if kwargs else func(*args)
         kwargs = kwargs or {}
-        if info.opens:
+        if info.opens and (info.opens is True or info.opens(args, kwargs)):
             return self._open(info.name, func, args, kwargs)
         if info.inplace and not args and kwargs:  # torch.nn.init passes tensor=...
             args, kwargs = _target_first(args, kwargs)

@@ -20,8 +20,10 @@ __all__ = [
     "func_info",
     "forget",
     "OPENED",
+    "OPENED_WHEN",
     "STOCHASTIC_FUNCS",
     "TENSOR_PROPERTIES",
+    "SET_DATA",
 ]
 
 # Dunder methods whose readable name differs from the stripped dunder.
@@ -58,6 +60,9 @@ _INPLACE_DUNDERS = {
 # memory but not its version counter, so writes through it are followed by storage; see
 # ``TraceBuilder.label_of``); every other property read is not an op.
 TENSOR_PROPERTIES = frozenset({"T", "mT", "H", "mH", "real", "imag", "data"})
+
+# ``x.data = value`` (the setter of Tensor.data), recorded as a write into ``x``
+SET_DATA = "set_data"
 
 # Calls that never return a tensor: skipped before any bookkeeping, for speed.
 _NEVER_TENSOR_METHODS = frozenset({
@@ -98,7 +103,9 @@ class FuncInfo:
     inplace: bool | tuple[int, ...]
     never_tensor: bool  # can only return non-tensors: pass straight through
     stochastic: bool  # may draw random numbers
-    opens: bool = False  # a composite recorded as a group of its inner ops (composite.py)
+    # a composite recorded as a group of its inner ops (composite.py): always (True), or
+    # at the calls where opens(args, kwargs) holds
+    opens: bool | Callable[[tuple, dict], bool] = False
 
 
 # func -> its FuncInfo. The capture modes read it directly on their per-op paths (a dict
@@ -106,6 +113,8 @@ class FuncInfo:
 FUNC_INFOS: dict[Any, FuncInfo] = {}
 # Composite functions recorded as groups; filled by torchlens.capture.composite.
 OPENED: set[Callable[..., Any]] = set()
+# Composite functions recorded as groups at some calls only: func -> when(args, kwargs)
+OPENED_WHEN: dict[Callable[..., Any], Callable[[tuple, dict], bool]] = {}
 
 
 def forget(func: Callable[..., Any]) -> None:
@@ -158,6 +167,10 @@ def _describe(func: Callable[..., Any]) -> FuncInfo:
     if raw == "__get__":  # a property read such as x.T or x.shape
         prop = getattr(getattr(func, "__self__", None), "__name__", "")
         return FuncInfo(prop, False, prop not in TENSOR_PROPERTIES, False)
+    if raw == "__set__" and getattr(getattr(func, "__self__", None), "__name__", "") == "data":
+        # x.data = value: x takes value's memory, a write into x like any other (older
+        # spectral-norm code updates its power-iteration vectors so)
+        return FuncInfo(SET_DATA, True, False, False)
     if raw.startswith("__") and raw.endswith("__"):
         stem = raw[2:-2]
         if stem in _INPLACE_DUNDERS:
@@ -170,7 +183,7 @@ def _describe(func: Callable[..., Any]) -> FuncInfo:
         inplace = raw.endswith("_") and not raw.startswith("_")
     never = raw in _NEVER_TENSOR_METHODS
     try:
-        opens = func in OPENED
+        opens: bool | Callable[[tuple, dict], bool] = func in OPENED or OPENED_WHEN.get(func, False)
     except TypeError:  # unhashable callables
         opens = False
     return FuncInfo(raw, inplace, never, raw in STOCHASTIC_FUNCS, opens)

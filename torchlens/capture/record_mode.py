@@ -113,7 +113,7 @@ class RecordMode(TorchFunctionMode):
             info = func_info(func)
         if info.never_tensor or functorch_level() != self._level:
             return func(*args, **kwargs) if kwargs else func(*args)
-        if info.opens:
+        if info.opens and (info.opens is True or info.opens(args, kwargs or {})):
             return self._open(info.name, func, args, kwargs or {})
         if self._aliases and (
             info.inplace or kwargs and ("out" in kwargs or kwargs.get("inplace") is True)

@@ -59,5 +59,6 @@ def side_writes(positions: tuple[int, ...]) -> Callable[[tuple, Any], Outputs]:
 
 SPECIAL_OUTPUTS: dict[str, Callable[[tuple, Any], Outputs]] = {
     "setitem": _written_first_argument,
+    "set_data": _written_first_argument,  # x.data = value (the setter returns nothing)
     **{name: side_writes(positions) for name, positions in SIDE_WRITES.items()},
 }

@@ -29,7 +29,7 @@ import torch
 from torchlens._table import format_table
 from torchlens.debug._frame import dataframe
 from torchlens.io import load
-from torchlens.replay.exemptions import value_exempt
+from torchlens.replay.exemptions import GROWS_TARGET, value_exempt
 from torchlens.replay.tolerances import comparable, tolerance
 from torchlens.trace import Op, Trace
 
@@ -257,7 +257,7 @@ def _key(op: Op, parents: tuple[str, ...]) -> tuple:
 
 def _uninitialized(trace: Trace, op: Op) -> bool:
     """Whether ``op``'s values are uninitialized memory (see ``value_exempt``)."""
-    if op.func_name != "resize_":
+    if op.func_name not in GROWS_TARGET:
         return value_exempt(op, [], None)
     target = trace[op.parents[0]] if op.parents else None
     return target is not None and math.prod(op.shape) > math.prod(target.shape)

@@ -6,8 +6,10 @@ of attention's q, k, v and ``scaled_dot_product_attention``'s output); the other
 their values. Wrong shapes or axes raise :class:`~torchlens.errors.InterventionError` naming
 the op and the shapes.
 
-:func:`rerun` (also ``trace.rerun(edits)``) applies edits to a finished trace, recomputing
-only their downstream cone; :func:`patch` builds the edits of activation patching.
+:func:`edit_pattern` recomputes a ``scaled_dot_product_attention`` op's output from an
+edited attention pattern. :func:`rerun` (also ``trace.rerun(edits)``) applies edits to a
+finished trace, recomputing only their downstream cone; :func:`patch` builds the edits of
+activation patching.
 
 Example:
     >>> import torch, torchlens as tl
@@ -18,6 +20,7 @@ Example:
     0.0
 """
 
+from torchlens.edits._attention import edit_pattern
 from torchlens.edits._helpers import (
     add,
     clamp,
@@ -34,6 +37,7 @@ __all__ = [
     "add",
     "check_comparable",
     "clamp",
+    "edit_pattern",
     "mean",
     "patch",
     "project",

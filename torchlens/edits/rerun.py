@@ -50,6 +50,7 @@ class _WhatIf(Interpreter):
         self.edits = edits
         self.new: dict[str, Tensor] = {}  # label -> value that differs from the saved one
         self.edited: list[str] = []
+        self.aliased: dict[str, Any] = {}  # edited ops that returned their argument
 
     def value(self, label: str) -> Tensor:
         new = self.new.get(label)
@@ -66,37 +67,47 @@ class _WhatIf(Interpreter):
 
     def visit(self, ops: list[Any]) -> None:
         head = ops[0]
-        dirty = any(ref.label in self.new for ref in head.parent_args)
+        if self.aliased:
+            reads = [self._read(ref.label, head) for ref in head.parent_args]
+        else:
+            reads = [ref.label for ref in head.parent_args]
+        dirty = any(label in self.new for label in reads)
         hits = [[(s, e) for s, e in self.edits if s.matches(op)] if op.func is not None else []
                 for op in ops]  # fmt: skip
         if not dirty and not any(hits):
             return
         if dirty:
-            outputs = self._recompute(head)
+            outputs = self._recompute(head, reads)
         else:
             outputs = [None] * (max(op.output_index for op in ops) + 1)
         for op, op_hits in zip(ops, hits):
-            if op_hits and "returns_argument" in op.meta and op.children:
-                raise InterventionError(
-                    f"{op.label!r} returned its argument {op.meta['returns_argument']!r} as "
-                    "it was (the same tensor), so the trace cannot tell its readers from "
-                    "the argument's later readers (a residual kept aside); a live run edits "
-                    "only the returned value: use tl.trace(..., intervene=...) instead",
-                    code="returned_argument",
-                )
             value = outputs[op.output_index] if op.output_index < len(outputs) else None
             changed = value is not None
             if value is None and op_hits:
                 value = op.out
+            if op_hits:  # the op as the edit sees it: its inputs read as in this run
+                seen = _copy(op, _store=_Overlay(self.trace.store, self.new))
             for _, edit in op_hits:
-                value = apply_edit(edit, value, op, inplace=False)
+                value = apply_edit(edit, value, seen, inplace=False)
             if op_hits:
                 self.edited.append(op.label)
+                if "returns_argument" in op.meta and op.children:
+                    self.aliased[op.label] = op
             if changed or op_hits:
                 self.new[op.label] = value
 
-    def _recompute(self, op: Any) -> list[Tensor]:
-        values = [self.value(ref.label) for ref in op.parent_args]
+    def _read(self, label: str, reader: Any) -> str:
+        """The label whose value ``reader`` reads where the trace says ``label``: the
+        argument's, when ``label`` is an edited op that returned its argument and
+        ``reader`` held that argument rather than the returned value."""
+        op = self.aliased.get(label)
+        while op is not None and not _reads_returned_value(op, reader):
+            label = op.meta["returns_argument"]
+            op = self.aliased.get(label)
+        return label
+
+    def _recompute(self, op: Any, reads: list[str]) -> list[Tensor]:
+        values = [self.value(label) for label in reads]
         if op.is_inplace or op.func_name in MUTATES_ARGUMENTS or op.func is None:
             values = [v.clone() for v in values]  # saved values stay as saved
         try:
@@ -118,6 +129,27 @@ class _WhatIf(Interpreter):
             ) from err
 
 
+def _reads_returned_value(op: Any, reader: Any) -> bool:
+    """Whether ``reader``, which the trace says read ``op`` (an op that returned its
+    argument as it was, the same tensor), read the returned value rather than the argument.
+
+    The trace cannot tell the two names apart; the module calls can. A reader inside the
+    module call that ran ``op`` holds the returned value (the usual ``x = dropout(x)``). A
+    reader outside it got the tensor from that call's return when ``op`` is what the call
+    returned (then the same question goes to the enclosing call), and held the argument
+    otherwise: a residual kept aside before an ``RMSNorm`` whose ``x.to(float32)`` is
+    float32 already.
+    """
+    inside = set(reader.module_stack)
+    returned = {(address, index) for address, index, _ in op.returned_by}
+    for frame in reversed(op.module_stack):
+        if frame in inside:
+            return True
+        if frame not in returned:
+            return False
+    return True
+
+
 def rerun(trace: Trace, edits: Mapping[Any, Any]) -> Trace:
     """A new trace in which the edited ops take new values and only their downstream cone
     is recomputed, from saved values with the recorded calls. ``trace`` is untouched.
@@ -126,6 +158,15 @@ def rerun(trace: Trace, edits: Mapping[Any, Any]) -> Trace:
     flow on values (``if x.sum() > 0``, ``.item()`` loops), and writes through views (a live
     edit of a view that is later written in place gives a fresh tensor, so the write no
     longer reaches its base; here the recorded write is redone).
+
+    An op that returned its argument as it was (eval ``Dropout``, ``x.contiguous()`` of a
+    contiguous ``x``, ``x.to(its dtype)``) can be edited: as in a live run, the edit reaches
+    the ops that read the returned value, and ops that held the argument under another
+    name read the argument. The trace records one tensor for both names, so which reader
+    held which is told from the module calls that enclose the op and what they returned
+    (a residual kept before an ``RMSNorm`` reads the argument). A second name kept inside
+    the same module call (``r = x; y = x.to(x.dtype); y + r``) counts as the returned
+    value, where a live run would read the argument.
 
     Args:
         trace: a trace with saved values (the default ``tl.trace``), not loaded from disk
@@ -142,8 +183,6 @@ def rerun(trace: Trace, edits: Mapping[Any, Any]) -> Trace:
         PayloadUnavailableError: when a value the recomputation needs was not saved.
         InterventionError: ``not_replayable`` for a call in the cone that cannot be re-run,
             ``recompute_failed`` for one that raises on the edited values,
-            ``returned_argument`` for an edit of an op that returned its argument as it
-            was (its readers cannot be told from the argument's);
             the edit function's own errors (``bad_edit``, ``changed_shape``...).
 
     Example:

@@ -39,6 +39,8 @@ _PY_MODULES = frozenset({"torch.nn.functional", "torch.functional", "torch._tens
 _DENIED = frozenset({"from_file", "save", "load"})  # file access: never replayed from a file
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _GETTER = "getter"  # a Tensor property read such as x.T, recorded as its __get__
+_SETTER = "setter"  # x.data = value, recorded as Tensor.data's __set__ (the only one)
+_SETTABLE = frozenset({"data"})
 
 
 class UnresolvableFunc(ValueError):
@@ -74,6 +76,9 @@ def _find_ref(func: Callable[..., Any]) -> dict[str, str]:
     prop = _property_name(func)
     if prop is not None:
         return {"kind": _GETTER, "name": prop, "ns": "torch.Tensor"}
+    prop = _property_name(func, "__set__")
+    if prop in _SETTABLE:
+        return {"kind": _SETTER, "name": prop, "ns": "torch.Tensor"}
     name = getattr(func, "__name__", None)
     for ns_name, ns in _NAMESPACES.items():
         if isinstance(name, str) and getattr(ns, name, None) is func:
@@ -104,6 +109,8 @@ def resolve_func(ref: Any) -> Callable[..., Any]:
         if type(descriptor).__name__ != "getset_descriptor":
             raise UnresolvableFunc(f"Tensor.{name} is not a tensor property")
         return descriptor.__get__
+    if kind == _SETTER and name in _SETTABLE:
+        return vars(torch._C.TensorBase)[name].__set__
     if kind is not None:
         raise UnresolvableFunc(f"unknown function kind {kind!r}")
     func = getattr(ns, name, None)
@@ -117,9 +124,9 @@ def _checked(ref: dict[str, str], func: Callable[..., Any]) -> dict[str, str]:
     return ref
 
 
-def _property_name(func: Any) -> str | None:
+def _property_name(func: Any, method: str = "__get__") -> str | None:
     owner = getattr(func, "__self__", None)
-    if getattr(func, "__name__", None) != "__get__" or owner is None:
+    if getattr(func, "__name__", None) != method or owner is None:
         return None
     if getattr(owner, "__objclass__", None) is not torch._C.TensorBase:
         return None

@@ -130,15 +130,17 @@ def replay(
     host = rng.host_snapshot()  # a forward may draw from Python's or NumPy's RNG too
     uncopied: list[str] = []
     pristine = copy_inputs(args, kwargs, uncopied)  # a forward may modify its inputs
-    reference = detached(rerun(model, *pristine, start, intervene))
+    aliased: set[int] = set()  # tensors whose .data the forward took
+    reference = detached(rerun(model, *pristine, start, intervene, aliased))
     rng.restore(host)  # (torch's generators the rerun puts back itself)
     del pristine
     after_rerun = state.rewind()
     moved_parameters = state.changed_parameters()
-    if moved_parameters and not uncopied:
+    suspects = state.aliased(aliased)  # may have been written through .data: unseen
+    if (moved_parameters or suspects) and not uncopied:
         # the forward wrote its own weights (RWKV rescales its layers at its first call in
         # eval mode): from the weights it left, rerun once more, keeping them to rewind to
-        state = ModelState(model, keep_parameters=True)
+        state = ModelState(model, keep_parameters=True, by_value=suspects)
         reference = detached(rerun(model, *copy_inputs(args, kwargs), start, intervene))
         rng.restore(host)
         after_rerun = state.rewind()

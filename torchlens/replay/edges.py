@@ -36,6 +36,7 @@ from torchlens.replay.exemptions import (
     unchanged_reason,
     unread_reason,
 )
+from torchlens.replay.memory import part_of, surviving_parents
 from torchlens.replay.perturb import (
     BATTERY,
     NEUTRAL_PROBES,
@@ -103,7 +104,12 @@ class EdgeProver:
         unmovable = _nothing_to_move(outputs)  # why no probe can move them, or None
         verdicts: dict[str, Verdict | None] = dict.fromkeys(slots)  # in argument order
         pending: list[tuple[str, list[int]]] = []
+        # a refresh's parents whose elements survive the writes into its value (memory.py)
+        shown = surviving_parents(head, self.runner.trace) if head.func_name == "refresh" else ()
         for label, indices in slots.items():
+            if label in shown and not unmovable:
+                verdicts[label] = ("verified", label)
+                continue
             verdict = self._without_calls(head, label, indices, values, outputs, unmovable)
             if verdict is None:
                 pending.append((label, indices))
@@ -149,7 +155,7 @@ class EdgeProver:
         if unmovable:
             return "exempt", f"{label}: {unmovable}"
         for out in outputs:
-            if same_elements(out, parent):
+            if same_elements(out, parent) or part_of(out, parent):
                 return "verified", label
         return None
 

@@ -22,8 +22,10 @@ Kinds of entry, each with its reason:
 * :data:`SILENT_OUTPUT`: an output that is NaN in every element shows no change to any
   argument: its edges are exempt, since nothing can be observed.
 * :data:`VALUE_EXEMPT`: functions whose output values are undefined (uninitialized memory):
-  replay checks their shape and dtype only. So do :func:`value_exempt` calls of two more
-  functions: ``Tensor.new`` given sizes (not data), and ``resize_`` growing its target.
+  replay checks their shape and dtype only. So do :func:`value_exempt` calls of the
+  functions that give uninitialized memory at some calls only: ``Tensor.new`` given sizes
+  (not data), ``resize_`` and ``resize_as_`` growing their target, and ``set_`` onto a
+  storage (not a tensor).
 * Parent kinds, applied to every function: integer and boolean parents (indices, masks,
   counts: no small "nearby" value exists, and most changes make the call invalid), and
   parents with zero elements (nothing to change).
@@ -48,6 +50,7 @@ __all__ = [
     "OUT_TARGET",
     "VALUE_EXEMPT",
     "MAY_BE_UNINITIALIZED",
+    "GROWS_TARGET",
     "value_exempt",
     "MUTATES_ARGUMENTS",
     "may_write_arguments",
@@ -104,6 +107,9 @@ _FACTORY_LIKE = Exemption(f"*_like factory: {_SHAPE_ONLY}")
 _NEW_FACTORY = Exemption(f"new_* factory: {_SHAPE_ONLY}", _pos("0"))
 _OVERWRITES = Exemption("overwrites every element of its target", _pos("0", "tensor"))
 _OTHER_SHAPE = Exemption(f"*_as / type_as: {_SHAPE_ONLY}", _pos("1", "other"))
+_SET_DATA = Exemption(
+    "x.data = value: x takes value's memory; its own old values are never read", _pos("0")
+)
 
 PERTURBATION_EXEMPT: dict[str, Exemption] = {
     **dict.fromkeys(
@@ -117,14 +123,22 @@ PERTURBATION_EXEMPT: dict[str, Exemption] = {
     ),
     "new": Exemption("Tensor.new: reads only the dtype and device of its tensor", _pos("0")),
     **dict.fromkeys(["expand_as", "view_as", "reshape_as", "type_as"], _OTHER_SHAPE),
+    "resize_as_": Exemption(f"resize_as_: {_SHAPE_ONLY}", _pos("1", "the_template")),
+    "set_data": _SET_DATA,
     **dict.fromkeys(
         ["fill_", "zero_", "copy_", "normal_", "uniform_", "random_", "exponential_",
          "geometric_", "log_normal_", "cauchy_", "bernoulli_", "kaiming_uniform_",
          "kaiming_normal_", "xavier_uniform_", "xavier_normal_", "trunc_normal_",
-         "orthogonal_", "sparse_", "constant_", "ones_", "zeros_", "eye_", "dirac_"],
+         "orthogonal_", "sparse_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
+         "set_"],
         _OVERWRITES,
     ),
     "to": Exemption(f"x.to(other): {_SHAPE_ONLY}", _pos("1", "other")),
+    "refresh": Exemption(
+        "keeps no element of the stale value: a recorded write covered every element of it",
+        _pos("0"),
+        when=lambda op: bool(op.meta.get("covered")),
+    ),
     "batch_norm": Exemption(
         "in training mode the output uses batch statistics; the running statistics are "
         "only updated",
@@ -267,6 +281,29 @@ _POWER_ZERO = Unread(
 )
 
 
+def _keeps_no_element(upper: bool) -> Callable[[Callable[[int, str, Any], Any]], bool]:
+    """``triu``/``tril`` whose diagonal lies past every element of the input's last two
+    dimensions (``triu(x, k)`` keeps the elements with ``column - row >= k``, ``tril``
+    those with ``column - row <= k``): the output is zeros whatever the input holds."""
+
+    def keeps_none(get: Callable[[int, str, Any], Any]) -> bool:
+        value, diagonal = get(0, "input", None), get(1, "diagonal", 0)
+        if not isinstance(value, torch.Tensor) or value.dim() < 2:
+            return False
+        if not isinstance(diagonal, int):
+            return False
+        rows, cols = value.shape[-2], value.shape[-1]
+        return diagonal > cols - 1 if upper else diagonal < -(rows - 1)
+
+    return keeps_none
+
+
+_KEEPS_NO_ELEMENT = (
+    "keeps no element of the input at this call: the diagonal lies past every element, so "
+    "the output is zeros whatever the input holds"
+)
+
+
 def _is_zero(value: Any) -> bool:
     if isinstance(value, torch.Tensor):
         return value.numel() > 0 and not bool(value.any())
@@ -280,6 +317,14 @@ UNREAD: dict[str, tuple[Unread, ...]] = {
         (_BETA_ZERO, _ALPHA_ZERO),
     ),
     **dict.fromkeys(["pow", "pow_", "float_power", "float_power_"], (_POWER_ZERO,)),
+    # an op that provably keeps no element of a parent at this call (the 1x1 causal mask
+    # triu(full((1, 1), -inf), 1) at the first step of an autoregressive loop)
+    **dict.fromkeys(["triu", "triu_"], (
+        Unread(f"triu {_KEEPS_NO_ELEMENT}", _TARGET, _keeps_no_element(upper=True)),
+    )),
+    **dict.fromkeys(["tril", "tril_"], (
+        Unread(f"tril {_KEEPS_NO_ELEMENT}", _TARGET, _keeps_no_element(upper=False)),
+    )),
     "where": (
         Unread("the condition is true everywhere: `other` is never read",
                _pos("2", "other"), lambda get: _all_true(get(0, "condition", None))),
@@ -326,15 +371,20 @@ VALUE_EXEMPT: dict[str, str] = dict.fromkeys(
     "uninitialized memory: values are not determined by the call",
 )  # fmt: skip
 # functions whose output is uninitialized memory at some calls only (see value_exempt)
-MAY_BE_UNINITIALIZED = frozenset(VALUE_EXEMPT) | {"new", "resize_"}
+GROWS_TARGET = frozenset({"resize_", "resize_as_"})
+MAY_BE_UNINITIALIZED = frozenset(VALUE_EXEMPT) | {"new", "set_"} | GROWS_TARGET
 
 
-def value_exempt(op: Any, parents: list[torch.Tensor], output: torch.Tensor) -> bool:
+def value_exempt(op: Any, parents: list[torch.Tensor], output: torch.Tensor | None) -> bool:
     """Whether ``op``'s output values are not determined by its call, so replay checks
     only its shape and dtype: :data:`VALUE_EXEMPT`, ``x.new(2, 3)`` or ``x.new(size)``
-    (sizes give uninitialized memory; data, ``x.new([2., 3.])``, does not), and
-    ``resize_`` growing its target (the new elements are uninitialized). ``parents`` are
-    the call's tensor arguments, ``output`` its replayed output."""
+    (sizes give uninitialized memory; data, ``x.new([2., 3.])``, does not),
+    ``resize_`` and ``resize_as_`` growing their target (the new elements are
+    uninitialized: torch's ``nn.CrossMapLRN2d`` resizes a fresh ``x.new()`` so), and
+    ``set_`` onto a storage rather than a tensor (its values are whatever that memory
+    holds; ``x.set_()`` gives no elements). ``parents`` are the call's tensor arguments,
+    ``output`` its replayed output (for :data:`GROWS_TARGET`; the caller decides growth
+    itself when it passes None)."""
     name = op.func_name
     if name in VALUE_EXEMPT:
         return True
@@ -347,8 +397,10 @@ def value_exempt(op: Any, parents: list[torch.Tensor], output: torch.Tensor) -> 
             and not op.kwargs_template.keys() - {"dtype", "device"}
             and all(type(size) is int for size in sizes)
         )
-    if name == "resize_":
-        return bool(parents) and output.numel() > parents[0].numel()
+    if name in GROWS_TARGET:
+        return bool(parents) and output is not None and output.numel() > parents[0].numel()
+    if name == "set_":
+        return len(op.parent_args) < 2 and 0 not in op.shape
     return False
 
 

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from torchlens._tensors import copy_keeping_layout, version_of
+from torchlens._tensors import copy_keeping_layout, storage_key, version_of
 from torchlens.capture import rng
 from torchlens.capture.record import record
 from torchlens.capture.tree import fill, flatten
@@ -140,17 +140,27 @@ _STATE = frozenset({Tensor, torch.Generator})  # module attributes a forward may
 
 
 class ModelState:
-    """The model's buffers (copied) and parameters (versions) before a forward.
+    """The model's buffers (copied) and parameters (versions and memory) before a forward.
+
+    A parameter is watched by its version counter and the address of its memory: an
+    in-place write moves the first, ``param.data = value`` (older spectral-norm code
+    updating its power-iteration vectors) only the second.
 
     With ``keep_parameters``, the parameters are copied too, so :meth:`rewind` puts back
     weights the forward wrote in place (taken only once a forward was seen to do that:
     a copy of every weight is not paid for on every check).
     """
 
-    def __init__(self, model: Any, *, keep_parameters: bool = False) -> None:
+    def __init__(
+        self, model: Any, *, keep_parameters: bool = False, by_value: frozenset[str] = frozenset()
+    ) -> None:
         self.model = model if isinstance(model, nn.Module) else None
-        self.buffers: dict[str, tuple[Tensor, int | None, Tensor]] = {}
-        self.params: dict[str, tuple[Tensor, int | None]] = {}
+        # kept parameters told changed by their values too: those whose .data the forward
+        # took, since a write through that alias moves neither version nor memory
+        self.by_value = by_value
+        # name -> (buffer, version, copy, address of its memory)
+        self.buffers: dict[str, tuple[Tensor, int | None, Tensor, int | None]] = {}
+        self.params: dict[str, tuple[Tensor, tuple]] = {}  # name -> (param, _mark)
         self.kept: dict[str, Tensor] = {}  # parameter copies, with keep_parameters
         # tensors kept as plain module attributes (torchmetrics' accumulators, counters):
         # (module, name, tensor, version, copy)
@@ -172,9 +182,9 @@ class ModelState:
                 else:
                     self.generators.append((value, value.get_state()))
         for name, buf in named_tensors(self.model, "_buffers", walk).items():
-            self.buffers[name] = (buf, version_of(buf), buf.detach().clone())
+            self.buffers[name] = (buf, version_of(buf), buf.detach().clone(), storage_key(buf))
         for name, param in named_tensors(self.model, "_parameters", walk).items():
-            self.params[name] = (param, version_of(param))
+            self.params[name] = (param, _mark(param))
             if keep_parameters:
                 self.kept[name] = param.detach().clone()
 
@@ -185,9 +195,22 @@ class ModelState:
         current = named_tensors(self.model, "_parameters") if self.model else {}
         return [
             name
-            for name, (param, version) in self.params.items()
-            if not _same_parameter(current.get(name), param, version)
+            for name, (param, mark) in self.params.items()
+            if not _same_parameter(current.get(name), param, mark) or self._written(name)
         ]
+
+    def aliased(self, ids: set[int]) -> frozenset[str]:
+        """The parameters among ``ids`` (tensors whose ``.data`` a forward took, see
+        :func:`rerun`): the forward may have written them through that alias."""
+        return frozenset(name for name, (param, _) in self.params.items() if id(param) in ids)
+
+    def _written(self, name: str) -> bool:
+        """A kept parameter of :attr:`by_value` whose values moved."""
+        saved = self.kept.get(name) if name in self.by_value else None
+        if saved is None:
+            return False
+        param = self.params[name][0]
+        return param.shape != saved.shape or not equal(param.detach(), saved)
 
     def rerun_blocked(self, findings: Findings) -> bool:
         """Whether the forward changed parameters in place, which rules out a faithful
@@ -207,7 +230,7 @@ class ModelState:
         current = named_tensors(self.model, "_buffers")
         rewound: dict[int, Tensor] = {}  # a buffer under two names (a module kept twice)
         with torch.no_grad():
-            for name, (buf, version, saved) in self.buffers.items():
+            for name, (buf, version, saved, address) in self.buffers.items():
                 now = current.get(name)
                 if now is not None and id(now) in rewound:  # put back under its first name
                     after[name] = rewound[id(now)]
@@ -215,7 +238,9 @@ class ModelState:
                 if now is None or (now is buf and _same(now, saved, version)):
                     continue
                 after[name] = rewound[id(now)] = now.detach().clone()
-                if now.shape == saved.shape and now.dtype == saved.dtype:
+                if now is buf and storage_key(now) != address:  # buf.data = value: that
+                    now.data = saved.clone()  # memory may be another tensor's (an output)
+                elif now.shape == saved.shape and now.dtype == saved.dtype:
                     now.copy_(saved)
                 else:
                     _set_buffer(self.model, name, saved.clone())
@@ -235,14 +260,22 @@ class ModelState:
                     module.__dict__[name] = tensor
 
     def rewind_parameters(self) -> None:
-        """Put the kept parameters back where the forward wrote them in place; they then
-        count as unchanged (the versions are taken again)."""
+        """Put the kept parameters back where the forward wrote them in place (or gave
+        them other memory, ``param.data = value``: they get a copy of their own, since
+        that memory may be another tensor's); they then count as unchanged (the versions
+        are taken again)."""
         with torch.no_grad():
             for name, saved in self.kept.items():
-                param, version = self.params[name]
-                if version_of(param) != version and param.shape == saved.shape:
+                param, (version, address) = self.params[name]
+                if storage_key(param) != address:
+                    param.data = saved.clone()
+                elif (version_of(param) != version or self._written(name)) and (
+                    param.shape == saved.shape
+                ):
                     param.copy_(saved)
-                    self.params[name] = (param, version_of(param))
+                else:
+                    continue
+                self.params[name] = (param, _mark(param))
 
     def compare_buffers(self, after: dict[str, Tensor], findings: Findings, atol, rtol) -> None:
         """Buffers now (after the second forward) must equal ``after`` (after the first)."""
@@ -270,11 +303,17 @@ def note_moved_parameters(findings: Findings, changed: list[str], consequence: s
         )  # fmt: skip
 
 
-def _same_parameter(now: Tensor | None, before: Tensor, version: int | None) -> bool:
-    """``now`` holds what ``before`` (at ``version``) held: it is that parameter, unwritten,
-    or another object with its shape, dtype and values (both on the meta device: no values
-    to differ)."""
-    if version_of(before) != version or now is None:
+def _mark(param: Tensor) -> tuple[int | None, int | None]:
+    """What moves when a parameter's values change: its version counter (an in-place
+    write) and the address of its memory (``param.data = value``)."""
+    return version_of(param), storage_key(param)
+
+
+def _same_parameter(now: Tensor | None, before: Tensor, mark: tuple) -> bool:
+    """``now`` holds what ``before`` (at ``mark``, see :func:`_mark`) held: it is that
+    parameter, unwritten, or another object with its shape, dtype and values (both on the
+    meta device: no values to differ)."""
+    if _mark(before) != mark or now is None:
         return False
     if now is before:
         return True
@@ -300,26 +339,43 @@ def _set_buffer(model: nn.Module, name: str, value: Tensor) -> None:
 
 
 def rerun(
-    model: Any, args: tuple, kwargs: dict, rng_state: dict | None, intervene: Any = None
+    model: Any,
+    args: tuple,
+    kwargs: dict,
+    rng_state: dict | None,
+    intervene: Any = None,
+    aliased: set[int] | None = None,
 ) -> Any:
     """One plain forward with the captured RNG state in place (the caller's comes back).
 
     With ``intervene``, the edits are applied by ``tl.record``'s lean mode, which shares no
-    bookkeeping with the capture being checked.
+    bookkeeping with the capture being checked. ``aliased`` (a set) receives the ids of the
+    tensors whose ``.data`` the forward took: a write through such an alias moves neither
+    the tensor's version nor its memory (see :meth:`ModelState.aliased`).
     """
     with rng.restored(rng_state):
         if intervene is None:
-            with _Unrecorded():
+            with _Unrecorded(aliased):
                 return model(*args, **kwargs)
         return record(model, args, kwargs, intervene=intervene).output
+
+
+_DATA = torch._C.TensorBase.data.__get__  # x.data (equal to every reading of it)
 
 
 class _Unrecorded(TorchFunctionMode):
     """A mode that records nothing. Under the capture a mode is active, so code that asks
     whether one is (``has_torch_function``: the fast paths of ``nn.MultiheadAttention`` and
-    ``nn.TransformerEncoderLayer``) takes its general path; the rerun takes the same."""
+    ``nn.TransformerEncoderLayer``) takes its general path; the rerun takes the same. With
+    ``aliased``, the ids of tensors whose ``.data`` is taken are added to it."""
+
+    def __init__(self, aliased: set[int] | None = None) -> None:
+        super().__init__()
+        self.aliased = aliased
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if self.aliased is not None and args and func == _DATA:
+            self.aliased.add(id(args[0]))
         return func(*args, **kwargs) if kwargs else func(*args)
 
 

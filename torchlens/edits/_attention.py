@@ -1,0 +1,90 @@
+"""An edit of what a ``scaled_dot_product_attention`` op attends with (its pattern)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from torchlens.attention import attend, attention_inputs, attention_pattern
+from torchlens.errors import InterventionError, InvalidArgumentError
+
+__all__ = ["edit_pattern"]
+
+Tensor = torch.Tensor
+
+
+def edit_pattern(fn: Callable[..., Tensor]) -> Callable[[Tensor, Any], Tensor]:
+    """An ``intervene=`` (or ``rerun``) edit of a ``scaled_dot_product_attention`` op that
+    changes what it attends with: the op's output becomes ``fn(pattern, op) @ v``.
+
+    ``pattern`` is :func:`torchlens.attention_pattern` of the op, ``(batch, heads, queries,
+    keys)``, rebuilt from the q and k the op reads in this run (the edited ones, when an
+    earlier edit changed them); ``v`` is its value input (heads repeated under
+    ``enable_gqa``). ``fn`` may take the pattern alone. The op's q, k and v must be saved
+    (the default). The call's ``dropout_p`` is not applied: the output is what an eval
+    forward attending with the edited pattern computes.
+
+    Args:
+        fn: ``fn(pattern, op) -> pattern`` (or ``fn(pattern)``), of the same shape.
+
+    Returns:
+        ``fn(t, op)`` for ``intervene=`` or ``trace.rerun``; select the attention ops
+        with ``tl.func("scaled_dot_product_attention")`` (and a module, to pick a layer).
+
+    Raises:
+        InterventionError: ``bad_edit`` (when applied) when the selected op is not a
+            ``scaled_dot_product_attention`` op or ``fn`` returns a pattern of another shape;
+            ``PayloadUnavailableError`` when q, k or v were not saved.
+
+    Example:
+        >>> import torch, torch.nn.functional as F, torchlens as tl
+        >>> q, v = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4)
+        >>> fn = lambda q, v: F.scaled_dot_product_attention(q, q, v)
+        >>> identity = edit_pattern(lambda p: torch.eye(3).expand_as(p))  # each token itself
+        >>> sdpa = tl.func("scaled_dot_product_attention")
+        >>> edited = tl.trace(fn, (q, v), intervene={sdpa: identity})
+        >>> torch.allclose(edited.output, v)
+        True
+    """
+    if not callable(fn):
+        raise InvalidArgumentError(
+            f"edit_pattern takes a function fn(pattern, op) -> pattern, got {type(fn).__name__}",
+            code="bad_edit",
+        )
+    takes_op = _arity(fn) != 1
+
+    def edit(t: Tensor, op: Any) -> Tensor:
+        try:
+            inputs = attention_inputs(op)
+        except InvalidArgumentError as err:
+            raise InterventionError(
+                f"edit_pattern edits scaled_dot_product_attention ops of tl.trace: {err}",
+                code="bad_edit",
+            ) from None
+        pattern = attention_pattern(op)
+        new = fn(pattern, op) if takes_op else fn(pattern)
+        if not isinstance(new, Tensor) or tuple(new.shape) != tuple(pattern.shape):
+            got = tuple(new.shape) if isinstance(new, Tensor) else type(new).__name__
+            raise InterventionError(
+                f"the edit_pattern function for {op.label!r} returned {got}; return a pattern "
+                f"of the shape it was given, {tuple(pattern.shape)}",
+                code="bad_edit",
+            )
+        return attend(new, inputs).to(t.dtype)
+
+    return edit
+
+
+def _arity(fn: Callable[..., Any]) -> int:
+    """How many positional arguments ``fn`` takes (2 when it cannot be told)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return 2
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
+        return 2
+    return sum(1 for p in params if p.kind in kinds)
