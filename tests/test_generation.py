@@ -156,3 +156,13 @@ def test_extract_over_generate(tmp_path):
     )
     (site,) = list(result)
     assert torch.allclose(result[site][:], kept.out)
+
+
+def test_a_generate_trace_draws_saves_and_summarises(tmp_path):
+    model, kwargs = _llama(), _kwargs(do_sample=False)
+    trace = tl.trace(model.generate, kwargs=kwargs)
+    dot = trace.to_dot(depth=1)  # each decoding step a box
+    assert all(f"(LlamaForCausalLM) call {k}" in dot for k in range(1, STEPS + 1))
+    assert "LlamaForCausalLM" in trace.summary(by="module")
+    loaded = tl.load(tl.save(trace, tmp_path / "gen"))
+    assert [m.name for m in loaded.module_calls("")] == [m.name for m in trace.module_calls("")]
