@@ -147,13 +147,13 @@ def test_a_module_made_during_the_forward_is_addressed_below_the_root():
             return self.late(x)
 
     model = Lazy()
-    trace = tl.trace(model, torch.randn(1, 2))
+    trace = tl.trace(model.forward, torch.randn(1, 2))  # (a method: every call followed)
     assert [m.name for m in trace.modules] == ["<root>:1", "late:1"]
     # its weights were computed in the forward (initialised in place): the edges stay
     linear = next(op for op in trace if op.func_name == "linear")
     assert linear.module == "late"
     assert linear.parents == ("input_1", "kaiming_uniform__1", "uniform__1")
-    again = tl.trace(model, torch.randn(1, 2))  # built now: a parameter like any other
+    again = tl.trace(model, torch.randn(1, 2))  # in the tree now: a parameter like any other
     assert _sources(again, "parameter") == ["late.bias", "late.weight"]
 
 
@@ -169,9 +169,15 @@ def test_a_module_kept_outside_the_tree_is_recorded_too():
         def forward(self, x):
             return self.inner(self.helpers[0](x))
 
-    trace = tl.trace(Holder(), torch.randn(1, 2))
+    holder = Holder()
+    trace = tl.trace(holder.forward, torch.randn(1, 2))  # a method: every call followed
     assert [m.name for m in trace.modules] == ["<root>:1", "Linear:1", "inner:1"]
     assert _sources(trace, "parameter") == ["Linear.bias", "Linear.weight"]
+    # a traced module follows its own tree only (the fast path): the helper's call is not
+    # a module call, its weights are constants
+    fast = tl.trace(holder, torch.randn(1, 2))
+    assert [m.name for m in fast.modules] == ["<root>:1", "inner:1"]
+    assert nn.Module.__call__ is TORCH_CALL
 
 
 @pytest.mark.parametrize(
