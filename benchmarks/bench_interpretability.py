@@ -10,6 +10,9 @@ forward, torch on one thread, each run timed by thread CPU time (steady on a sha
 * ``rerun``: ``trace.rerun`` of an edit of the last layer's output (before the head) of a
   12-layer model, against a forward of the model (target under 0.2x), and against an edit of
   the first layer's output (a full recompute) for reference.
+* ``sweep``: ``edits.sweep`` over 2 blocks x 16 positions of a transformers GPT-2 (2 layers,
+  random weights; needs transformers), against the same 32 live interventions
+  (``tl.trace(..., intervene=...)``, target: the sweep costs less) and 32 plain forwards.
 
 Run: ``python benchmarks/bench_interpretability.py [--repeats N] [--clock wall]``.
 """
@@ -98,6 +101,49 @@ def bench_rerun(repeats: int, clock) -> None:
     )
 
 
+def bench_sweep(repeats: int, clock) -> None:
+    try:
+        import transformers
+    except ImportError:
+        print("sweep: skipped (transformers is not installed)")
+        return
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=100, n_positions=32)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    clean_ids = torch.randint(0, 100, (1, 16))
+    corrupt_ids = clean_ids.clone()
+    corrupt_ids[0, 5] = (corrupt_ids[0, 5] + 1) % 100
+    with torch.no_grad():
+        clean, corrupt = tl.trace(model, clean_ids), tl.trace(model, corrupt_ids)
+    sites = {f"h.{i}": tl.module(f"transformer.h.{i}").output for i in range(2)}
+    metric = edits.logit_diff(3, 7)
+    cells = [
+        edits.patch(corrupt, clean, s, positions=[p]) for s in sites.values() for p in range(16)
+    ]
+
+    def sweep() -> None:
+        edits.sweep(corrupt, clean, sites, metric, positions=range(16), progress=False)
+
+    def live() -> None:
+        for edit in cells:
+            metric(tl.trace(model, corrupt_ids, intervene=edit).output)
+
+    def forwards() -> None:
+        for _ in cells:
+            metric(model(corrupt_ids))
+
+    with torch.no_grad():
+        ratios = _ratios(
+            {"forwards": forwards, "live": live, "sweep": sweep}, "live", repeats, clock
+        )
+    print(
+        f"sweep (GPT-2, 2 blocks x 16 positions = {len(cells)} cells) / {len(cells)} live "
+        f"interventions: {ratios['sweep']:.2f}x (target < 1); / {len(cells)} plain forwards: "
+        f"{ratios['sweep'] / ratios['forwards']:.2f}x"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=15)
@@ -107,6 +153,7 @@ def main() -> None:
     clock = time.thread_time if options.clock == "cpu" else time.perf_counter
     bench_attention(options.repeats, clock)
     bench_rerun(options.repeats, clock)
+    bench_sweep(options.repeats, clock)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,10 @@ image dataset (50 examples, batches of 6: the last one holds 2). ``--iterable`` 
 generator instead of a ``DataLoader`` (every rank reads it whole); ``--slow`` sleeps between
 batches and writes a shard per batch, so that a test can kill the run midway.
 
+``--hold N [--flush S] [--pause K:S]`` holds the run inside the forward of the N-th batch
+it runs (see ``held``), for a test to send it a signal there; the same command without
+``--hold`` resumes the run (the hold changes none of its arguments).
+
 ``--ranks`` (under torchrun) runs the cases where ranks disagree or one rank fails, an FSDP2
 model, a run that talks through a gloo group of its own (as beside NCCL), then destroys the
 process group itself; each rank writes one JSON line per case to
@@ -171,8 +175,56 @@ def _fsdp2(out: str) -> list:
     return [ex["relu_1"][:].tolist(), plain(x).tolist(), ex.meta["args"]["parameters"]]
 
 
+def reference() -> dict[str, torch.Tensor]:
+    """Every row of the run's sites from a plain forward-hook loop (no torchlens)."""
+    net, rows = model(), {"relu_1": [], "linear_1": [], "targets": []}
+    net.conv.register_forward_hook(
+        lambda m, i, out: rows["relu_1"].append(torch.relu(out).mean(dim=(2, 3)))
+    )
+    net.fc.register_forward_hook(lambda m, i, out: rows["linear_1"].append(out))
+    with torch.no_grad():
+        for x, y in loader():
+            net(x)
+            rows["targets"].append(y)
+    return {k: torch.cat(v) for k, v in rows.items()}
+
+
+def held(out: str, hold: int, flush: float | None, pause: tuple[int, float] | None) -> None:
+    """The run with a holdup inside the forward: the ``pause[0]``-th batch this process runs
+    (1 for its first) sleeps ``pause[1]`` seconds first; the ``hold``-th writes
+    ``OUT.hold-rank{r}`` and waits there for a signal. Rows are flushed by ``flush`` seconds
+    only (64 MB shards), so what is on disk at the signal is what it made the run write."""
+    net, calls = model(), [0]
+    marker = f"{out}.hold-rank{os.environ.get('RANK', '0')}"
+
+    def holdup(module, args) -> None:
+        calls[0] += 1
+        if pause is not None and calls[0] == pause[0]:
+            time.sleep(pause[1])
+        if calls[0] == hold:
+            open(marker, "w").close()
+            while True:
+                time.sleep(0.05)
+
+    net.fc.register_forward_pre_hook(holdup)
+    tl.extract(net, loader(), save=SAVE, to=out, inputs=0, targets=1, reduce=REDUCE,
+               progress=False, shard_mb=64, flush_s=flush)  # fmt: skip
+
+
+def _option(name: str, default=None):
+    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
+
+
 if __name__ == "__main__":
-    if "--ranks" in sys.argv:
+    if "--hold" in sys.argv or "--flush" in sys.argv:  # --hold N [--flush S] [--pause N:S]
+        flush, pause = _option("--flush"), _option("--pause")
+        held(
+            sys.argv[1],
+            int(_option("--hold", 0)),
+            None if flush is None else float(flush),
+            None if pause is None else (int(pause.split(":")[0]), float(pause.split(":")[1])),
+        )
+    elif "--ranks" in sys.argv:
         ranks(sys.argv[1])
     elif "--both" in sys.argv:  # one torchrun launch for both ways of splitting the data
         run(sys.argv[1] + "/loader")

@@ -46,23 +46,61 @@ def test_identical_runs_have_no_divergence():
     assert "no divergence" in str(result)
 
 
-def test_bf16_vs_fp32_names_the_first_op_beyond_bf16_tolerance():
+def test_bf16_vs_fp32_reads_as_smooth_growth_of_the_norm_relative_error():
     a, b = _transformer_trace(), _transformer_trace(torch.bfloat16)
     result = tl.diff(a, b)
     rtol, atol = tolerance(torch.bfloat16)
-    first = None  # worked out independently: the first op failing isclose at bf16's tolerance
+    elementwise = 0  # what an elementwise isclose at bf16's tolerance would flag
+    for row in result.rows:
+        x, y = a[row.label_a].out.double(), b[row.label_b].out.double()
+        assert row.rel_error == pytest.approx(((x - y).norm() / x.norm()).item())
+        assert row.cosine == pytest.approx(
+            torch.cosine_similarity(x.flatten(), y.flatten(), 0).item()
+        )
+        assert 0 < row.rel_error < 0.02 and row.cosine > 0.9995
+        assert row.status == (
+            "differs" if row.rel_error > rtol + atol / x.pow(2).mean().sqrt() else "same"
+        )
+        elementwise += not torch.isclose(x, y, rtol=rtol, atol=atol).all()
+    assert elementwise > len(result.rows) // 2  # near-zero elements: "most ops differ"
+    assert result.first_divergence is None and not result.diverged
+    assert result.rows[0].dtype_a == "float32" and result.rows[0].dtype_b == "bfloat16"
+    head = result.headline()
+    assert "0 differ (||a - b|| / ||a|| beyond tolerance)" in head
+    assert "relative error ||a - b|| / ||a||: " in head and "median" in head
+
+
+def test_bf16_vs_fp32_names_the_first_op_beyond_tolerance_by_norm():
+    def bump(model):
+        with torch.no_grad():
+            model.layer.linear2.weight.mul_(1.1)
+
+    a, b = _transformer_trace(), _transformer_trace(torch.bfloat16, edit=bump)
+    result = tl.diff(a, b)
+    rtol, atol = tolerance(torch.bfloat16)
+    first = None  # worked out independently: rms(a - b) > atol + rtol * rms(a)
     for op in a:
-        other = b[op.label].out.double()
-        if not torch.isclose(op.out.double(), other, rtol=rtol, atol=atol).all():
+        x, y = op.out.double(), b[op.label].out.double()
+        if (x - y).pow(2).mean().sqrt() > atol + rtol * x.pow(2).mean().sqrt():
             first = op.label
             break
-    assert first is not None
-    assert result.first_divergence.label_a == first
-    assert result.first_divergence.dtype_a == "float32"
-    assert result.first_divergence.dtype_b == "bfloat16"
-    before = [r for r in result.rows[: [r.label_a for r in result.rows].index(first)]]
-    assert all(r.status == "same" for r in before)
-    assert not result.only_in_a and not result.only_in_b
+    reader = next(op for op in a if "layer.linear2.weight" in op.parents)
+    assert first == reader.label == result.first_divergence.label_a
+    assert result.first_divergence.rel_error > 0.05
+    assert "relative error" in result.headline() and "cosine" in result.headline()
+
+
+def test_an_upcast_of_a_bf16_value_is_judged_at_bf16_tolerance():
+    def fn(x):
+        return (x * 3).float().exp()
+
+    x = torch.randn(50)
+    result = tl.diff(tl.trace(fn, x), tl.trace(fn, x.bfloat16()))
+    assert result["exp_1"].dtype_a == result["exp_1"].dtype_b == "float32"
+    assert result["exp_1"].rel_error > 1e-4 and result["exp_1"].status == "same"
+    assert result.same
+    wrong = tl.diff(tl.trace(fn, x), tl.trace(fn, (x * 1.1).bfloat16()))
+    assert wrong.first_divergence.label_a == "mul_1" and not wrong.same
 
 
 def test_changed_weight_names_the_op_that_reads_it():

@@ -427,8 +427,8 @@ def test_public_signatures():
         "(model: 'Any', data: 'Any', *, save: 'Any', to: 'str | os.PathLike', "
         "inputs: 'Any' = None, targets: 'Any' = None, reduce: 'Any' = None, "
         "stop_after: 'Any' = None, device: 'str | torch.device | None' = None, "
-        "overwrite: 'bool' = False, progress: 'bool | None' = None, shard_mb: 'float' = 16.0)"
-        " -> 'Extraction'"
+        "overwrite: 'bool' = False, progress: 'bool | None' = None, shard_mb: 'float' = 16.0, "
+        "flush_s: 'float | None' = 30.0) -> 'Extraction'"
     )
     assert (
         str(inspect.signature(tl.load_extraction)) == "(path: 'str | os.PathLike') -> 'Extraction'"

@@ -10,7 +10,7 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "extraction.md"
 
 def test_extraction_examples_run(tmp_path, monkeypatch, capsys):
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
-    assert len(blocks) == 4
+    assert len(blocks) == 5
     monkeypatch.chdir(tmp_path)  # the examples write to ./cnn_features, ./features, ...
     for block in blocks:
         exec(compile(block, str(DOC), "exec"), {})

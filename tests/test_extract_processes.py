@@ -1,7 +1,9 @@
-"""tl.extract across processes: a run killed midway and resumed, and two torchrun ranks.
+"""tl.extract across processes: a run killed midway and resumed, two torchrun ranks, and
+runs stopped by SIGTERM (alone and under torchrun) or SIGKILL inside a forward.
 
-Both compare, array by array and bit for bit, with one uninterrupted single-process run of
-the same model and data (``tests/_extract_worker.py``).
+They compare with one uninterrupted single-process run of the same model and data, or
+with a plain forward-hook loop (``tests/_extract_worker.py``). The stopped runs are held
+at a marker file, not timed with sleeps.
 """
 
 from __future__ import annotations
@@ -117,3 +119,90 @@ def test_torchrun_ranks_that_disagree_or_fail_all_raise_typed(tmp_path):
         torch.testing.assert_close(torch.tensor(rows), torch.tensor(reference))
         assert digest == _run._digest(plain)
         assert cases["side_group", rank]["value"] == [6, True]
+
+
+def _start(command: list[str], log: Path) -> subprocess.Popen:
+    """Start ``command`` with its stderr to ``log`` (a pipe nobody reads could fill up)."""
+    with open(log, "wb") as f:
+        return subprocess.Popen(command, env=ENV, stderr=f)
+
+
+def _wait_for(markers: list[Path], proc: subprocess.Popen, seconds: float = 120) -> None:
+    """Wait until every marker file exists (the worker is held inside a forward)."""
+    deadline = time.monotonic() + seconds
+    log = markers[0].with_name("stderr.log")
+    while not all(m.exists() for m in markers):
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, "the worker never reached its hold"
+        time.sleep(0.05)
+
+
+def _resume(out: Path) -> None:
+    """Run the worker's command again without the hold, then check every row."""
+    again = subprocess.run([sys.executable, str(WORKER), str(out)], env=ENV,
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    _assert_rows(tl.load_extraction(out))
+
+
+def _assert_rows(ex: Extraction) -> None:
+    """Every row of every site equals a plain forward-hook loop's."""
+    expected = worker.reference()
+    assert list(ex) == ["relu_1", "linear_1"] and ex.n_examples == worker.N_EXAMPLES
+    for site in ex:
+        torch.testing.assert_close(ex[site][:], expected[site], rtol=1e-6, atol=1e-6)
+    assert torch.equal(ex.targets[:], expected["targets"])
+
+
+def test_sigterm_midway_writes_the_rows_held_exits_by_the_signal_and_resumes(tmp_path):
+    out = tmp_path / "run"  # 9 batches; held inside the forward of the 5th (batch 4)
+    proc = _start([sys.executable, str(WORKER), str(out), "--hold", "5"], tmp_path / "stderr.log")
+    try:
+        _wait_for([Path(f"{out}.hold-rank0")], proc)
+        assert _store.done_batches(out) == set()  # batches 0-3 are held in memory only
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGTERM  # ended by the signal, as without torchlens
+    assert _store.done_batches(out) == {0, 1, 2, 3}  # what it held, written before it ended
+    assert not (out / "manifest.json").exists() and not list(out.rglob(".tmp-*"))
+    _resume(out)
+    assert _store.done_batches(out) == set(range(9))
+
+
+def test_sigkill_after_an_interval_flush_loses_only_the_rows_since(tmp_path):
+    out = tmp_path / "run"  # the 3rd batch starts 0.6 s in: flush_s=0.2 writes 0-2 then
+    command = [sys.executable, str(WORKER), str(out), "--hold", "5", "--flush", "0.2",
+               "--pause", "3:0.6"]  # fmt: skip
+    proc = _start(command, tmp_path / "stderr.log")
+    try:
+        _wait_for([Path(f"{out}.hold-rank0")], proc)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    done = _store.done_batches(out)  # batch 3 too if its forward alone took over 0.2 s
+    assert {0, 1, 2} <= done <= {0, 1, 2, 3}, done
+    _resume(out)
+
+
+def test_sigterm_to_torchrun_every_rank_writes_what_it_held_then_resumes(tmp_path):
+    out = tmp_path / "run"  # each rank is held in its 3rd batch: rank 0 in 4, rank 1 in 5
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+              "--nproc_per_node=2", str(WORKER), str(out)]  # fmt: skip
+    proc = _start(launch + ["--hold", "3"], tmp_path / "stderr.log")
+    try:
+        _wait_for([Path(f"{out}.hold-rank{r}") for r in (0, 1)], proc)
+        proc.send_signal(signal.SIGTERM)  # torchrun passes it on to each worker
+        proc.wait(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode != 0
+    assert _store.done_batches(out) == {0, 1, 2, 3}
+    assert not (out / "manifest.json").exists()
+    _resume(out)  # by one process: done batches are read whoever wrote them

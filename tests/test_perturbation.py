@@ -3,6 +3,8 @@ no call, how outputs are compared, and that the cheap paths still fail a false e
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -140,6 +142,7 @@ def test_sliced_points_run_without_the_requires_grad_flags_of_the_capture():
     op = trace["scaled_dot_product_attention_1"]
     calls, real = [], op.func
 
+    @functools.wraps(real)  # torch's own function still (cut points are made for torch's)
     def spy(*args, **kwargs):
         calls.append((args[0].shape[0], kwargs["attn_mask"].requires_grad))
         return real(*args, **kwargs)
@@ -239,18 +242,32 @@ def test_a_grouped_convolution_is_perturbed_at_one_image_with_whole_weights(monk
 
 
 def test_a_refused_cut_is_not_tried_again_on_a_call_of_the_same_shapes(monkeypatch):
-    """A layer norm refuses cut weights (they must match its input); the second layer
-    norm of the same shapes goes straight to the point with whole weights."""
+    """A 2-d linear whose features number its outputs refuses the points that cut its
+    features with its rows; the second linear of the same shapes goes straight to one row."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 256))
+    trace = tl.trace(model, torch.randn(512, 256))
+    seen = _spy_calls(monkeypatch, by_label=True)
+    assert check_trace(trace).state == "passed"
+    refused = [((1, 1), (1, 256), (1,)), ((1, 1), (256, 256), (256,))]
+    row = ((1, 256), (1, 256), (1,))
+    first = [shapes for label, shapes in seen if label == "linear_1"][1:]
+    second = [shapes for label, shapes in seen if label == "linear_2"][1:]
+    assert first == refused + [row] * 4  # refused twice, then a baseline and three probes
+    assert second == [row] * 4
+
+
+def test_a_layer_norm_is_cut_with_its_weights_whole(monkeypatch):
+    """Its rule (cut_rules.CUT_RULES) keeps a layer norm's weights whole: a cut weight never
+    matches the normalized shape, so that point is not even tried."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.LayerNorm(256), nn.Linear(256, 256), nn.LayerNorm(256))
     trace = tl.trace(model, torch.randn(4, 64, 256))
     seen = _spy_calls(monkeypatch, by_label=True)
     assert check_trace(trace).state == "passed"
-    refused, whole = ((1, 1, 256), (1,), (1,)), ((1, 1, 256), (256,), (256,))
-    first = [shapes for label, shapes in seen if label == "layer_norm_1"][1:]
-    second = [shapes for label, shapes in seen if label == "layer_norm_2"][1:]
-    assert first == [refused] + [whole] * 4  # refused, then a baseline and three probes
-    assert second == [whole] * 4
+    whole = ((1, 1, 256), (256,), (256,))
+    for label in ("layer_norm_1", "layer_norm_2"):
+        assert [shapes for name, shapes in seen if name == label][1:] == [whole] * 4
 
 
 def test_an_edge_behind_a_zero_scale_is_proved_by_nan_at_a_sliced_point(monkeypatch):

@@ -62,6 +62,20 @@ class Selector:
         """Names close to what this selector asked for, for "matched nothing" errors."""
         return []
 
+    def output_calls(self, op: Any) -> tuple[tuple[str, int, str], ...]:
+        """The module calls, among those that returned ``op`` (``op.returned_by``), for
+        whose output this selector picks it: what its ``tl.module(...).output`` parts
+        matched (none when it picks ``op`` by other means only, or not at all).
+
+        Example:
+            >>> import torch, torchlens as tl
+            >>> model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+            >>> rec = tl.record(model, torch.randn(2, 4), save=tl.module("*").output)
+            >>> [tl.module("1").output.output_calls(op) for op in rec]
+            [(), (('1', 1, 'ReLU'),)]
+        """
+        return ()
+
     def __call__(self, op: Any) -> bool:
         return self.matches(op)
 
@@ -193,11 +207,22 @@ class _ModuleOutput(Selector):
                 return True
         return False
 
+    def output_calls(self, op: Any) -> tuple[tuple[str, int, str], ...]:
+        returned = getattr(op, "returned_by", ())
+        return tuple(call for call in returned if self.matches(_Returned((call,))))
+
     def suggestions(self, seen: Candidates) -> list[str]:
         return self.calls.suggestions(seen)
 
     def __repr__(self) -> str:
         return f"{self.calls!r}.output"
+
+
+@dataclass(frozen=True)
+class _Returned:
+    """What :meth:`_ModuleOutput.matches` reads of an op: the calls that returned it."""
+
+    returned_by: tuple[tuple[str, int, str], ...]
 
 
 @dataclass(frozen=True, eq=False)
@@ -251,6 +276,11 @@ class _And(Selector):
     def matches(self, op: Any) -> bool:
         return self.left.matches(op) and self.right.matches(op)
 
+    def output_calls(self, op: Any) -> tuple[tuple[str, int, str], ...]:
+        if not self.matches(op):
+            return ()
+        return _union(self.left.output_calls(op), self.right.output_calls(op))
+
     def suggestions(self, seen: Candidates) -> list[str]:
         return self.left.suggestions(seen) + self.right.suggestions(seen)
 
@@ -274,11 +304,19 @@ class _Or(Selector):
     def matches(self, op: Any) -> bool:
         return self.left.matches(op) or self.right.matches(op)
 
+    def output_calls(self, op: Any) -> tuple[tuple[str, int, str], ...]:
+        return _union(*(side.output_calls(op) for side in (self.left, self.right)
+                        if side.matches(op)))  # fmt: skip
+
     def suggestions(self, seen: Candidates) -> list[str]:
         return self.left.suggestions(seen) + self.right.suggestions(seen)
 
     def __repr__(self) -> str:
         return f"({self.left!r} | {self.right!r})"
+
+
+def _union(*calls: tuple[tuple[str, int, str], ...]) -> tuple[tuple[str, int, str], ...]:
+    return tuple(dict.fromkeys(call for group in calls for call in group))
 
 
 @dataclass(frozen=True, eq=False)

@@ -383,6 +383,10 @@ class Controls:
         except _Halt:
             rng.restore(state)
             _restore_buffers(buffers)
+        else:
+            if self.halted_at is not None:  # tl.record halted after the forward's last op
+                rng.restore(state)
+                _restore_buffers(buffers)
 
     def check(self, seen: Callable[[], Candidates]) -> None:
         """Raise :class:`~torchlens.errors.SelectorMatchError` for a selector that matched

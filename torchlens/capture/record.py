@@ -49,7 +49,9 @@ def record(
             view, or a combination); ``None`` keeps no values (``intervene=`` alone).
         intervene: ``{selector: fn}``; ``fn(tensor, op_view)`` returns the value downstream
             ops use instead (or a ``tl.Intervention``). Edited ops are kept too.
-        stop_after: a selector; the forward halts right after the first matching op.
+        stop_after: a selector; the forward halts right after the first matching op (when
+            a rule selects ``tl.module(...).output``, once the module calls that return
+            that op have returned, so that they count as returning it).
         root: the modules a traced function calls, named for addresses, as in
             :func:`~torchlens.capture.api.trace`.
 
@@ -81,6 +83,8 @@ def record(
     except Exception as err:  # the model's error then ends at the model's line
         trim_torchlens_frames(err)  # (module calls pass through capture/follow.py)
         raise
+    if mode.halt_pending:  # halted on the forward's last op: the output is not returned
+        output = None
     _protect_kept(mode, mode.modules, args, kwargs, output)
     meta = {"n_ops": mode.n_ops, **controls.meta()}
     controls.check(lambda: _candidates(model, mode))

@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 
-from torchlens.capture.controls import _Halt
 from torchlens.capture.special import SPECIAL_OUTPUTS
 from torchlens.capture.tree import fill, flatten
 from torchlens.recording import OpView
@@ -71,17 +70,20 @@ class ExitTracker:
                 self.live[id(new[k])] = (weakref.ref(new[k]), entry)
             halt = self.stop is not None and self.stop.matches(view)
             if keep or halt:
-                self._keep(view, new[k])
-            if halt:
+                self._keep(view, new[k], edited=new[k] is not tensor)
+            if halt and not mode.halt_pending:  # halts once the calls returning it end
                 c.halted_at = view.label
-                raise _Halt
+                mode.halt_pending = True
         if all(a is b for a, b in zip(new, tensors)):
             return None
         return new[0] if isinstance(output, Tensor) else fill(template, new)
 
-    def _keep(self, view: OpView, tensor: Tensor) -> None:
+    def _keep(self, view: OpView, tensor: Tensor, edited: bool) -> None:
         mode = self.mode
-        if mode.store.has(view.label):  # kept when it ran: the value is now the edited one
-            mode.store.set(view.label, tensor.detach().clone(), None)
+        kept = mode.kept_views.get(view.label)
+        if kept is not None:  # kept when it ran: now also returned by this call
+            kept.returned_by = view.returned_by
+            if edited:  # the value is now the edited one
+                mode.store.set(view.label, tensor.detach().clone(), None)
         else:
             mode._keep(view, tensor)

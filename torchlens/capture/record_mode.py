@@ -84,6 +84,7 @@ class RecordMode(TorchFunctionMode):
         self.clone = clone
         self.store = MemoryPayloadStore()
         self.kept: list[OpView] = []
+        self.kept_views: dict[str, OpView] = {}  # the same, by label
         self.counts: dict[str, int] = {}
         self.n_ops = 0
         self.paused = False  # set by capture.session.suspended()
@@ -102,6 +103,10 @@ class RecordMode(TorchFunctionMode):
         self._calls: dict[int | str, int] = {}  # module ids; addresses of opened groups
         self._thread = threading.get_ident()
         self.exits = ExitTracker(self) if controls.at_exit else None
+        # stop_after matched, but a rule asks what module calls return: the forward goes on
+        # until the next op or module call, so that the calls returning the halt op (a
+        # block whose last op it is) end first and tl.module(...).output sees them return it
+        self.halt_pending = False
         self._level = functorch_level()  # as CaptureMode: torch.func transforms unrecorded
         self.modules: list[tuple[str, nn.Module]] = []  # every module named, as they come
 
@@ -113,6 +118,8 @@ class RecordMode(TorchFunctionMode):
             info = func_info(func)
         if info.never_tensor or functorch_level() != self._level:
             return func(*args, **kwargs) if kwargs else func(*args)
+        if self.halt_pending:  # the op stop_after matched has left every call returning it
+            raise _Halt
         if info.opens and (info.opens is True or info.opens(args, kwargs or {})):
             return self._open(info.name, func, args, kwargs or {})
         if self._aliases and (
@@ -194,7 +201,9 @@ class RecordMode(TorchFunctionMode):
                 halt_at = label
         if halt_at is not None:
             self.controls.halted_at = halt_at
-            raise _Halt
+            if self.exits is None:
+                raise _Halt
+            self.halt_pending = True  # after the calls that return it: .output rules see it
         if not replaced:
             return result
         if n == 1 and isinstance(result, Tensor):
@@ -230,6 +239,7 @@ class RecordMode(TorchFunctionMode):
         if view._store is None:
             view._store = self.store
             self.kept.append(view)
+            self.kept_views[view.label] = view
 
     def _protect(self, inplace: bool, args: tuple, kwargs: dict) -> None:
         """Copy kept values that alias a tensor about to be written in place."""
@@ -316,6 +326,8 @@ class RecordMode(TorchFunctionMode):
 
     def _push_frame(self, key: int | str, address: str, type_name: str) -> None:
         """A call starts: ``key`` counts its calls (a module's id; a group's address)."""
+        if self.halt_pending:
+            raise _Halt
         call = self._calls[key] = self._calls.get(key, 0) + 1
         self._trail.append((self._frames, self._type, self._path))
         self._frames += ((address, call),)
@@ -335,7 +347,8 @@ class RecordMode(TorchFunctionMode):
         frame, type_name = self._frames[-1], self._type
         self._frames, self._type, self._path = self._trail.pop()
         if self.exits is not None and output is not None:
-            return self.exits.on_exit(frame, type_name, output)
+            with torch._C.DisableTorchFunction():  # its own bookkeeping is not an op
+                return self.exits.on_exit(frame, type_name, output)
         return None
 
 

@@ -28,14 +28,15 @@ import torch
 
 from torchlens._table import format_table
 from torchlens.debug._frame import dataframe
+from torchlens.debug._measure import DIFFERS, compare_norms, compare_values
 from torchlens.io import load
 from torchlens.replay.exemptions import GROWS_TARGET, value_exempt
-from torchlens.replay.tolerances import comparable, tolerance
+from torchlens.replay.tolerances import TOLERANCES
 from torchlens.trace import Op, Trace
 
-__all__ = ["OpDiff", "TraceDiff", "diff"]
+__all__ = ["OpDiff", "TraceDiff", "compare_values", "diff"]
 
-SAME, DIFFERS, SHAPE, NO_VALUE = "same", "differs", "shape", "no value"
+SHAPE, NO_VALUE = "shape", "no value"
 UNINITIALIZED = "uninitialized"
 
 
@@ -53,10 +54,13 @@ class OpDiff:
     dtype_b: str
     max_abs: float | None  # largest |a - b| (inf where only one side is NaN)
     max_rel: float | None  # largest |a - b| / max(|a|, |b|) (0 where both are 0)
-    # "same", "differs", "shape" (shapes differ), "no value" (not compared: not kept) or
-    # "uninitialized" (not compared: uninitialized memory, equal shapes)
+    # "same", "differs" (rel_error beyond tolerance), "shape" (shapes differ), "no value"
+    # (not compared: not kept) or "uninitialized" (not compared: uninitialized memory)
     status: str
     matched_by: str  # "label" (same label in both runs) or "position" (relabelled)
+    rel_error: float | None = None  # ||a - b|| / ||a|| (run A the reference; inf for NaN
+    # or infinity against a finite value); what "differs" is judged by
+    cosine: float | None = None  # cosine similarity of a and b (1.0 when both are zero)
 
 
 class TraceDiff:
@@ -78,7 +82,8 @@ class TraceDiff:
 
     @property
     def first_divergence(self) -> OpDiff | None:
-        """The first op (run A's order) whose values or shapes differ; ``None`` if none."""
+        """The first op (run A's order) whose shapes differ or whose error relative to its
+        norm is beyond tolerance; ``None`` if none."""
         return next((r for r in self.rows if r.status in (DIFFERS, SHAPE)), None)
 
     @property
@@ -117,12 +122,17 @@ class TraceDiff:
         return dataframe(self.to_dicts(), "diff.to_dicts()")
 
     def headline(self) -> str:
-        """One paragraph: counts, the first divergence, ops present in one run only."""
+        """One paragraph: counts, how the relative error grows, the first divergence, ops
+        present in one run only."""
         n_pos = sum(r.matched_by == "position" for r in self.rows)
         lines = [
             f"diff: {len(self.rows)} ops matched ({n_pos} by position), "
-            f"{len(self.diverged)} differ, {len(self.unverified)} without values to compare"
+            f"{len(self.diverged)} differ (||a - b|| / ||a|| beyond tolerance), "
+            f"{len(self.unverified)} without values to compare"
         ]
+        growth = self.growth()
+        if growth:
+            lines.append(growth)
         first = self.first_divergence
         if first is None:
             lines.append("no divergence: every compared value is within tolerance")
@@ -131,7 +141,8 @@ class TraceDiff:
             what = (
                 f"shape {first.shape_a} vs {first.shape_b}"
                 if first.status == SHAPE
-                else f"max abs diff {first.max_abs:.3g}, max rel diff {first.max_rel:.3g}"
+                else f"relative error {first.rel_error:.3g}, cosine {first.cosine:.6g}, "
+                f"max abs diff {first.max_abs:.3g}"
             )
             lines.append(f"first divergence: {first.label_a} ({first.func_name}){where}: {what}")
         for name, labels in (("A", self.only_in_a), ("B", self.only_in_b)):
@@ -140,15 +151,31 @@ class TraceDiff:
                 lines.append(f"only in run {name} ({len(labels)}): {shown}")
         return "\n".join(lines)
 
+    def growth(self) -> str:
+        """How ``rel_error`` grows along run A's order: at the first op that differs at all,
+        its median, its largest (where) and at the last op; "" when nothing differs."""
+        errors = [r for r in self.rows if r.rel_error is not None and r.rel_error > 0]
+        if not errors:
+            return ""
+        values = sorted(r.rel_error for r in errors)
+        top = max(errors, key=lambda r: r.rel_error)
+        return (
+            f"relative error ||a - b|| / ||a||: {errors[0].rel_error:.3g} at "
+            f"{errors[0].label_a} (first), median {values[len(values) // 2]:.3g}, largest "
+            f"{top.rel_error:.3g} at {top.label_a}, {errors[-1].rel_error:.3g} at "
+            f"{errors[-1].label_a} (last)"
+        )
+
     def table(self, max_rows: int | None = 40, only_diverged: bool = False) -> str:
         """The per-op table (head and tail past ``max_rows``; ``None`` shows all)."""
         rows = self.diverged if only_diverged else self.rows
         cells = [_cells(r) for r in rows]
         if max_rows is not None and len(cells) > max_rows:
             head = max(max_rows // 2, 1)
-            gap = ("...", f"{len(cells) - max_rows} more", "", "", "", "", "", "")
+            gap = ("...", f"{len(cells) - max_rows} more", *[""] * 8)
             cells = [*cells[:head], gap, *cells[len(cells) - (max_rows - head) :]]
-        header = ("op A", "op B", "function", "shape", "dtype", "max abs", "max rel", "status")
+        header = ("op A", "op B", "function", "shape", "dtype", "rel error", "cosine", "max abs",
+                  "max rel", "status")  # fmt: skip
         return format_table(header, cells)
 
     def __str__(self) -> str:
@@ -174,8 +201,9 @@ def diff(
         rtol: relative tolerance for floating values (idem). Integers compare exactly.
 
     Returns:
-        A :class:`TraceDiff`: ``first_divergence``, ``rows`` (max abs/rel difference,
-        shapes, dtypes per pair), ``only_in_a``/``only_in_b``; ``print`` it for a report.
+        A :class:`TraceDiff`: ``first_divergence``, ``rows`` (per pair: ``rel_error``
+        ``||a - b|| / ||a||``, which judges it, ``cosine``, max abs/rel difference, shapes,
+        dtypes), ``only_in_a``/``only_in_b``; ``print`` it for a report.
 
     Raises:
         TraceFileError: when a path holds no readable trace.
@@ -191,8 +219,27 @@ def diff(
     """
     trace_a, trace_b = _as_trace(a), _as_trace(b)
     pairs, only_a, only_b = match_ops(trace_a.ops, trace_b.ops)
-    rows = [_compare(x, y, how, atol, rtol, _uninitialized(trace_a, x)) for x, y, how in pairs]
+    judged = _judging_dtypes(trace_a, trace_b, pairs)
+    rows = [
+        _compare(x, y, how, atol, rtol, _uninitialized(trace_a, x), judged[x.label])
+        for x, y, how in pairs
+    ]
     return TraceDiff(rows, only_a, only_b, (atol, rtol))
+
+
+def _judging_dtypes(trace_a: Trace, trace_b: Trace, pairs: list) -> dict[str, torch.dtype]:
+    """Per run-A label, the dtype whose tolerance judges the pair: the loosest of its own
+    two dtypes and, for floating values, of everything upstream of it in either run (a
+    float32 op fed by a bfloat16 value carries bfloat16's rounding)."""
+    sources = {s.label: s.dtype for t in (trace_a, trace_b) for s in t.sources}
+    judged: dict[str, torch.dtype] = {}
+    for x, y, _ in pairs:
+        dtypes = [x.dtype, y.dtype]
+        if x.dtype.is_floating_point or x.dtype.is_complex:
+            dtypes += [judged[p] for p in x.parents if p in judged]
+            dtypes += [sources[p] for p in (*x.parents, *y.parents) if p in sources]
+        judged[x.label] = max(dtypes, key=lambda d: TOLERANCES.get(d, (0.0, 0.0)))
+    return judged
 
 
 def _as_trace(obj: Any) -> Trace:
@@ -264,46 +311,27 @@ def _uninitialized(trace: Trace, op: Op) -> bool:
 
 
 def _compare(
-    x: Op, y: Op, how: str, atol: float | None, rtol: float | None, uninitialized: bool
+    x: Op,
+    y: Op,
+    how: str,
+    atol: float | None,
+    rtol: float | None,
+    uninitialized: bool,
+    judged: torch.dtype,
 ) -> OpDiff:
-    status, max_abs, max_rel = NO_VALUE, None, None
+    status, max_abs, max_rel, rel_error, cosine = NO_VALUE, None, None, None, None
     if tuple(x.shape) != tuple(y.shape):
         status = SHAPE
     elif uninitialized:
         status = UNINITIALIZED
     elif x.has_out and y.has_out:
-        status, max_abs, max_rel = compare_values(x.out, y.out, atol, rtol)
+        status, max_abs, max_rel, rel_error, cosine = compare_norms(
+            x.out, y.out, atol, rtol, judged
+        )
     return OpDiff(
         x.label, y.label, x.func_name, x.address, tuple(x.shape), tuple(y.shape),
-        _dtype(x.dtype), _dtype(y.dtype), max_abs, max_rel, status, how,
+        _dtype(x.dtype), _dtype(y.dtype), max_abs, max_rel, status, how, rel_error, cosine,
     )  # fmt: skip
-
-
-def compare_values(
-    a: torch.Tensor, b: torch.Tensor, atol: float | None = None, rtol: float | None = None
-) -> tuple[str, float, float]:
-    """``(status, max abs diff, max rel diff)`` of two same-shaped values, at the looser
-    tolerance of their two dtypes; NaN matches NaN in the same place."""
-    x, y = comparable(a).cpu(), comparable(b).cpu()
-    (rtol_a, atol_a), (rtol_b, atol_b) = (
-        tolerance(a.dtype, atol, rtol),
-        tolerance(b.dtype, atol, rtol),
-    )
-    rtol_, atol_ = max(rtol_a, rtol_b), max(atol_a, atol_b)
-    if x.numel() == 0:
-        return SAME, 0.0, 0.0
-    x, y = x.double(), y.double()
-    both_nan = x.isnan() & y.isnan()
-    equal = (x == y) | both_nan  # also equal infinities
-    gap = (x - y).abs().masked_fill(equal, 0.0).nan_to_num(nan=math.inf, posinf=math.inf)
-    scale = torch.maximum(x.abs(), y.abs()).nan_to_num(nan=math.inf, posinf=math.inf)
-    # an infinity against a finite value: inf / inf, made inf
-    rel = (gap / scale.clamp_min(torch.finfo(torch.float64).tiny)).nan_to_num(
-        nan=math.inf, posinf=math.inf
-    )
-    close = equal | (gap <= atol_ + rtol_ * y.abs())
-    status = SAME if bool(close.all()) else DIFFERS
-    return status, float(gap.max()), float(rel.masked_fill(equal, 0.0).max())
 
 
 def _dtype(dtype: torch.dtype) -> str:
@@ -314,6 +342,8 @@ def _cells(r: OpDiff) -> tuple[str, ...]:
     shape = str(r.shape_a) if r.shape_a == r.shape_b else f"{r.shape_a} vs {r.shape_b}"
     dtype = r.dtype_a if r.dtype_a == r.dtype_b else f"{r.dtype_a} vs {r.dtype_b}"
     label_b = "=" if r.label_b == r.label_a else r.label_b
-    num = "-" if r.max_abs is None else f"{r.max_abs:.3g}"
-    rel = "-" if r.max_rel is None else f"{r.max_rel:.3g}"
-    return (r.label_a, label_b, r.func_name, shape, dtype, num, rel, r.status)
+    nums = [
+        "-" if v is None else f"{v:.{6 if name == 'cosine' else 3}g}"
+        for name, v in (("", r.rel_error), ("cosine", r.cosine), ("", r.max_abs), ("", r.max_rel))
+    ]
+    return (r.label_a, label_b, r.func_name, shape, dtype, *nums, r.status)

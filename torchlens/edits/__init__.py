@@ -9,7 +9,10 @@ the op and the shapes.
 :func:`edit_pattern` recomputes a ``scaled_dot_product_attention`` op's output from an
 edited attention pattern. :func:`rerun` (also ``trace.rerun(edits)``) applies edits to a
 finished trace, recomputing only their downstream cone; :func:`patch` builds the edits of
-activation patching.
+activation patching (of some positions or heads only, if asked), :func:`sweep` runs it over
+sites x positions x heads and :func:`attribution` estimates the same cells from one
+backward. Both return a :class:`LabelledTensor`. :func:`logit_lens` decodes each layer's
+residual stream.
 
 Example:
     >>> import torch, torchlens as tl
@@ -31,13 +34,21 @@ from torchlens.edits._helpers import (
     scale,
     zero,
 )
+from torchlens.edits.labelled import LabelledTensor
+from torchlens.edits.lens import LogitLens, logit_lens
 from torchlens.edits.rerun import check_comparable, patch, rerun
+from torchlens.edits.sweep import attribution, logit_diff, sweep
 
 __all__ = [
+    "LabelledTensor",
+    "LogitLens",
     "add",
+    "attribution",
     "check_comparable",
     "clamp",
     "edit_pattern",
+    "logit_diff",
+    "logit_lens",
     "mean",
     "patch",
     "project",
@@ -45,5 +56,6 @@ __all__ = [
     "rerun",
     "resample",
     "scale",
+    "sweep",
     "zero",
 ]

@@ -14,6 +14,7 @@ __all__ = ["add", "clamp", "mean", "project", "replace", "resample", "scale", "z
 Tensor = torch.Tensor
 EditFn = Callable[[Tensor, Any], Tensor]
 Heads = Sequence[int] | None
+Positions = Sequence[int] | None
 
 
 def _fail(op: Any, message: str) -> InterventionError:
@@ -34,16 +35,25 @@ def _axis(t: Tensor, op: Any, dim: int, what: str) -> int:
 
 def _on_heads(t: Tensor, op: Any, heads: Heads, head_dim: int, new: Tensor) -> Tensor:
     """``new`` on the picked heads of axis ``head_dim``, ``t`` elsewhere."""
-    if heads is None:
+    return _on_axis(t, op, heads, head_dim, new, ("heads", "head_dim"))
+
+
+def _on_axis(
+    t: Tensor, op: Any, picks: Heads, dim: int, new: Tensor, names: tuple[str, str]
+) -> Tensor:
+    """``new`` at the picked indices of axis ``dim`` (heads or positions), ``t`` elsewhere;
+    ``names`` are the argument names to cite (``("heads", "head_dim")``)."""
+    if picks is None:
         return new
-    axis = _axis(t, op, head_dim, "head_dim")
+    noun, dim_name = names
+    axis = _axis(t, op, dim, dim_name)
     size = t.shape[axis]
-    picked = [h + size if isinstance(h, int) and h < 0 else h for h in heads]  # heads=[-1]
+    picked = [h + size if isinstance(h, int) and h < 0 else h for h in picks]  # heads=[-1]
     if not picked or any(not 0 <= h < size for h in picked):
         raise _fail(
             op,
-            f"heads={list(heads)} are not indices along axis {axis} of size "
-            f"{t.shape[axis]}; pass head_dim= for the axis that holds the heads",
+            f"{noun}={list(picks)} are not indices along axis {axis} of size "
+            f"{t.shape[axis]}; pass {dim_name}= for the axis that holds the {noun}",
         )
     index = torch.tensor(picked, device=t.device)
     return t.index_copy(axis, index, new.expand_as(t).index_select(axis, index))
@@ -246,7 +256,14 @@ def replace(value: Tensor) -> EditFn:
     return lambda t, op: _broadcast(t, op, value, "replacement")
 
 
-def resample(source: Any, *, heads: Heads = None, head_dim: int = 1) -> EditFn:
+def resample(
+    source: Any,
+    *,
+    heads: Heads = None,
+    head_dim: int = 1,
+    positions: Positions = None,
+    seq_dim: int = -2,
+) -> EditFn:
     """Resample ablation: ``t' = source[op.label].out``, the same op's value in another
     trace of the same model (another input, e.g. a corrupted prompt).
 
@@ -254,10 +271,14 @@ def resample(source: Any, *, heads: Heads = None, head_dim: int = 1) -> EditFn:
         source: a :class:`~torchlens.trace.Trace` of the same model that saved the op.
         heads: as for :func:`zero`.
         head_dim: as for :func:`zero`.
+        positions: sequence positions along ``seq_dim`` to take from ``source`` (negative
+            ones count from the end); the others keep their values. None takes them all.
+        seq_dim: the axis that holds the positions: -2 is the token axis of the residual
+            stream ``(batch, tokens, d)`` and of ``(batch, heads, tokens, head_dim)``.
 
     Raises:
         InterventionError: ``not_comparable`` when ``source`` has no op of that label or
-            it has another shape.
+            it has another shape; ``bad_edit`` for a position or axis out of range.
 
     Example:
         >>> import torch, torchlens as tl
@@ -278,6 +299,8 @@ def resample(source: Any, *, heads: Heads = None, head_dim: int = 1) -> EditFn:
                 f"trace ({have}); trace the same model on an input of the same shape",
                 code="not_comparable",
             )
-        return _on_heads(t, op, heads, head_dim, other.out.to(t.device, t.dtype))
+        value = other.out.to(t.device, t.dtype)
+        new = _on_axis(t, op, positions, seq_dim, value, ("positions", "seq_dim"))
+        return _on_heads(t, op, heads, head_dim, new)
 
     return fn

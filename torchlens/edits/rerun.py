@@ -12,7 +12,7 @@ another trace's values (a clean run) into this one, after checking the two are c
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -111,6 +111,8 @@ class _WhatIf(Interpreter):
         if op.is_inplace or op.func_name in MUTATES_ARGUMENTS or op.func is None:
             values = [v.clone() for v in values]  # saved values stay as saved
         try:
+            if not torch.is_grad_enabled():  # a sweep runs the whole walk under no_grad
+                return self.execute(op, values)
             with torch.no_grad():
                 return self.execute(op, values)
         except Unreplayable as err:
@@ -207,6 +209,23 @@ def rerun(trace: Trace, edits: Mapping[Any, Any]) -> Trace:
     return _new_trace(trace, walker)
 
 
+def rerun_output(trace: Trace, edits: Mapping[Any, Any], flat: Any = None) -> Any:
+    """``rerun(trace, edits).output`` without building the what-if trace, for sweeps that
+    read only the output (their selectors were checked to match); ``flat`` is
+    ``flatten(trace.output)``, computed once for many calls."""
+    walker = _WhatIf(trace, _parse_intervene(edits))
+    with torch.no_grad():
+        for ops in calls(trace):
+            walker.visit(ops)
+    return _output(trace, walker, flat)
+
+
+def _output(trace: Trace, walker: _WhatIf, flat: Any = None) -> Any:
+    leaves, template = flatten(trace.output) if flat is None else flat
+    outputs = [walker.new.get(label, t) for label, (_, t) in zip(trace.output_labels, leaves)]
+    return fill(template, outputs) if leaves else trace.output
+
+
 def _new_trace(trace: Trace, walker: _WhatIf) -> Trace:
     """The what-if trace. Ops whose value did not change are the original records, shared
     (finished records are never written); changed ops are copies reading the new values."""
@@ -220,9 +239,7 @@ def _new_trace(trace: Trace, walker: _WhatIf) -> Trace:
             continue
         meta = {**op.meta, "intervened": True} if op.label in edited else dict(op.meta)
         ops.append(_copy(op, meta=meta, _store=store, shape=tuple(value.shape), dtype=value.dtype))
-    leaves, template = flatten(trace.output)
-    outputs = [walker.new.get(label, t) for label, (_, t) in zip(trace.output_labels, leaves)]
-    output = fill(template, outputs) if leaves else trace.output
+    output = _output(trace, walker)
     meta = {**trace.meta, "intervened": list(walker.edited)}
     meta.pop("interventions", None)
     return Trace(ops, list(trace.sources), list(trace.modules), list(trace.input_labels),
@@ -265,7 +282,16 @@ def check_comparable(trace: Trace, other: Trace) -> None:
             )
 
 
-def patch(trace: Trace, source: Trace, select: Any) -> dict[Any, Any]:
+def patch(
+    trace: Trace,
+    source: Trace,
+    select: Any,
+    *,
+    positions: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    head_dim: int = 1,
+    seq_dim: int = -2,
+) -> dict[Any, Any]:
     """The edits that put ``source``'s values of the ops ``select`` matches into ``trace``
     (activation patching: ``source`` is the clean run, ``trace`` the corrupted one).
 
@@ -273,12 +299,19 @@ def patch(trace: Trace, source: Trace, select: Any) -> dict[Any, Any]:
         trace: the run to patch into.
         source: a trace of the same model on an input of the same shape, with saved values.
         select: which ops to patch (``tl.label("add_3")``, ``tl.module("h.2").output``...).
+        positions: patch only these sequence positions (indices along ``seq_dim``); None
+            patches the whole value.
+        heads: patch only these heads (indices along ``head_dim``); None patches them all.
+        head_dim: the axis that holds the heads (1 for ``(batch, heads, tokens, head_dim)``).
+        seq_dim: the axis that holds the positions (-2: the token axis of ``(batch, tokens,
+            d)`` and of ``(batch, heads, tokens, head_dim)``).
 
     Returns:
         ``{select: fn}`` for :meth:`Trace.rerun` or ``intervene=``.
 
     Raises:
-        InterventionError: ``not_comparable`` when the two traces differ in graph or shapes.
+        InterventionError: ``not_comparable`` when the two traces differ in graph or shapes;
+            ``bad_edit`` (when applied) for a position, head or axis out of range.
 
     Example:
         >>> import torch, torchlens as tl
@@ -287,8 +320,14 @@ def patch(trace: Trace, source: Trace, select: Any) -> dict[Any, Any]:
         >>> patched = corrupt.rerun(patch(corrupt, clean, tl.label("relu_1")))
         >>> torch.equal(patched.output, clean.output)
         True
+        >>> row = corrupt.rerun(patch(corrupt, clean, tl.label("relu_1"), positions=[0]))
+        >>> torch.equal(row.output[0], clean.output[0])
+        True
+        >>> torch.equal(row.output[1], corrupt.output[1])
+        True
     """
     from torchlens.edits._helpers import resample
 
     check_comparable(trace, source)
-    return {as_selector(select): resample(source)}
+    edit = resample(source, heads=heads, head_dim=head_dim, positions=positions, seq_dim=seq_dim)
+    return {as_selector(select): edit}

@@ -249,7 +249,16 @@ class Extraction(Mapping):
 
     def __getitem__(self, site: str) -> SiteArray:
         if site not in self._sites:
-            raise LookupFailedError(f"no site {site!r} in {self.root}; sites: {list(self._sites)}")
+            names = [k for k, op in self.meta.get("site_ops", {}).items() if op == site]
+            hint = (
+                f"; {site!r} is stored as {' and as '.join(map(repr, names))}: a module's "
+                "output is named by the module's address"
+                if names
+                else ""
+            )
+            raise LookupFailedError(
+                f"no site {site!r} in {self.root}{hint}; sites: {list(self._sites)}"
+            )
         return self._sites[site]
 
     def __iter__(self) -> Iterator[str]:

@@ -71,9 +71,9 @@ def _as_fn(value: Any) -> Callable[[Tensor, Any], Tensor]:
 
 
 class Reducer:
-    """``reduce=`` parsed: one reduction for every site, or a ``{label or selector:
-    reduction}`` table whose first matching entry applies (sites no entry matches are kept
-    whole)."""
+    """``reduce=`` parsed: one reduction for every site, or a ``{site name, label or
+    selector: reduction}`` table whose first matching entry applies (sites no entry matches
+    are kept whole)."""
 
     def __init__(self, spec: Any) -> None:
         self.rules: list[tuple[Any, Callable[[Tensor, Any], Tensor]]] = []
@@ -90,11 +90,17 @@ class Reducer:
         else:
             self.rules.append((None, _as_fn(spec)))
 
-    def __call__(self, view: Any, value: Tensor, batch: Any = None) -> Tensor:
+    def __call__(self, view: Any, value: Tensor, batch: Any = None, site: str | None = None):
+        """``value`` of the op ``view``, stored as ``site`` (its label unless named by a
+        module's address), reduced by the first rule that names the site or op."""
+        site = view.label if site is None else site
         for key, fn in self.rules:
-            hit = key is None or (view.label == key if isinstance(key, str) else key.matches(view))
+            if isinstance(key, str):
+                hit = key in (site, view.label)
+            else:
+                hit = key is None or key.matches(view)
             if hit:
-                return self._apply(fn, view.label, value, batch)
+                return self._apply(fn, site, value, batch)
         return value
 
     @staticmethod

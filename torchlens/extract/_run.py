@@ -17,21 +17,12 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from torchlens._version import __version__
-from torchlens.capture.record import record
-from torchlens.errors import ExtractionError, InvalidArgumentError, TorchLensError
-from torchlens.extract import _distributed, _store
-from torchlens.extract._batches import (
-    Batch,
-    BatchPlan,
-    batch_error,
-    call_args,
-    describe,
-    describe_error,
-    pick,
-    to_device,
-)
+from torchlens.errors import ExtractionError, InvalidArgumentError
+from torchlens.extract import _distributed, _signals, _store
+from torchlens.extract._batches import BatchPlan, describe
 from torchlens.extract._read import Extraction, load_extraction
 from torchlens.extract._reduce import Reducer
+from torchlens.extract._sites import BatchRunner
 from torchlens.selectors import as_selector
 
 __all__ = ["extract"]
@@ -51,6 +42,7 @@ def extract(
     overwrite: bool = False,
     progress: bool | None = None,
     shard_mb: float = 16.0,
+    flush_s: float | None = 30.0,
 ) -> Extraction:
     """Run ``model`` over every batch of ``data`` and store the ``save=`` sites, one row per
     example, in the directory ``to``; resumable, and split across processes under torchrun.
@@ -58,7 +50,9 @@ def extract(
     Each batch goes through :func:`tl.record` under ``torch.no_grad()``; its kept sites
     (reduced by ``reduce=``) are streamed into safetensors shards, so memory stays bounded by
     about ``shard_mb`` plus one batch. A killed run, started again with the same arguments,
-    skips the batches already on disk. Under ``torch.distributed`` (e.g. ``torchrun``), rank
+    skips the batches already on disk; SIGTERM and Ctrl-C write the rows held before the
+    process stops, and a time interval bounds what a SIGKILL loses (``flush_s``). Under
+    ``torch.distributed`` (e.g. ``torchrun``), rank
     ``r`` runs batches ``r, r + world, ...`` and the finished store is the same as a single
     process would write.
 
@@ -68,6 +62,8 @@ def extract(
         data: an iterable of batches: a ``DataLoader`` (in a fixed order: not shuffled, no
             random sampler), a list, a generator.
         save: a selector (``tl.func``, ``tl.module``, ``tl.label``, ...): the sites to keep.
+            A site is named by its op label (``"relu_1"``), or, selected by what a module
+            call returned (``tl.module("transformer.h.0").output``), by the module's address.
         to: the run directory (created; must be new, empty, or this run's own).
         inputs: what ``model`` takes from a batch: ``None`` (all of it), an index or key
             (``0`` for ``(x, y)`` batches), or a function of the batch. A tuple is passed
@@ -85,6 +81,10 @@ def extract(
         progress: show a tqdm bar; ``None`` shows it only on a terminal (and on rank 0).
         shard_mb: megabytes of rows buffered before a shard is written (writing one briefly
             takes twice that).
+        flush_s: seconds after which the rows held are written even if under ``shard_mb``
+            (``None``: by size only), so a killed run (SIGKILL, a lost node) loses at most
+            that long of work. SIGTERM and Ctrl-C write the rows held before the process
+            stops, whatever this is.
 
     Returns:
         The finished :class:`~torchlens.extract.Extraction` (as :func:`load_extraction`).
@@ -92,7 +92,8 @@ def extract(
     Raises:
         ExtractionError: ``exists``, ``args_changed``, ``not_an_extraction``, ``bad_batch``,
             ``shape_changed``, ``sites_changed``, ``not_batched``, ``write_failed``,
-            ``distributed``, ``ranks_differ`` (see :class:`~torchlens.errors.ExtractionError`).
+            ``distributed``, ``ranks_differ``, ``interrupted`` (see
+            :class:`~torchlens.errors.ExtractionError`).
             Under torchrun every rank raises it when one rank fails.
         SelectorMatchError: ``no_match`` when ``save=`` matches nothing in the first batch.
         InvalidArgumentError: ``bad_inputs``, ``bad_targets``, ``bad_reduce``,
@@ -115,21 +116,21 @@ def extract(
 
     selector, reducer = as_selector(save), Reducer(reduce)
     root = Path(to)
-    with _process_group() as (rank, world):
+    with _signals.guarded() as guard, _process_group() as (rank, world):
         args = _run_args(model, data, selector, stop_after, inputs, targets, reduce)
         plan = BatchPlan(data, inputs, rank, world)
         _distributed.agree(world, root, args, overwrite, plan.order)
         _distributed.on_rank0(world, rank, partial(_store.prepare, root, args, overwrite))
         # what earlier runs left on disk, read before check_shared's gather, which no rank
         # leaves (to write shards of its own) before every rank has read it
-        done, disk_schema = _store.done_batches(root), _store.disk_schema(root)
+        done, disk_schema = _store.done_sizes(root), _store.disk_schema(root)
         _distributed.check_shared(world, root)
-        plan.skip(done)
-        run = _Run(model, selector, reducer, stop_after, targets, _device(model, device))
+        plan.skip(set(done))
+        run = BatchRunner(model, selector, reducer, stop_after, targets, _device(model, device))
         run.schema = disk_schema
-        writer = _store.ShardWriter(root, int(shard_mb * 2**20))
-        bar = tqdm(total=plan.known_total, unit="ex", desc="tl.extract", dynamic_ncols=True,
-                   disable=(rank != 0) or (None if progress is None else not progress))  # fmt: skip
+        writer = _store.ShardWriter(root, int(shard_mb * 2**20), flush_s, guard.writing)
+        writer.sources = run.sources
+        bar = _bar(tqdm, plan, done, rank, world, progress)
         failure = _run_batches(plan, run, inputs, writer, bar)
         _distributed.settle(world, rank, failure)  # every rank raises if one failed
         if plan.n_batches == 0:
@@ -143,10 +144,20 @@ def extract(
         return load_extraction(root)
 
 
+def _bar(tqdm, plan: BatchPlan, done: dict[int, int], rank: int, world: int, progress):
+    """The progress bar (rank 0's, counting its own share): a resumed run starts it at the
+    examples already on disk, and says so."""
+    mine = sum(size for b, size in done.items() if b % world == rank)
+    total = None if plan.known_total is None else plan.known_total + mine
+    desc = f"tl.extract ({mine} on disk)" if mine else "tl.extract"
+    return tqdm(total=total, initial=mine, unit="ex", desc=desc, dynamic_ncols=True,
+                disable=(rank != 0) or (None if progress is None else not progress))  # fmt: skip
+
+
 _TRIM_EVERY = 8  # batches
 
 
-def _run_batches(plan: BatchPlan, run: _Run, inputs: Any, writer, bar) -> Exception | None:
+def _run_batches(plan: BatchPlan, run: BatchRunner, inputs: Any, writer, bar) -> Exception | None:
     """Run and write this rank's batches; what stopped them, if anything (the batches that
     ran are written whatever it was)."""
     trim, failure = _heap_trimmer(), None
@@ -158,10 +169,11 @@ def _run_batches(plan: BatchPlan, run: _Run, inputs: Any, writer, bar) -> Except
                 trim()
     except Exception as err:
         failure = err
-    finally:
-        bar.close()
+    finally:  # a signal arriving now waits until the rows held are written
         try:
-            writer.flush()
+            with writer.writing():
+                writer.flush()
+                bar.close()
         except Exception as err:
             failure = failure or err
     return failure
@@ -182,104 +194,6 @@ def _heap_trimmer() -> Callable[[], object]:
     return partial(trim, 0)
 
 
-class _Run:
-    """Runs one batch and checks its sites against the first batch's."""
-
-    def __init__(self, model, selector, reducer, stop_after, targets, device) -> None:
-        self.model, self.selector, self.reducer = model, selector, reducer
-        self.stop_after, self.targets, self.device = stop_after, targets, device
-        self.schema: dict[str, tuple[tuple[int, ...], str]] | None = None
-        self.first: int | None = None  # the batch the schema was taken from
-
-    def sites(self, batch: Batch, inputs: Any) -> dict[str, torch.Tensor]:
-        args, kwargs = call_args(to_device(pick(batch.data, inputs), self.device))
-        try:
-            with torch.no_grad():
-                rec = record(self.model, args, kwargs, save=self.selector,
-                             stop_after=self.stop_after)  # fmt: skip
-        except TorchLensError:
-            raise
-        except Exception as err:
-            raise batch_error(err, batch) from err
-        values = {}
-        for view in rec.ops:
-            if self.selector.matches(view):
-                reduced = self.reducer(view, view.out, batch.data)
-                values[view.label] = self._row_block(view.label, reduced, batch)
-        if self.targets is not None:
-            target = self._target(pick(batch.data, self.targets, "targets"), batch)
-            values[_store.TARGETS] = self._row_block("targets=", target, batch)
-        self._check(values, batch)
-        return values
-
-    def _target(self, target: Any, batch: Batch) -> torch.Tensor:
-        """The ``targets=`` part of a batch as a tensor: numbers, not text or nested parts."""
-        if isinstance(target, torch.Tensor):
-            return target
-        try:
-            return torch.as_tensor(target)
-        except (TypeError, ValueError, RuntimeError) as err:
-            kind = type(target).__name__
-            if isinstance(target, (list, tuple)) and target:
-                kind += f" of {type(target[0]).__name__}"
-            raise InvalidArgumentError(
-                f"targets={describe(self.targets)} gave a {kind} in batch {batch.index}, which "
-                f"is not a tensor of numbers ({describe_error(err)}); targets= must give a "
-                "tensor or numbers with one row per example (class ids, values): pass a "
-                "function of the batch returning one (e.g. torch.stack of a collated tuple, "
-                "along dim 1), and keep text such as file names beside the run yourself",
-                code="bad_targets",
-            ) from None
-
-    @staticmethod
-    def _row_block(label: str, value: torch.Tensor, batch: Batch) -> torch.Tensor:
-        if value.dim() == 0 or value.shape[0] != batch.size:
-            raise ExtractionError(
-                f"site {label!r} has shape {tuple(value.shape)} in batch {batch.index}, whose "
-                f"first dimension is not the batch size {batch.size}; pass reduce= a function "
-                "returning one row per example for it",
-                code="not_batched",
-            )
-        value = value.detach().to("cpu")
-        if value.untyped_storage().nbytes() > value.numel() * value.element_size():
-            value = value.clone()  # a view: do not keep the whole base alive
-        return value
-
-    def _check(self, values: dict[str, torch.Tensor], batch: Batch) -> None:
-        schema = {k: (tuple(v.shape[1:]), _dtype_name(v.dtype)) for k, v in values.items()}
-        if self.schema is None:
-            self.schema, self.first = schema, batch.index
-            return
-        where = "the shards on disk" if self.first is None else f"batch {self.first}"
-        if set(schema) != set(self.schema):
-            raise ExtractionError(
-                f"batch {batch.index} gave sites {sorted(schema)} but {where} gave "
-                f"{sorted(self.schema)}; select sites every batch reaches, or pass "
-                "overwrite=True if the selection changed",
-                code="sites_changed",
-            )
-        for key, (shape, dtype) in schema.items():
-            if (shape, dtype) != self.schema[key]:
-                old_shape, old_dtype = self.schema[key]
-                raise ExtractionError(
-                    f"site {key!r} has per-example shape {shape} ({dtype}) in batch "
-                    f"{batch.index} but {old_shape} ({old_dtype}) in {where}; pass "
-                    "reduce='token_mean' (or another reduction) for a fixed shape, or pad the "
-                    "batches to one length",
-                    code="shape_changed",
-                )
-
-
-_SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
-                       torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32",
-                       torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-                       torch.bool: "BOOL"}  # fmt: skip
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return _SAFETENSORS_DTYPES.get(dtype, str(dtype))
-
-
 def _device(model: Any, device: str | torch.device | None) -> torch.device | None:
     """``device=``, else the first parameter's device; not ``meta`` (weights an offloading
     hook, e.g. accelerate's ``cpu_offload``, brings in at each call: inputs stay put)."""
@@ -294,7 +208,9 @@ def _device(model: Any, device: str | torch.device | None) -> torch.device | Non
 def _run_args(model, data, selector, stop_after, inputs, targets, reduce) -> dict[str, Any]:
     """What must match for a run on disk to be resumed: compared key by key."""
     kind = type(model)
+    named = {"site_names": "module address"} if selector.at_exit else {}
     return {
+        **named,  # runs recorded without it named a module's output by its op label
         "model": f"{kind.__module__}.{kind.__qualname__}",
         "parameters": _digest(model),
         "save": repr(selector),

@@ -19,6 +19,10 @@ import errno
 import json
 import os
 import shutil
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +103,24 @@ def prepare(root: Path, args: dict[str, Any], overwrite: bool) -> None:
     fresh = overwrite or not run.exists()
     if not fresh:
         before = _read_json(run).get("args", {})
+        renamed = _label_named(before, args)
+        if renamed and (root / MANIFEST).exists():
+            raise ExtractionError(
+                f"{root} holds a finished extraction, written by an older torchlens that "
+                "named each module output by its op label (e.g. 'add_6'), not by the "
+                "module's address: read it as it is with tl.load_extraction() (ex.meta "
+                "['sites'] lists its names), or pass overwrite=True to extract it again "
+                "with address names",
+                code="exists",
+            )
+        if renamed and _shard_paths(root):
+            raise ExtractionError(
+                f"{root} holds an unfinished run started by an older torchlens, which named "
+                "each module output by its op label (e.g. 'add_6'); this one names it by the "
+                "module's address, so the shards cannot be continued: finish the run with the "
+                "torchlens that started it, or pass overwrite=True to start over",
+                code="args_changed",
+            )
         if before != args and _shard_paths(root):
             raise ExtractionError(
                 f"{root} holds a run started with other arguments: {_difference(before, args)}; "
@@ -121,6 +143,16 @@ def prepare(root: Path, args: dict[str, Any], overwrite: bool) -> None:
         record = {"format": FORMAT, "format_version": FORMAT_VERSION, "args": args}
         _write_file(run, _dumps(record).encode())
     (root / SHARDS).mkdir(exist_ok=True)
+
+
+def _label_named(before: dict, now: dict) -> bool:
+    """Whether the run on disk differs from this one only in naming module outputs by op
+    label (run records written before ``site_names`` was added)."""
+    return (
+        "site_names" in now
+        and "site_names" not in before
+        and before == {k: v for k, v in now.items() if k != "site_names"}
+    )
 
 
 def _difference(before: dict, now: dict) -> str:
@@ -153,9 +185,20 @@ def _shard_header(path: Path) -> tuple[list[list[int]], dict[str, tuple[list[int
     return batches, keys
 
 
+def _sources(path: Path) -> dict[str, str]:
+    """The op label each site named by module address came from (in the first batch)."""
+    with safe_open(str(path), framework="pt") as f:
+        return json.loads((f.metadata() or {}).get("sources", "{}"))
+
+
 def done_batches(root: Path) -> set[int]:
     """Batches already written to a shard (by any rank, in this run or an earlier one)."""
-    return {b for path in _shard_paths(root) for b, _, _ in _shard_header(path)[0]}
+    return set(done_sizes(root))
+
+
+def done_sizes(root: Path) -> dict[int, int]:
+    """``{batch: examples in it}`` of the batches already written to a shard."""
+    return {b: size for path in _shard_paths(root) for b, _, size in _shard_header(path)[0]}
 
 
 def disk_schema(root: Path) -> dict[str, tuple[tuple[int, ...], str]] | None:
@@ -169,34 +212,59 @@ def disk_schema(root: Path) -> dict[str, tuple[tuple[int, ...], str]] | None:
 
 
 class ShardWriter:
-    """Collects batches and writes them as one shard once ``limit`` bytes are buffered."""
+    """Collects batches and writes them as one shard once ``limit`` bytes are buffered, or
+    once the oldest batch held has waited ``every`` seconds (``None``: by size only), so a
+    killed run loses at most that long of work.
 
-    def __init__(self, root: Path, limit: int) -> None:
-        self.root, self.limit = root, limit
+    ``writing`` wraps each write (a signal must not cut one in half: the rows taken out of
+    the buffer would be lost); ``sources`` maps sites named by module address to the op
+    label they came from, noted in each shard.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        limit: int,
+        every: float | None = None,
+        writing: Callable[[], ContextManager[Any]] = nullcontext,
+    ) -> None:
+        self.root, self.limit, self.every, self.writing = root, limit, every, writing
         self.parts: dict[str, list[torch.Tensor]] = {}
         self.batches: list[list[int]] = []
         self.nbytes = 0
+        self.since = 0.0  # when the oldest batch held was added
+        self.sources: dict[str, str] = {}
 
     def add(self, index: int, start: int, size: int, values: dict[str, torch.Tensor]) -> None:
-        for key, value in values.items():
-            self.parts.setdefault(key, []).append(value)
-            self.nbytes += value.numel() * value.element_size()
-        self.batches.append([index, start, size])
-        if self.nbytes >= self.limit:
-            self.flush()
+        """Hold one batch's rows (whole: a signal waits, so no site holds a row more than
+        another), and write the shard when it is due."""
+        now = time.monotonic()
+        with self.writing():
+            if not self.batches:
+                self.since = now
+            for key, value in values.items():
+                self.parts.setdefault(key, []).append(value)
+                self.nbytes += value.numel() * value.element_size()
+            self.batches.append([index, start, size])
+            due = self.every is not None and now - self.since >= self.every
+            if self.nbytes >= self.limit or due:
+                self.flush()
 
     def flush(self) -> None:
         if not self.batches:
             return
-        parts, batches = self.parts, self.batches
-        self.parts, self.batches, self.nbytes = {}, [], 0
-        tensors = {}
-        for key in list(parts):  # free each site's parts as soon as they are joined
-            tensors[key] = torch.cat(parts.pop(key)).contiguous()
-        metadata = {"batches": json.dumps(batches), "order": json.dumps(list(tensors))}
-        data = _to_bytes(tensors, metadata=metadata)
-        del tensors
-        _write_file(self.root / SHARDS / f"shard-{batches[0][0]:09d}.safetensors", data)
+        with self.writing():  # a signal now waits: the rows are out of the buffer
+            parts, batches = self.parts, self.batches
+            self.parts, self.batches, self.nbytes = {}, [], 0
+            tensors = {}
+            for key in list(parts):  # free each site's parts as soon as they are joined
+                tensors[key] = torch.cat(parts.pop(key)).contiguous()
+            metadata = {"batches": json.dumps(batches), "order": json.dumps(list(tensors))}
+            if self.sources:
+                metadata["sources"] = json.dumps(self.sources)
+            data = _to_bytes(tensors, metadata=metadata)
+            del tensors
+            _write_file(self.root / SHARDS / f"shard-{batches[0][0]:09d}.safetensors", data)
 
 
 def finalize(root: Path, n_batches: int, n_examples: int, meta: dict[str, Any]) -> None:
@@ -229,7 +297,7 @@ def finalize(root: Path, n_batches: int, n_examples: int, meta: dict[str, Any]) 
     record = {"format": FORMAT, "format_version": FORMAT_VERSION, "complete": True,
               "n_examples": n_examples, "n_batches": n_batches, "sites": sites,
               "site_order": list(sites), "targets": targets, "shards": shards,
-              **meta}  # fmt: skip
+              "site_ops": _sources(first[0]) if first else {}, **meta}  # fmt: skip
     _write_file(root / MANIFEST, _dumps(record).encode())
     for tmp in (root / SHARDS).glob(".tmp-*"):  # left by killed processes
         tmp.unlink(missing_ok=True)

@@ -4,7 +4,8 @@ For each tensor parent of each call, the parent's value is moved and the call re
 output must move (judged on its own scale, see :class:`~torchlens.replay.perturb.Baseline`).
 Edges decided without a call come first: exempt kinds and positions, outputs with no
 elements, and outputs that are the parent's own memory (a view). The rest are probed at
-cheap sliced points (see :class:`_Points`) with the moves of
+cheap sliced points (see :class:`_Points`; a sliced call is made only where a rule of
+:data:`~torchlens.replay.cut_rules.CUT_RULES` says the kernel accepts it) with the moves of
 :data:`~torchlens.replay.perturb.SLICED_PROBES`, which can only *prove* an edge; then, before
 any edge may fail, the full recorded call is probed with every move of
 :data:`~torchlens.replay.perturb.BATTERY` (noise, halving, shift, NaN, sign flip, zero, a
@@ -27,6 +28,7 @@ from typing import Any, Protocol
 import torch
 
 from torchlens.capture.tree import fill
+from torchlens.replay.cut_rules import cut_points
 from torchlens.replay.exemptions import (
     ON_META,
     SILENT_OUTPUT,
@@ -54,13 +56,6 @@ __all__ = ["EdgeProver", "Runner"]
 Tensor = torch.Tensor
 Verdict = tuple[str, str]  # (verified | exempt | unread | failed | unchecked, reason or label)
 
-# The sliced points tried before the recorded one, cheapest first: (leading batch-like
-# dimensions cut, whether parameters and buffers are cut too). One row with cut weights
-# comes before one row with whole ones: a convolution whose input channels number its
-# output channels has them cut as if they were a sequence (and refuses), and at one row
-# with whole weights each probe would compute every output channel.
-SLICES = ((2, True), (2, False), (1, True), (1, False))
-_WHOLE_WEIGHTS = tuple(spec for spec in SLICES if not spec[1])  # a call without weights
 # A grouped convolution (depthwise ones: MobileNet, EfficientNet, ConvNeXt) refuses a cut
 # channel and cut weights alike (its groups are fixed), and each refusal costs a raised
 # error (70 to 400 microseconds): only one image with whole weights is tried
@@ -258,7 +253,7 @@ class _Trial:
 
 
 class _Points:
-    """Where to perturb a call: the sliced points of :data:`SLICES` that exist, then the
+    """Where to perturb a call: the sliced points its cut rule allows that exist, then the
     recorded point. A sliced point's outputs are computed the first time a parent needs
     them, so a call whose edges the smallest point proves pays for nothing larger."""
 
@@ -282,24 +277,30 @@ class _Points:
         return self._next is not None
 
     def _slices(self) -> tuple[tuple[int, bool], ...]:
-        """The points of :data:`SLICES` worth trying: none for a small call, one image with
-        whole weights for a grouped convolution, and only those keeping whole weights for
-        a call without parameters or buffers."""
-        if self._head.func is None or any(value.is_nested for value in self.values):
+        """The sliced points worth trying: those :data:`~torchlens.replay.cut_rules.CUT_RULES`
+        allows for the function (none for any other: a cut call is made only where the
+        kernel is known to accept it), none for a small call, one image with whole weights
+        for a grouped convolution, and only those keeping whole weights for a call without
+        parameters or buffers."""
+        head = self._head
+        if head.func is None or any(value.is_nested for value in self.values):
             return ()  # (a jagged tensor's sizes are symbolic: no slicing plan)
         if not large_enough(self.values, self._shapes):
             return ()
-        self._key = (self._head.func_name, tuple(value.shape for value in self.values))
+        points = cut_points(head.func, head.func_name, self.values)
+        if not points:
+            return ()
+        self._key = (head.func_name, tuple(value.shape for value in self.values))
         trace = self._prover.runner.trace
-        self._kinds = [getattr(trace[ref.label], "kind", "op") for ref in self._head.parent_args]
-        if self._head.func_name in _CONVOLUTIONS and _grouped(self.values):
+        self._kinds = [getattr(trace[ref.label], "kind", "op") for ref in head.parent_args]
+        if head.func_name in _CONVOLUTIONS and _grouped(self.values):
             return _ONE_ROW
         if "parameter" in self._kinds or "buffer" in self._kinds:
-            return SLICES
-        return _WHOLE_WEIGHTS
+            return points
+        return tuple(point for point in points if not point[1])
 
     def _next_slice(self) -> tuple[list, bool, int] | None:
-        """The next of :data:`SLICES` that exists for this call, as a plan (it is cut when
+        """The next sliced point that exists for this call, as a plan (it is cut when
         tried); the later ones are only worked out if an edge needs them."""
         for dims, weights in self._specs:
             if (self._key, dims, weights) in self._prover.refused:
