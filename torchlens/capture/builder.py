@@ -589,15 +589,20 @@ class TraceBuilder:
                     label, "not_saved", f"{label!r} was not selected by save=; trace again "
                     "with a selector that matches it to keep its value",
                 )  # fmt: skip
-        if type(tensor) is _Parameter and not inplace and id(tensor) not in self._owned:
-            # a weight an op handed over during the forward (an offloading hook moving it
-            # in): see label_of. One written in place (an init) keeps its writes as edges
-            version = _FRESH_WEIGHT
         if self.observers:
             self._remember(tensor, label, version)
         else:  # _remember inline (the per-op path)
             self._live[id(tensor)] = (weakref.ref(tensor), label, version, self._call_count)
         return op
+
+    def note_returned_weight(self, op: Op, tensor: Tensor) -> None:
+        """``op`` returned its argument ``tensor``, an ``nn.Parameter`` the capture did not
+        know: a weight an offloading hook moves in (``param.to(device)``). Its next read
+        asks :meth:`label_of`, which names it as the parameter of the open module holding
+        it by then (``_FRESH_WEIGHT``). One written in place (an init) keeps its edges."""
+        entry = self._live.get(id(tensor))
+        if id(tensor) not in self._owned and entry is not None and entry[1] == op.label:
+            self._live[id(tensor)] = (entry[0], entry[1], _FRESH_WEIGHT, entry[3])
 
     def live_entry(self, tensors: list[Tensor]) -> list[tuple | None]:
         """Per tensor, what the builder knows of it when it holds a recorded value still
