@@ -91,10 +91,11 @@ def test_public_signatures():
         "trace": f"({call}structure_only: 'bool' = False, save: 'Any' = None, {edits}, "
         "stop_after: 'Any' = None, stream_to: 'str | os.PathLike | None' = None, "
         "save_grads: 'bool' = False, intermediate_derived_grads: 'bool' = False, "
-        "source: 'bool' = False) -> 'Trace'",
+        "source: 'bool' = False, root: 'Any' = None) -> 'Trace'",
         "validate": f"({call}{checks}, {edits}, {seed}) -> 'bool'",
         "replay": f"({call}{checks}, {edits}, {seed}) -> 'ReplayStatus'",
-        "record": f"({call}save: 'Any' = None, {edits}, stop_after: 'Any' = None) -> 'Recording'",
+        "record": f"({call}save: 'Any' = None, {edits}, stop_after: 'Any' = None, "
+        "root: 'Any' = None) -> 'Recording'",
         "load": "(path: 'str | os.PathLike') -> 'Trace'",
         "save": "(trace: 'Trace', path: 'str | os.PathLike') -> 'Path'",
     }

@@ -172,10 +172,17 @@ def test_record_by_label_keeps_exactly_the_named_outputs():
 def test_a_module_selector_on_a_callable_that_is_no_module_says_how_to_trace_modules():
     model = nn.Sequential(nn.Linear(2, 2))
     with pytest.raises(SelectorMatchError) as caught:
-        tl.trace(lambda x: model(x), torch.randn(1, 2), save=tl.module("0"))
+        tl.trace(lambda x: x * 2, torch.randn(1, 2), save=tl.module("0"))
     assert caught.value.code == "no_match"
     assert "no module call was recorded" in str(caught.value)
     assert "wrap the call in an nn.Module" in str(caught.value)
+    # a function calling a module: the module is recorded under its class name, which the
+    # hint offers; root= names it as the module itself would
+    with pytest.raises(SelectorMatchError) as caught:
+        tl.trace(lambda x: model(x), torch.randn(1, 2), save=tl.module("0"))
+    assert "close names: Sequential.0" in str(caught.value)
+    rooted = tl.trace(lambda x: model(x), torch.randn(1, 2), root=model, save=tl.module("0"))
+    assert rooted["linear_1"].has_out and rooted["linear_1"].module == "0"
     with pytest.raises(SelectorMatchError) as caught:  # a module was traced: no such hint
         tl.trace(model, torch.randn(1, 2), save=tl.module("1"))
     assert "no module call was recorded" not in str(caught.value)

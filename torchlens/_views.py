@@ -182,6 +182,13 @@ def summary_text(
     if hidden:
         lines.append(f"({hidden} ops not shown: {more_hint})")
     lines.append(f"outputs: {', '.join(trace.output_labels) or '-'}")
+    fallbacks = trace.meta.get("fallback_modules")
+    if fallbacks:
+        named = ", ".join(fallbacks[:3]) + (", ..." if len(fallbacks) > 3 else "")
+        lines.append(
+            f"modules outside the root are named by class ({named}); name them with "
+            "tl.trace(..., root={'name': module})"
+        )
     lines += escape_lines(trace)
     return "\n".join(lines)
 

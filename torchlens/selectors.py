@@ -169,7 +169,10 @@ class _Module(Selector):
             return [
                 f"{self.pattern} (ran no tensor op{'' if self.call is None else ' in that call'})"
             ]
-        return _close(self.pattern, modules)
+        # the same address below another name: a module a function called, named by its
+        # class ("Sequential.0"), or one below a root= name ("unet.conv_in")
+        below = sorted(m for m in modules if m.endswith("." + self.pattern))[:5]
+        return below + [m for m in _close(self.pattern, modules) if m not in below]
 
     def __repr__(self) -> str:
         call = "" if self.call is None else f", call={self.call}"
@@ -466,9 +469,8 @@ def require_match(selector: Selector, role: str, seen: Candidates) -> None:
     hint = f"; close names: {', '.join(close)}" if close else ""
     if "module(" in repr(selector) and not any(seen.modules):
         hint += (
-            "; no module call was recorded: the traced callable is not an nn.Module (a "
-            "lambda, or a method such as model.generate), so trace the module itself, or "
-            "wrap the call in an nn.Module whose forward makes it"
+            "; no module call was recorded: the traced callable called no nn.Module, so "
+            "trace the module itself, or wrap the call in an nn.Module whose forward makes it"
         )
     hint += _fused_attention_hint(selector, seen)
     raise SelectorMatchError(

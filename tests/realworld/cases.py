@@ -12,7 +12,7 @@ Hugging Face attention: every model that has a choice is built with
 except the cases named ``*_sdpa``, which use ``"sdpa"`` on purpose.
 
 Families (the benchmark groups by them): ``hf_decoder``, ``hf_encoder``, ``hf_encdec``,
-``hf_vision``, ``hf_audio``, ``timm``, ``torchvision``.
+``hf_vision``, ``hf_audio``, ``timm``, ``torchvision``, ``diffusers``.
 
 What is covered besides plain forwards, by tag: ``kwargs`` (called with keyword arguments),
 ``mask`` (attention mask with padding), ``cache`` (``use_cache=True`` or a ``past_key_values``
@@ -21,7 +21,10 @@ cache passed in), ``train`` (train mode: dropout / drop-path draw random numbers
 (mixture-of-experts routing), ``ssm`` (state-space), ``detection`` (detection / segmentation),
 ``mutates_input`` (the forward changes an input object: call ``build()`` again per forward),
 ``labels`` (a task head called with labels: its loss is computed inside the forward),
-``generate`` (``model.generate`` traced), ``inference_mode`` (the forward enters it).
+``generate`` (``model.generate`` traced), ``inference_mode`` (the forward enters it),
+``rooted`` (the traced callable is a bound method or a function over modules, or the
+weights are offloaded: every module call and weight must be named, see
+``test_realworld.py``), ``offload`` (accelerate offloading).
 """
 
 from __future__ import annotations
@@ -36,7 +39,10 @@ import torch
 
 __all__ = ["CASES", "CASES_BY_NAME", "FAMILIES", "RealCase", "missing_packages"]
 
-FAMILIES = ("hf_decoder", "hf_encoder", "hf_encdec", "hf_vision", "hf_audio", "timm", "torchvision")
+FAMILIES = (
+    "hf_decoder", "hf_encoder", "hf_encdec", "hf_vision", "hf_audio", "timm", "torchvision",
+    "diffusers",
+)  # fmt: skip
 
 VOCAB = 96
 SEQ = 8
@@ -697,6 +703,103 @@ def _tv_r2plus1d():
 _HF = ("transformers",)
 _TIMM = ("timm", "torchvision")  # timm imports torchvision
 _TV = ("torchvision",)
+_DIFFUSERS = ("diffusers",)
+_ACCELERATE = ("transformers", "accelerate")
+
+
+# ---------------------------------------------------------------------------
+# Rooted captures: bound methods, functions over modules, offloaded weights (issue 37)
+# ---------------------------------------------------------------------------
+# ``build()`` returns the callable itself (``model.generate``, a sampling loop); a loop
+# over modules it closes over names them in ``loop.zoo_modules`` ({fallback address:
+# module}) for the zoo's check that every module call and weight is named.
+
+
+def _generate_method(model_class: str, config_class: str, config: dict, **options):
+    """``model.generate`` itself as the traced callable (its owner is the root)."""
+
+    def build():
+        model = _hf_model(model_class, config_class, **config)
+        torch.manual_seed(SEED + 1)
+        kwargs = {
+            "input_ids": _ids(seq=6),
+            "attention_mask": torch.ones(BATCH, 6, dtype=torch.long),
+        }
+        return model.generate, (), {**kwargs, "max_new_tokens": 3, "pad_token_id": 0, **options}
+
+    return build
+
+
+def _timm_intermediates():
+    import timm
+
+    torch.manual_seed(SEED)
+    model = timm.create_model("resnet18", pretrained=False).eval()
+    torch.manual_seed(SEED + 1)
+    return model.forward_intermediates, (_image(64),), {}
+
+
+def _tiny_vae():
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(SEED)
+    return AutoencoderKL(
+        block_out_channels=(8, 16), down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=4, norm_num_groups=8,
+        sample_size=16,
+    ).eval()  # fmt: skip
+
+
+def _vae_encode():
+    vae = _tiny_vae()
+    torch.manual_seed(SEED + 1)
+    return vae.encode, (torch.randn(1, 3, 16, 16),), {"return_dict": False}
+
+
+def _unet_sampling_loop():
+    """A diffusers-style sampling loop as a plain function: a tiny UNet2DConditionModel
+    stepped 3 times by a DDPMScheduler (its noise drawn from torch's generator)."""
+    from diffusers import DDPMScheduler, UNet2DConditionModel
+
+    torch.manual_seed(SEED)
+    unet = UNet2DConditionModel(
+        sample_size=8, in_channels=4, out_channels=4, layers_per_block=1,
+        block_out_channels=(8, 16), down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=8,
+        norm_num_groups=4, attention_head_dim=2,
+    ).eval()  # fmt: skip
+    scheduler = DDPMScheduler(num_train_timesteps=10)
+
+    def sample(latents, text):
+        scheduler.set_timesteps(3)
+        for step in scheduler.timesteps:
+            noise = unet(latents, step, encoder_hidden_states=text).sample
+            latents = scheduler.step(noise, step, latents).prev_sample
+        return latents
+
+    sample.zoo_modules = {"UNet2DConditionModel": unet}
+    torch.manual_seed(SEED + 1)
+    return sample, (torch.randn(1, 4, 8, 8), torch.randn(1, 3, 8)), {}
+
+
+def _offloaded_llama(how: str):
+    """A tiny Llama under accelerate's ``cpu_offload`` or ``disk_offload``: every weight
+    waits on the meta device until a hook moves it in for its module's call."""
+
+    def build():
+        import tempfile
+
+        import accelerate
+
+        model = _hf_model("LlamaForCausalLM", "LlamaConfig", **_LLAMA_LIKE)
+        if how == "cpu":
+            accelerate.cpu_offload(model, execution_device="cpu")
+        else:
+            accelerate.disk_offload(model, tempfile.mkdtemp(prefix="zoo_offload_"), "cpu")
+        torch.manual_seed(SEED + 1)
+        return model, (), {"input_ids": _ids(), "attention_mask": _padded_mask()}
+
+    return build
 
 
 def _c(name, family, build, needs=_HF, tags=()):
@@ -1663,6 +1766,50 @@ CASES: list[RealCase] = [
         _TV,
     ),
     _c("tv_r2plus1d_18", "torchvision", _tv_r2plus1d, _TV),
+]
+
+CASES += [  # rooted captures (issue 37): tagged "rooted", checked by test_rooted_case
+    *(
+        _c(
+            f"{model}_generate_method_{mode}",
+            "hf_decoder",
+            _generate_method(model_class, config_class, config, **options),
+            tags={"generate", "rooted", "cache", "kwargs"}
+            | ({"sampling"} if "do_sample" in options and options["do_sample"] else set()),
+        )
+        for model, model_class, config_class, config in (
+            ("llama", "LlamaForCausalLM", "LlamaConfig", _LLAMA_LIKE),
+            ("gpt2", "GPT2LMHeadModel", "GPT2Config", _gpt2_config()),
+        )
+        for mode, options in (
+            ("greedy", {"do_sample": False}),
+            ("beam", {"do_sample": False, "num_beams": 2}),
+            ("sampled", {"do_sample": True, "top_k": 20}),
+        )
+    ),
+    _c("timm_resnet18_forward_intermediates", "timm", _timm_intermediates, _TIMM, tags={"rooted"}),
+    _c("diffusers_vae_encode", "diffusers", _vae_encode, _DIFFUSERS, tags={"rooted", "kwargs"}),
+    _c(
+        "diffusers_unet_ddpm_loop",
+        "diffusers",
+        _unet_sampling_loop,
+        _DIFFUSERS,
+        tags={"rooted", "sampling"},
+    ),
+    _c(
+        "llama_cpu_offload",
+        "hf_decoder",
+        _offloaded_llama("cpu"),
+        _ACCELERATE,
+        tags={"rooted", "kwargs", "mask", "offload"},
+    ),
+    _c(
+        "llama_disk_offload",
+        "hf_decoder",
+        _offloaded_llama("disk"),
+        _ACCELERATE,
+        tags={"rooted", "kwargs", "mask", "offload"},
+    ),
 ]
 
 CASES_BY_NAME = {case.name: case for case in CASES}

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import torchlens as tl
+from torchlens.capture.roots import method_owner
 
 try:
     from tests.realworld.cases import CASES, CASES_BY_NAME, FAMILIES, missing_packages
@@ -28,7 +29,7 @@ except ImportError:  # repository root not on sys.path (e.g. bare `pytest`)
 
 REQUIRED_TAGS = {
     "kwargs", "mask", "cache", "train", "checkpointing", "moe", "ssm", "detection",
-    "generate", "inference_mode", "labels",
+    "generate", "inference_mode", "labels", "rooted", "offload",
 }  # fmt: skip
 
 
@@ -51,6 +52,62 @@ def test_real_model_validates(case, one_thread):
     if missing:
         pytest.skip(f"{case.name} needs {', '.join(missing)}")
     model, args, kwargs = case.build()
+    status = tl.replay(model, args, kwargs)
+    assert status.state == "passed", f"{case.name}:\n{status}"
+
+
+def _named_weights(model, trace) -> tuple[set[str], set[str]]:
+    """The addresses of the modules ``model``'s capture can name (its root's, or the
+    modules a function names in ``zoo_modules``) and the weights of those that ran, each
+    tensor at its first address (tied weights once), as ``named_parameters()`` gives."""
+    owner = method_owner(model)
+    if isinstance(model, torch.nn.Module):
+        tops = {"": model}
+    elif owner is not None:
+        tops = {"": owner}
+    else:
+        tops = dict(getattr(model, "zoo_modules", {}))
+    ran = {m.address for m in trace.modules}
+    addresses, weights, seen = set(), set(), set()
+    for prefix, top in tops.items():
+        for address, module in top.named_modules():
+            full = ".".join(part for part in (prefix, address) if part)
+            addresses.add(full)
+            for name, param in module.named_parameters(recurse=False):
+                if full in ran and id(param) not in seen:
+                    weights.add(f"{full}.{name}" if full else name)
+                seen.add(id(param))
+    return addresses, weights
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "case", [c for c in CASES if "rooted" in c.tags], ids=lambda case: case.name
+)
+def test_rooted_case_names_every_module_call_and_weight(case, one_thread):
+    """Whatever the traced callable is (a bound method, a function over modules, an
+    offloaded model), each module call is at an address of the module it ran, each weight
+    read is a parameter source at its address (as many as the modules that ran hold), and
+    the capture validates."""
+    missing = missing_packages(case)
+    if missing:
+        pytest.skip(f"{case.name} needs {', '.join(missing)}")
+    model, args, kwargs = case.build()
+    torch.manual_seed(7)
+    trace = tl.trace(model, args, kwargs)
+    addresses, weights = _named_weights(model, trace)
+    calls = [m for m in trace.modules if m.address]
+    assert calls, case.name
+    groups = {m.address for m in calls if m.module_type.islower()}  # opened functions (sdpa)
+    # modules the root does not reach (the ``kernels`` package's Func wrappers of
+    # apply_rotary_pos_emb) are at fallback addresses, below their class name
+    fallbacks = set(trace.meta.get("fallback_modules", ()))
+    for address in {m.address for m in calls} - groups - addresses:
+        assert address.split(".")[0] in fallbacks, address
+    assert {s.path for s in trace.sources if s.kind == "parameter"} == weights
+    assert not [s for s in trace.sources if s.kind == "constant" and s.path in weights]
+    model, args, kwargs = case.build()
+    torch.manual_seed(7)
     status = tl.replay(model, args, kwargs)
     assert status.state == "passed", f"{case.name}:\n{status}"
 

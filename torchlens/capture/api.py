@@ -17,12 +17,12 @@ from torchlens.capture.controls import Controls, trace_candidates
 from torchlens.capture.escapes import EscapeHook
 from torchlens.capture.failures import attach_partial_trace, trim_torchlens_frames
 from torchlens.capture.grads import GradCapture
-from torchlens.capture.refusals import check_traceable
+from torchlens.capture.refusals import check_root
+from torchlens.capture.roots import Root, resolve_root
 from torchlens.capture.session import CaptureSession, collector_paused
 from torchlens.capture.sinks import open_stream_sink
 from torchlens.capture.source import make_source_hook
 from torchlens.capture.tree import flatten
-from torchlens.capture.walk import named_modules
 from torchlens.errors import InvalidArgumentError
 from torchlens.trace import Trace
 
@@ -101,11 +101,19 @@ def trace(
     save_grads: bool = False,
     intermediate_derived_grads: bool = False,
     source: bool = False,
+    root: Any = None,
 ) -> Trace:
     """Run ``model(*args, **kwargs)`` once and record every tensor operation.
 
+    Every module called during the forward is recorded, whatever ``model`` is, at an
+    address relative to the capture's root (see ``docs/generation.md``): the module itself;
+    the owner of a bound method (``tl.trace(lm.generate, kwargs=...)``: each call of ``lm``
+    is a call of ``""``, one per decoding step, and the whole capture is call 0); or the
+    modules given as ``root=``. Any other module gets its class name as its address.
+
     Args:
-        model: an ``nn.Module`` or a plain function of tensors, in eager mode.
+        model: an ``nn.Module``, a bound method of one, or any function of tensors (a
+            ``functools.partial``, a sampling loop...), in eager mode.
         args: the positional arguments: one object (a tensor) or a tuple/list of them
             (passed whole when ``forward`` takes one positional parameter; see
             :func:`normalize_call`). Nested lists, tuples and dicts of tensors are fine.
@@ -129,6 +137,10 @@ def trace(
             torch records true gradients through ``save_grads=True`` instead.
         source: note the model's line behind each op, read as ``op.source`` (file, line,
             function); it walks the Python stack per op, so it is off by default.
+        root: for a function, the modules it calls, named: one module (addresses relative
+            to it, its own calls at ``""``) or a dict ``{"unet": unet, "vae": vae}``
+            (addresses ``unet.down_blocks.0``...). Their weights are parameter sources
+            with those addresses even when read outside a call of theirs.
 
     Returns:
         The :class:`~torchlens.trace.Trace`: ops in execution order with their edges, module
@@ -142,7 +154,8 @@ def trace(
         ReentrantCaptureError: when called from inside a forward that is being traced.
         IntermediateDerivedGradsUnsupportedError: for ``intermediate_derived_grads=True``.
         InvalidArgumentError: ``save_grads_no_grad`` for ``save_grads=True`` under
-            ``torch.no_grad()`` (or with gradients otherwise switched off).
+            ``torch.no_grad()`` (or with gradients otherwise switched off); ``bad_root``
+            for a ``root=`` that is not a module or a dict of named modules.
         SelectorMatchError: ``no_match`` when a ``save=``, ``intervene=`` or ``stop_after=``
             selector matched no op.
         InterventionError: when an ``intervene=`` function returns a wrong value.
@@ -160,7 +173,7 @@ def trace(
             structure_only=structure_only, save=save, intervene=intervene,
             stop_after=stop_after, stream_to=stream_to, save_grads=save_grads,
             intermediate_derived_grads=intermediate_derived_grads, source=source,
-            keep_caller_safe=True,
+            root=root, keep_caller_safe=True,
         )  # fmt: skip
     except Exception as err:  # a model's error then goes from this call to the model's line
         trim_torchlens_frames(err)
@@ -209,6 +222,7 @@ def _capture(
     save_grads: bool = False,
     intermediate_derived_grads: bool = False,
     source: bool = False,
+    root: Any = None,
     keep_caller_safe: bool,
     escape_hook: EscapeHook | None = None,
 ) -> Trace:
@@ -223,8 +237,8 @@ def _capture(
             "autograd graph; call tl.trace outside that block, or drop save_grads",
             code="save_grads_no_grad",
         )
-    modules = named_modules(model) if isinstance(model, torch.nn.Module) else None
-    check_traceable(model, modules)
+    walked = resolve_root(model, root)
+    check_root(model, walked)
     args, kwargs = normalize_call(args, kwargs, model)
     with collector_paused():  # the whole capture, up to the frozen trace (see there)
         sink = open_stream_sink(stream_to) if stream_to is not None else None
@@ -232,7 +246,7 @@ def _capture(
         builder = TraceBuilder(
             save_payloads=not structure_only, sink=sink, payload_filter=controls.save_filter()
         )
-        builder.register_model(model, modules)
+        builder.register_model(model, walked.modules)
         if escape_hook is not None:  # validation's completeness arm perturbs escaped values
             builder.escape_hook = escape_hook
         grads = GradCapture(builder.payload_filter) if save_grads else None
@@ -252,17 +266,20 @@ def _capture(
         output = None
         hooks = ((make_source_hook(),) if source else ()) + controls.hooks(builder)
         try:
-            with controls.halting(model), CaptureSession(model, builder, hooks):
+            with (
+                controls.halting(model, walked.modules),
+                CaptureSession(model, builder, hooks, walked),
+            ):
                 output = model(*args, **kwargs)
         except Exception as err:  # the model's own error: it carries what ran before it
             attach_partial_trace(
-                err, builder, _type_name(model), rng_state, _meta(model, controls, structure_only)
+                err, builder, walked.type_name, rng_state, _meta(walked, controls, structure_only)
             )
             raise
         out_tensors = [t for _, t in flatten(output)[0]]
-        meta = _meta(model, controls, structure_only)
+        meta = _meta(walked, controls, structure_only)
         result = builder.finish(
-            _type_name(model),
+            walked.type_name,
             output,
             out_tensors,
             rng_state=rng_state,
@@ -280,15 +297,18 @@ def _capture(
         return result
 
 
-def _meta(model: Any, controls: Controls, structure_only: bool) -> dict[str, Any]:
-    return {
+def _meta(root: Root, controls: Controls, structure_only: bool) -> dict[str, Any]:
+    meta = {
         "structure_only": structure_only,
-        "model_type": _type_name(model),
+        "model_type": root.type_name,
         "torch_version": torch.__version__,
         "torchlens_version": __version__,
-        "training": bool(getattr(model, "training", False)),
+        "training": bool(root.modules and root.modules[0][1].training),
         **controls.meta(),
     }
+    if root.fallbacks:  # modules named by class: print(trace) says how to name them
+        meta["fallback_modules"] = list(root.fallbacks)
+    return meta
 
 
 def _input_path(path: str, positional: bool) -> str:
@@ -297,9 +317,3 @@ def _input_path(path: str, positional: bool) -> str:
     for part in rest.split(".") if rest else ():
         text += f"[{part}]" if part.isdigit() else f"[{part!r}]"
     return text
-
-
-def _type_name(model: Any) -> str:
-    if isinstance(model, torch.nn.Module):
-        return type(model).__name__
-    return getattr(model, "__qualname__", None) or type(model).__name__

@@ -56,6 +56,10 @@ REFRESH_FUNC_NAME = "refresh"  # a value changed by a write the capture could no
 UNSEEN_COMPUTATION = "unseen computation"  # the path of a constant with autograd history
 _KEPT_AS_IS = frozenset({Tensor, nn.Parameter})  # saved undetached; see _save
 _ASK: Any = object()  # an argument the callee reads itself (a version counter not read yet)
+# the version noted for an op's output (not in place) that is an nn.Parameter the capture
+# did not know (an offloading hook making a module's weight): its next read asks label_of,
+# which finds whether it sits in an open module's _parameters by then (_current_weight)
+_FRESH_WEIGHT: Any = object()
 _Parameter = nn.Parameter
 _arg_ref = tuple.__new__  # ArgRef(label, position) without the Python-level __new__
 _first = operator.itemgetter(0)  # (the per-op path: map with these runs no Python frame)
@@ -164,9 +168,9 @@ class TraceBuilder:
         self._writers: dict[int, list[tuple[int, str]]] = defaultdict(list)
         self._call_count = 0
         self._module_call_counts: dict[int | str, int] = {}
-        # the open calls, innermost last, each with its index in module_calls and the
-        # module stack (self._frames) it replaced, to pop back to
-        self._open_calls: list[tuple[ModuleCall, int, tuple[tuple[str, int], ...]]] = []
+        # the open calls, innermost last, each with its index in module_calls, the module
+        # stack (self._frames) it replaced, to pop back to, and its module (None: a group)
+        self._open_calls: list[tuple[ModuleCall, int, tuple[tuple[str, int], ...], Any]] = []
         # per module call, the ops recorded while it was open: ops[start:end] (end None
         # while open); ops are only appended, so a call's ops are one run of them
         self._starts: list[int] = []
@@ -188,13 +192,26 @@ class TraceBuilder:
 
         One walk of the module tree serves the hooks too (``self.named_modules``); the
         addresses are those ``named_parameters``/``named_buffers`` give, first name first.
-        ``modules`` is that walk when the caller has made it already.
+        ``modules`` is that walk when the caller has made it already (for any callable:
+        the walk of its root, ``capture/roots.py``).
         """
-        if not isinstance(model, nn.Module):
-            return
-        self.named_modules = named_modules(model) if modules is None else modules
+        if modules is None:
+            if not isinstance(model, nn.Module):
+                return
+            modules = named_modules(model)
+        self.named_modules = modules
         self._owned = owned_tensors(self.named_modules)
         self.model_buffers = [t for kind, _, t in self._owned.values() if kind == "buffer"]
+
+    def add_modules(self, modules: list[tuple[str, nn.Module]]) -> None:
+        """Know modules first seen during the forward (``(address, module)``, their
+        addresses given by ``capture/roots.py``): their weights are named by address."""
+        self.named_modules = [*self.named_modules, *modules]
+        for key, entry in owned_tensors(modules).items():
+            if key not in self._owned:
+                self._owned[key] = entry
+                if entry[0] == "buffer":
+                    self.model_buffers.append(entry[2])
 
     def add_input(self, path: str, tensor: Tensor) -> str:
         """Record a tensor passed to the traced callable; returns its label."""
@@ -245,6 +262,8 @@ class TraceBuilder:
                 return self._unversioned(tensor, entry[1], entry[3])
             if entry[2] == tensor._version:  # version_of inline: every tensor argument
                 return entry[1]
+            if entry[2] is _FRESH_WEIGHT:
+                return self._fresh_weight(tensor, entry)
             return self._refresh(tensor, entry[1], entry[3])
         owned = self._owned.get(id(tensor))
         if owned is not None and owned[2] is tensor:
@@ -252,6 +271,9 @@ class TraceBuilder:
             label = address if address not in self._records else self._new_label(address)
             self._add_source(label, kind, address, tensor)
             return label
+        weight = self._current_weight(tensor)
+        if weight is not None:
+            return weight
         same = self._same_memory(tensor)
         if same is not None:  # a recorded value under another object (as_subclass)
             self._remember(tensor, same)
@@ -259,6 +281,57 @@ class TraceBuilder:
         label = self._new_label("constant")
         unseen = tensor.grad_fn is not None and self._made_during_forward(tensor)
         self._add_source(label, "constant", UNSEEN_COMPUTATION if unseen else "closure", tensor)
+        return label
+
+    def _current_weight(self, tensor: Tensor) -> str | None:
+        """The label of ``tensor`` as a parameter or buffer of a module whose call is open,
+        read from that module's ``_parameters``/``_buffers`` now: weights a hook puts in
+        place during the forward (accelerate's offloading moves them in from the ``meta``
+        device at each call) are not the tensors the module held when the capture began.
+
+        A weight put in place again (the next call, the next decoding step) is the source
+        already recorded at that address while it holds the same value.
+        """
+        for call, _, _, module in reversed(self._open_calls):
+            if module is None:
+                continue
+            for kind, members in (("parameter", module._parameters), ("buffer", module._buffers)):
+                for name, member in members.items():
+                    if member is tensor:
+                        address = f"{call.address}.{name}" if call.address else name
+                        return self._weight_source(kind, address, tensor)
+        return None
+
+    def _fresh_weight(self, tensor: Tensor, entry: tuple) -> str:
+        """:meth:`label_of` of a parameter an op made (``_FRESH_WEIGHT``): a parameter
+        source when a module whose call is open holds it now, else the op's value, or a
+        refresh of it if it was written since."""
+        weight = self._current_weight(tensor)
+        if weight is not None:
+            return weight
+        label = entry[1]
+        if self._versions.get(label, version_of(tensor)) == version_of(tensor):
+            return label
+        return self._refresh(tensor, label, entry[3])
+
+    def _weight_source(self, kind: str, address: str, tensor: Tensor) -> str:
+        """The source of a weight found at ``address`` during the forward: the one recorded
+        there before when it holds the same value, else a new one."""
+        self._owned[id(tensor)] = (kind, address, tensor)  # its later reads: the fast path
+        earlier = self._records.get(address)
+        if earlier is not None and getattr(earlier, "kind", None) == kind:
+            value = self._values.get(address)
+            if not self.save_payloads or (
+                value is not None
+                and value.shape == tensor.shape
+                and value.dtype == tensor.dtype
+                and value.device == tensor.device
+                and torch.equal(value, tensor)
+            ):
+                self._remember(tensor, address)
+                return address
+        label = address if address not in self._records else self._new_label(address)
+        self._add_source(label, kind, address, tensor)
         return label
 
     def _same_memory(self, tensor: Tensor) -> str | None:
@@ -537,6 +610,15 @@ class TraceBuilder:
             self._live[id(tensor)] = (weakref.ref(tensor), label, version, self._call_count)
         return op
 
+    def note_returned_weight(self, op: Op, tensor: Tensor) -> None:
+        """``op`` returned its argument ``tensor``, an ``nn.Parameter`` the capture did not
+        know: a weight an offloading hook moves in (``param.to(device)``). Its next read
+        asks :meth:`label_of`, which names it as the parameter of the open module holding
+        it by then (``_FRESH_WEIGHT``). One written in place (an init) keeps its edges."""
+        entry = self._live.get(id(tensor))
+        if id(tensor) not in self._owned and entry is not None and entry[1] == op.label:
+            self._live[id(tensor)] = (entry[0], entry[1], _FRESH_WEIGHT, entry[3])
+
     def live_entry(self, tensors: list[Tensor]) -> list[tuple | None]:
         """Per tensor, what the builder knows of it when it holds a recorded value still
         (an argument returned as it is), else None: see :meth:`restore_entry`."""
@@ -639,7 +721,8 @@ class TraceBuilder:
         counts = self._module_call_counts
         call_index = counts[id(module)] = counts.get(id(module), 0) + 1
         labels = self._labels(inputs)
-        self._push(ModuleCall(address, call_index, type_name or type(module).__name__, labels))
+        call = ModuleCall(address, call_index, type_name or type(module).__name__, labels)
+        self._push(call, module)
 
     def _labels(self, tensors: Sequence[Tensor]) -> tuple[str, ...]:
         """``label_of`` each tensor; a module call's one tensor (the usual call, once on
@@ -658,8 +741,8 @@ class TraceBuilder:
             return (entry[1],)
         return (self.label_of(tensor),)
 
-    def _push(self, call: ModuleCall) -> None:
-        self._open_calls.append((call, len(self.module_calls), self._frames))
+    def _push(self, call: ModuleCall, module: nn.Module | None = None) -> None:
+        self._open_calls.append((call, len(self.module_calls), self._frames, module))
         self._frames += ((call.address, call.call_index),)
         self.module_calls.append(call)
         self._starts.append(len(self.ops))
@@ -669,7 +752,7 @@ class TraceBuilder:
         """A module's forward returned: pop it and note what it returned; returns the call."""
         if not self._open_calls:
             return None
-        call, index, self._frames = self._open_calls.pop()
+        call, index, self._frames, _ = self._open_calls.pop()
         self._ends[index] = len(self.ops)
         call.outputs = self._labels(outputs)
         return call
@@ -710,7 +793,10 @@ class TraceBuilder:
         output_labels = [self.label_of(t) for t in output_tensors]
         for tensor in keep_safe:
             self.protect(tensor)
-        root = ModuleCall("", 1, root_type, tuple(self.input_labels), tuple(output_labels))
+        # the root module's own calls inside a traced method are calls 1, 2, ... of "":
+        # the whole capture is then call 0
+        first = 0 if any(not call.address for call in self.module_calls) else 1
+        root = ModuleCall("", first, root_type, tuple(self.input_labels), tuple(output_labels))
         calls = [root, *self.module_calls]
         labels = root.ops = tuple(map(_label, self.ops))
         for call, start, end in zip(self.module_calls, self._starts, self._ends):

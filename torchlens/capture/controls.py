@@ -190,11 +190,13 @@ class Controls:
         self.stop = None if stop_after is None else as_selector(stop_after)
         self.saved = 0  # ops the save selector matched
         self.edit_hits = [0] * len(self.edits)
-        self.edit_shapes: list[dict[tuple[int, ...], str]] = [{} for _ in self.edits]
+        # per edit: (rank, feature size) -> (shape, label) of the first op edited so
+        self.edit_shapes: list[dict[tuple[int, int], tuple]] = [{} for _ in self.edits]
         self.intervened: list[str] = []  # labels of edited ops, in order
         self._edited: set[tuple[int, str]] = set()  # (edit index, label) applied
         self.halted_at: str | None = None
         self._types: dict[str, str] = {}  # module address -> class name, set by hooks()
+        self._builder: Any = None  # whose named_modules grow during the forward
 
     @property
     def active(self) -> bool:
@@ -207,11 +209,11 @@ class Controls:
         if self.save is None:
             return None
         matches = self.save.matches
-        types = self._types
+        type_of = self._module_type
 
         def payload_filter(op: Any) -> bool:
             if not op.module_type:  # what a tl.where predicate may ask; Trace fills the rest
-                op.module_type = types.get(op.module, "")
+                op.module_type = type_of(op.module)
             hit = matches(op)
             self.saved += hit
             return hit
@@ -234,6 +236,7 @@ class Controls:
         builder's module exit hook when a rule selects module outputs."""
         if not self.active:
             return ()  # nothing to ask per op: the module types are not needed either
+        self._builder = builder
         self._types.update((a, type(m).__name__) for a, m in builder.named_modules)
         if self.at_exit:
             builder.exit_hooks.append(self.exit_hook(builder))
@@ -270,16 +273,33 @@ class Controls:
 
         return hook
 
+    def _module_type(self, address: str) -> str:
+        """The class name of the module at ``address``; modules first called during the
+        forward (``capture/roots.py``) are learnt from the builder at their first op."""
+        name = self._types.get(address)
+        if name is None:
+            if self._builder is not None:
+                for known, module in self._builder.named_modules:
+                    self._types.setdefault(known, type(module).__name__)
+            name = self._types.setdefault(address, "")  # (a group's address: none)
+        return name
+
     def note_shape(self, i: int, label: str, shape: tuple[int, ...]) -> None:
-        """Warn once when the ``i``-th intervene= selector edits ops of a second shape."""
+        """Warn once when the ``i``-th intervene= selector edits ops of a second shape.
+
+        Shapes alike but for their leading axes (the same rank and feature axis: a prompt
+        of 6 tokens, then one token per decoding step) are one shape here: one edit along
+        the features fits them all.
+        """
         shapes = self.edit_shapes[i]
-        if shape in shapes or len(shapes) > 1:
-            shapes.setdefault(shape, label)
+        kind = (len(shape), shape[-1]) if shape else (0, 0)
+        if kind in shapes or len(shapes) > 1:
+            shapes.setdefault(kind, (shape, label))
             return
-        shapes[shape] = label
+        shapes[kind] = (shape, label)
         if len(shapes) == 2:
             selector = self.edits[i][0]
-            seen = ", ".join(f"{lab} {tuple(s)}" for s, lab in shapes.items())
+            seen = ", ".join(f"{lab} {tuple(s)}" for s, lab in shapes.values())
             warnings.warn(
                 f"the intervene= selector {selector!r} edits ops of different shapes ({seen}); "
                 "one function rarely fits both. To edit what a module returned, select "
@@ -291,11 +311,11 @@ class Controls:
     def trace_hook(self, builder: Any) -> Callable[[Any, Tensor], Tensor]:
         """The capture mode's op hook: apply edits, then halt if ``stop_after`` matches."""
 
-        types = self._types
+        type_of = self._module_type
 
         def hook(op: Any, tensor: Tensor) -> Tensor:
             if not op.module_type:
-                op.module_type = types.get(op.module, "")
+                op.module_type = type_of(op.module)
             for i, (selector, edit) in enumerate(self.edits):
                 if selector.matches(op):
                     self.edit_hits[i] += 1
@@ -340,17 +360,24 @@ class Controls:
 
     # -- halting and checks ---------------------------------------------------------------
     @contextmanager
-    def halting(self, model: Any) -> Iterator[None]:
-        """Catch the halt of ``stop_after``; the RNG state and the model's buffers are then
-        put back as they were when the block began. Also notes the model's type, which
-        selectors see as ``op.module_type`` of the ops run outside any submodule."""
+    def halting(
+        self, model: Any, modules: list[tuple[str, nn.Module]] | None = None
+    ) -> Iterator[None]:
+        """Catch the halt of ``stop_after``; the RNG state and the model's buffers (of
+        ``modules``, the walk of its root, when given) are then put back as they were when
+        the block began. Also notes the model's type, which selectors see as
+        ``op.module_type`` of the ops run outside any submodule."""
         if not isinstance(model, nn.Module):
             self._types[""] = getattr(model, "__qualname__", None) or type(model).__name__
         if self.stop is None:
             yield
             return
         state = rng.snapshot()
-        buffers = _snapshot_buffers(model.modules() if isinstance(model, nn.Module) else ())
+        if modules is not None:
+            walked: Iterable[nn.Module] = (module for _, module in modules)
+        else:
+            walked = model.modules() if isinstance(model, nn.Module) else ()
+        buffers = _snapshot_buffers(walked)
         try:
             yield
         except _Halt:

@@ -106,6 +106,8 @@ class CaptureMode(TorchFunctionMode):
             # its argument returned as it is (x.to(its own dtype), dropout in eval): the
             # argument's readers from here on read this label, whatever name they hold it by
             ops[0].meta["returns_argument"] = parent_args[0][0]
+            if type(result) is torch.nn.Parameter:  # (an offloaded weight moved in)
+                self.builder.note_returned_weight(ops[0], result)
         if self.op_hooks:
             result = self._run_hooks(ops, tensors, result, before)
         return result

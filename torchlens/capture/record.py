@@ -15,9 +15,9 @@ from torchlens.capture.api import normalize_call
 from torchlens.capture.controls import Controls
 from torchlens.capture.failures import trim_torchlens_frames
 from torchlens.capture.record_mode import RecordMode
-from torchlens.capture.refusals import check_traceable
+from torchlens.capture.refusals import check_root
+from torchlens.capture.roots import Root, resolve_root
 from torchlens.capture.tree import flatten
-from torchlens.capture.walk import named_modules
 from torchlens.errors import ReentrantCaptureError
 from torchlens.recording import Recording
 from torchlens.selectors import Candidates
@@ -33,6 +33,7 @@ def record(
     save: Any = None,
     intervene: Mapping[Any, Any] | None = None,
     stop_after: Any = None,
+    root: Any = None,
 ) -> Recording:
     """Run ``model(*args, **kwargs)`` once, keeping only the values of ops ``save`` selects.
 
@@ -51,6 +52,8 @@ def record(
         stop_after: a selector; the forward halts right after the first matching op (when
             a rule selects ``tl.module(...).output``, once the module calls that return
             that op have returned, so that they count as returning it).
+        root: the modules a traced function calls, named for addresses, as in
+            :func:`~torchlens.capture.api.trace`.
 
     Returns:
         A :class:`~torchlens.recording.Recording`; ``recording[label].out`` is a kept value,
@@ -68,17 +71,21 @@ def record(
         >>> rec.labels
         ['linear_1']
     """
-    modules = named_modules(model) if isinstance(model, nn.Module) else None
-    check_traceable(model, modules)
+    walked = resolve_root(model, root)
+    check_root(model, walked)
     args, kwargs = normalize_call(args, kwargs, model)
     controls = Controls(save, intervene, stop_after)
     mode = RecordMode(controls)
     output = None
-    with controls.halting(model), _recording(model, mode, modules):
-        output = model(*args, **kwargs)
+    try:
+        with controls.halting(model, walked.modules), _recording(model, mode, root=walked):
+            output = model(*args, **kwargs)
+    except Exception as err:  # the model's error then ends at the model's line
+        trim_torchlens_frames(err)  # (module calls pass through capture/follow.py)
+        raise
     if mode.halt_pending:  # halted on the forward's last op: the output is not returned
         output = None
-    _protect_kept(mode, modules or [], args, kwargs, output)
+    _protect_kept(mode, mode.modules, args, kwargs, output)
     meta = {"n_ops": mode.n_ops, **controls.meta()}
     controls.check(lambda: _candidates(model, mode))
     # module outputs are kept when the call returns, possibly out of execution order
@@ -113,9 +120,13 @@ class _RecordSession:
 
 @contextmanager
 def _recording(
-    model: Any, mode: RecordMode, modules: list[tuple[str, nn.Module]] | None = None
+    model: Any,
+    mode: RecordMode,
+    modules: list[tuple[str, nn.Module]] | None = None,
+    root: Root | None = None,
 ) -> Iterator[None]:
-    """Run a block with ``mode`` recording ``model`` (its walked ``modules`` when known),
+    """Run a block with ``mode`` recording ``model`` (its walked ``modules``, or its
+    ``root``, when known),
     Python's cyclic garbage collector paused as in ``tl.trace``
     (:func:`~torchlens.capture.session.collector_paused`)."""
     if _session.active_session() is not None:
@@ -128,7 +139,7 @@ def _recording(
         stack.callback(_session._clear_session)
         stack.callback(setattr, mode, "paused", True)  # its wrappers pass calls through after
         stack.enter_context(_session.collector_paused())
-        stack.callback(_session.remove_all, mode.install_hooks(model, modules))
+        stack.callback(_session.remove_all, mode.install_hooks(model, modules, root))
         stack.enter_context(mode)
         try:
             yield
@@ -138,7 +149,6 @@ def _recording(
 
 
 def _candidates(model: Any, mode: RecordMode) -> Candidates:
-    walked = named_modules(model) if isinstance(model, nn.Module) else []
-    modules = [address for address, _ in walked]
+    modules = [address for address, _ in mode.modules]
     labels = [f"{name}_{i}" for name, n in mode.counts.items() for i in range(1, n + 1)]
     return Candidates(func_names=list(mode.counts), modules=modules, labels=labels)

@@ -20,19 +20,18 @@ from typing import Any
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
-from torch.utils.hooks import RemovableHandle
 
 from torchlens._tensors import storage_key, version_of
 from torchlens.capture.composite import group_address, opened_body
 from torchlens.capture.controls import Controls, Intervention, _Halt, apply_edit, original_key
 from torchlens.capture.failures import note_record_error
-from torchlens.capture.hooks import ForwardWrap, wrap_forwards
+from torchlens.capture.hooks import follow_calls
 from torchlens.capture.mode import _inplace_targets, functorch_level
 from torchlens.capture.naming import FUNC_INFOS, func_info
 from torchlens.capture.record_exit import ExitTracker
+from torchlens.capture.roots import Root, resolve_root
 from torchlens.capture.special import SPECIAL_OUTPUTS
 from torchlens.capture.tree import fill, flatten
-from torchlens.capture.walk import named_modules
 from torchlens.recording import OpView
 from torchlens.selectors import Selector
 from torchlens.trace import MemoryPayloadStore
@@ -109,6 +108,7 @@ class RecordMode(TorchFunctionMode):
         # block whose last op it is) end first and tl.module(...).output sees them return it
         self.halt_pending = False
         self._level = functorch_level()  # as CaptureMode: torch.func transforms unrecorded
+        self.modules: list[tuple[str, nn.Module]] = []  # every module named, as they come
 
     # -- the per-op path ------------------------------------------------------------------
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -265,22 +265,23 @@ class RecordMode(TorchFunctionMode):
 
     # -- module calls ---------------------------------------------------------------------
     def install_hooks(
-        self, model: Any, modules: list[tuple[str, nn.Module]] | None = None
-    ) -> list[ForwardWrap | RemovableHandle]:
+        self,
+        model: Any,
+        modules: list[tuple[str, nn.Module]] | None = None,
+        root: Root | None = None,
+    ) -> list[Any]:
         """Follow the module calls of ``model`` as ``tl.trace`` does (``capture/hooks.py``):
-        each submodule's ``forward`` wrapped, or a pair of hooks for a submodule with hooks
-        of its own, so that ops run by those hooks fall inside or outside the module call
-        exactly as in ``tl.trace``. Returns what to remove when the recording ends."""
-        self._type = (  # the root's type, as the trace's root module call names it
-            type(model).__name__
-            if isinstance(model, nn.Module)
-            else getattr(model, "__qualname__", None) or type(model).__name__
-        )
-        if not isinstance(model, nn.Module):
-            return []
-        walked = named_modules(model) if modules is None else modules
-        return wrap_forwards(walked, self._recorded_forward, self._enter, self._exit,
-                             with_kwargs=False)  # fmt: skip
+        each module of its root with its ``forward`` wrapped, or a pair of hooks for one
+        with hooks of its own, so that ops run by those hooks fall inside or outside the
+        module call exactly as in ``tl.trace``; every other module called on this thread
+        followed (``capture/follow.py``). ``modules``: the root's walk, when made already.
+        Returns what to remove when the recording ends."""
+        if root is None:
+            root = resolve_root(model) if modules is None else _root_of(model, modules)
+        self._type = root.type_name  # the root call's name, as the trace's root names it
+        self.modules = list(root.modules)
+        calls = _Calls(self._recorded_forward, self._enter, self._exit)
+        return follow_calls(root, self, self.modules.extend, calls, with_kwargs=False)
 
     def _recorded_forward(
         self, module: nn.Module, address: str, forward: Callable[..., Any]
@@ -349,3 +350,19 @@ class RecordMode(TorchFunctionMode):
             with torch._C.DisableTorchFunction():  # its own bookkeeping is not an op
                 return self.exits.on_exit(frame, type_name, output)
         return None
+
+
+class _Calls:
+    """What :func:`~torchlens.capture.hooks.follow_calls` takes: the recording forward
+    factory and the hook pair of a module with hooks of its own."""
+
+    def __init__(self, traced_forward: Any, enter_own: Any, exit_own: Any) -> None:
+        self.traced_forward, self.enter_own, self.exit_own = traced_forward, enter_own, exit_own
+
+
+def _root_of(model: Any, modules: list[tuple[str, nn.Module]]) -> Root:
+    """The root of ``model`` whose walk (``modules``) the caller made already."""
+    if isinstance(model, nn.Module):
+        return Root(modules, model, type(model).__name__)
+    root = resolve_root(model)
+    return Root(modules or root.modules, None, root.type_name)

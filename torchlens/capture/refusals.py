@@ -7,10 +7,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchlens.capture.roots import Root
 from torchlens.capture.walk import named_modules
 from torchlens.errors import UnsupportedModelError
 
-__all__ = ["check_traceable"]
+__all__ = ["check_traceable", "check_root"]
 
 _ADVICE = "trace the eager source module instead"
 
@@ -53,25 +54,7 @@ def check_traceable(model: Any, modules: list[tuple[str, nn.Module]] | None = No
             code="torchscript_module",
         )
     if isinstance(model, nn.Module):
-        for address, sub in named_modules(model) if modules is None else modules:
-            kind = type(sub)  # (every trace walks every module: the class is asked once)
-            if kind not in _EAGER_CLASSES:
-                if issubclass(kind, torch.jit.ScriptModule):
-                    raise UnsupportedModelError(
-                        f"submodule {address!r} is a TorchScript module whose operations "
-                        f"cannot be recorded; {_ADVICE} (the eager version of {address!r})",
-                        code="torchscript_module",
-                    )
-                if not _optimized(kind):
-                    _EAGER_CLASSES.add(kind)
-            if kind not in _EAGER_CLASSES or sub.__dict__.get("_compiled_call_impl") is not None:
-                raise UnsupportedModelError(
-                    f"submodule {address!r} was compiled with torch.compile (or .compile()), "
-                    "whose graphs hide the individual operations, and Dynamo would trace "
-                    f"the capture's own code; {_ADVICE} (the eager version of {address!r}, "
-                    "e.g. its _orig_mod)",
-                    code="compiled_module",
-                )
+        _check_modules(named_modules(model) if modules is None else modules)
         return
     if not callable(model):
         raise UnsupportedModelError(
@@ -79,6 +62,39 @@ def check_traceable(model: Any, modules: list[tuple[str, nn.Module]] | None = No
             "(or a function of tensors) as the first argument",
             code="not_callable",
         )
+
+
+def check_root(model: Any, root: Root) -> None:
+    """:func:`check_traceable` for ``model`` and the modules of its ``root``
+    (``capture/roots.py``): the owner of a traced method, the modules of ``root=``."""
+    if root.itself is not None:
+        check_traceable(model, root.modules)
+        return
+    check_traceable(model)
+    _check_modules(root.modules)
+
+
+def _check_modules(modules: list[tuple[str, nn.Module]]) -> None:
+    """Refuse TorchScript and torch.compile'd modules among ``modules`` (a walk)."""
+    for address, sub in modules:
+        kind = type(sub)  # (every trace walks every module: the class is asked once)
+        if kind not in _EAGER_CLASSES:
+            if issubclass(kind, torch.jit.ScriptModule):
+                raise UnsupportedModelError(
+                    f"submodule {address!r} is a TorchScript module whose operations "
+                    f"cannot be recorded; {_ADVICE} (the eager version of {address!r})",
+                    code="torchscript_module",
+                )
+            if not _optimized(kind):
+                _EAGER_CLASSES.add(kind)
+        if kind not in _EAGER_CLASSES or sub.__dict__.get("_compiled_call_impl") is not None:
+            raise UnsupportedModelError(
+                f"submodule {address!r} was compiled with torch.compile (or .compile()), "
+                "whose graphs hide the individual operations, and Dynamo would trace "
+                f"the capture's own code; {_ADVICE} (the eager version of {address!r}, "
+                "e.g. its _orig_mod)",
+                code="compiled_module",
+            )
 
 
 # module classes that are neither TorchScript nor torch.compile wrappers (a module of one

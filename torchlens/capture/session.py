@@ -1,4 +1,4 @@
-"""A capture session: the function mode plus module wrappers, alive only inside ``with``.
+"""A capture session: the function mode plus module followers, alive only inside ``with``.
 
 Everything a session installs is removed in ``__exit__``, whatever the forward did. A
 thread-local marker refuses a second capture started from inside a running one, and
@@ -21,6 +21,7 @@ from torchlens.capture.builder import TraceBuilder
 from torchlens.capture.failures import trim_torchlens_frames
 from torchlens.capture.hooks import install_module_hooks
 from torchlens.capture.mode import CaptureMode, OpHook
+from torchlens.capture.roots import Root
 from torchlens.errors import ReentrantCaptureError
 
 __all__ = [
@@ -53,9 +54,14 @@ class CaptureSession:
     """Install capture on ``model`` for the duration of a ``with`` block."""
 
     def __init__(
-        self, model: Any, builder: TraceBuilder, op_hooks: tuple[OpHook, ...] = ()
+        self,
+        model: Any,
+        builder: TraceBuilder,
+        op_hooks: tuple[OpHook, ...] = (),
+        root: Root | None = None,
     ) -> None:
         self.model = model
+        self.root = root  # (capture/roots.py; resolved from the model when not given)
         self.builder = builder
         self.mode = CaptureMode(builder, op_hooks)
         self._stack = ExitStack()
@@ -65,7 +71,7 @@ class CaptureSession:
         with ExitStack() as stack:
             _local.session = self
             stack.callback(_clear_session)
-            stack.callback(remove_all, install_module_hooks(self.model, self.builder))
+            stack.callback(remove_all, install_module_hooks(self.model, self.builder, self.root))
             stack.enter_context(self.mode)
             self._stack = stack.pop_all()
         return self

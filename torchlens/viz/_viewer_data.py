@@ -93,7 +93,7 @@ def _groups(trace: Trace) -> tuple[list[dict[str, Any]], dict[str, int]]:
     Returns the groups (parents before children) and, for each op and input, the index of
     the innermost group holding it (-1 for the root).
     """
-    calls = {(m.address, m.call_index): m for m in trace.modules if m.address and len(m.ops) > 1}
+    calls = {(m.address, m.call_index): m for m in trace.modules[1:] if len(m.ops) > 1}
     counts: dict[str, int] = {}
     for address, _ in calls:
         counts[address] = counts.get(address, 0) + 1

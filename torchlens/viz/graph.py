@@ -97,7 +97,9 @@ class _ViewBuilder:
 
     def __init__(self, trace: Trace, depth: int | None, fold: Fold, params: str) -> None:
         self.trace, self.depth, self.fold, self.params = trace, depth, fold, params
-        self.calls = {(m.address, m.call_index): m for m in trace.modules if m.address}
+        # every call but the root (the capture itself: modules[0]); the owner of a traced
+        # method is called at "" too, once per call (a decoding step)
+        self.calls = {(m.address, m.call_index): m for m in trace.modules[1:]}
         self.call_counts: dict[str, int] = {}
         for m in self.calls.values():
             self.call_counts[m.address] = self.call_counts.get(m.address, 0) + 1

@@ -57,7 +57,7 @@ def find_repeats(trace: Trace) -> list[Repeat]:
         >>> [(r.module_type, r.count) for r in find_repeats(tl.trace(model, torch.ones(1, 4)))]
         [('Linear', 3)]
     """
-    by_key = {(m.address, m.call_index): m for m in trace.modules if m.address}
+    by_key = {(m.address, m.call_index): m for m in trace.modules[1:]}
     signatures: dict[CallKey, tuple] = {}
 
     def signature(key: CallKey) -> tuple:
@@ -86,7 +86,7 @@ def find_repeats(trace: Trace) -> list[Repeat]:
 
 def fold_repeats(trace: Trace, repeats: Sequence[Repeat]) -> Fold:
     """Map every op of blocks 2..N of each run onto the matching op of block 1."""
-    by_key = {(m.address, m.call_index): m for m in trace.modules if m.address}
+    by_key = {(m.address, m.call_index): m for m in trace.modules[1:]}
     fold = Fold([], {}, {}, set())
     for repeat in repeats:
         if repeat.calls[0] in fold.hidden:
