@@ -10,7 +10,10 @@ import torchlens as tl
 from torchlens import edits
 from torchlens.errors import GradUnavailableError, InterventionError, SelectorMatchError
 
-from ._llm_models import bert, gpt2, llama, prompts
+from ._tiny_llms import bert_mlm as bert
+from ._tiny_llms import gpt2_lm as gpt2
+from ._tiny_llms import llama_lm as llama
+from ._tiny_llms import prompts
 
 BLOCKS = {
     "gpt2": (gpt2, "transformer.h.{}"),
