@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import torchlens as tl
+from tests.realworld.cases import _tiny_vae, _unet_sampling_loop
 
 
 def _weights_of_calls(trace, root, prefix=""):
@@ -62,13 +63,8 @@ def test_clip_get_image_features():
 
 
 def _vae():
-    diffusers = pytest.importorskip("diffusers")
-    torch.manual_seed(0)
-    return diffusers.AutoencoderKL(
-        block_out_channels=(8, 16), down_block_types=("DownEncoderBlock2D",) * 2,
-        up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=4, norm_num_groups=8,
-        sample_size=16,
-    ).eval()  # fmt: skip
+    pytest.importorskip("diffusers")
+    return _tiny_vae()
 
 
 def test_autoencoder_kl_encode_and_decode():
@@ -91,24 +87,9 @@ def test_timm_feature_methods(method):
 
 
 def test_a_diffusion_sampling_loop_with_its_modules_named():
-    diffusers = pytest.importorskip("diffusers")
-    torch.manual_seed(0)
-    unet = diffusers.UNet2DConditionModel(
-        sample_size=8, in_channels=4, out_channels=4, layers_per_block=1,
-        block_out_channels=(8, 16), down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=8,
-        norm_num_groups=4, attention_head_dim=2,
-    ).eval()  # fmt: skip
-    scheduler = diffusers.DDPMScheduler(num_train_timesteps=10)
-
-    def sample(latents, text):
-        scheduler.set_timesteps(3)
-        for step in scheduler.timesteps:
-            noise = unet(latents, step, encoder_hidden_states=text).sample
-            latents = scheduler.step(noise, step, latents).prev_sample
-        return latents
-
-    args = (torch.randn(1, 4, 8, 8), torch.randn(1, 3, 8))
+    pytest.importorskip("diffusers")
+    sample, args, _ = _unet_sampling_loop()
+    unet = sample.zoo_modules["UNet2DConditionModel"]
     torch.manual_seed(3)
     trace = tl.trace(sample, args, root={"unet": unet})
     assert [m.name for m in trace.module_calls("unet")] == ["unet:1", "unet:2", "unet:3"]

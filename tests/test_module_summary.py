@@ -13,6 +13,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 import torchlens as tl
+from tests._tiny_llms import build
 from torchlens.errors import InvalidArgumentError, MissingDependencyError
 
 
@@ -218,13 +219,11 @@ def test_module_list_and_dict_children_nest_under_the_module_that_calls_them():
 
 @pytest.fixture(scope="module")
 def gpt2():
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        n_layer=2, n_embd=64, n_head=4, n_positions=64, vocab_size=100,
-        bos_token_id=0, eos_token_id=0, attn_implementation="sdpa",
+    model = build(
+        "GPT2LMHeadModel", "GPT2Config", n_layer=2, n_embd=64, n_head=4, n_positions=64,
+        vocab_size=100, bos_token_id=0, eos_token_id=0, attn_implementation="sdpa",
     )  # fmt: skip
-    return transformers.GPT2LMHeadModel(config).eval(), torch.randint(0, 100, (1, 16))
+    return model, torch.randint(0, 100, (1, 16))
 
 
 def test_gpt2_blocks_sit_beside_drop_not_inside_it(gpt2):

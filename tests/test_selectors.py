@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 import torchlens as tl
+from tests._tiny_llms import build
 from torchlens.errors import InvalidArgumentError, PayloadUnavailableError, SelectorMatchError
 
 
@@ -243,13 +244,10 @@ def test_malformed_module_patterns_are_typed_errors(trace, pattern):
 
 
 def test_gpt2_blocks_are_transformer_h_plus():
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        n_layer=2, n_embd=32, n_head=2, n_positions=32, vocab_size=50,
-        bos_token_id=0, eos_token_id=0, attn_implementation="sdpa",
+    model = build(
+        "GPT2LMHeadModel", "GPT2Config", n_layer=2, n_embd=32, n_head=2, n_positions=32,
+        vocab_size=50, bos_token_id=0, eos_token_id=0, attn_implementation="sdpa",
     )  # fmt: skip
-    model = transformers.GPT2LMHeadModel(config).eval()
     trace = tl.trace(model, torch.randint(0, 50, (1, 8)))
     nested = trace.module_calls("transformer.h.*")
     assert len(nested) == 24  # each block, and the 11 calls inside each

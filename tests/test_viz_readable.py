@@ -10,6 +10,7 @@ from torch import nn
 
 import torchlens as tl
 import torchlens.viz.render as render
+from tests._tiny_llms import build
 from torchlens.errors import InvalidArgumentError
 from torchlens.viz import DrawingSizeWarning
 from torchlens.viz.graph import build_view
@@ -115,13 +116,10 @@ def test_a_strip_far_taller_than_a_screen_is_drawn_readable_though_it_has_few_bo
 
 
 def test_a_two_layer_gpt2_is_drawn_at_a_readable_depth(drawn, tmp_path):
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        n_layer=2, n_embd=64, n_head=4, n_positions=64, vocab_size=100,
-        bos_token_id=0, eos_token_id=0, attn_implementation="sdpa",
+    model = build(
+        "GPT2LMHeadModel", "GPT2Config", n_layer=2, n_embd=64, n_head=4, n_positions=64,
+        vocab_size=100, bos_token_id=0, eos_token_id=0, attn_implementation="sdpa",
     )  # fmt: skip
-    model = transformers.GPT2LMHeadModel(config).eval()
     trace = tl.trace(model, torch.randint(0, 100, (1, 16)))
     full = build_view(trace)
     assert len(full.nodes) <= MAX_NODES < 2 * len(full.nodes)  # not too many boxes ...
