@@ -16,7 +16,7 @@ from torchlens.capture.refusals import check_traceable
 from torchlens.capture.session import refuse_reentry, suspended
 from torchlens.errors import InvalidArgumentError
 from torchlens.replay.backward import validate_backward
-from torchlens.replay.completeness import check_completeness
+from torchlens.replay.completeness import check_completeness, look_first
 from torchlens.replay.findings import Findings
 from torchlens.replay.ground_truth import (
     ModelState,
@@ -132,7 +132,8 @@ def replay(
     uncopied: list[str] = []
     pristine = copy_inputs(args, kwargs, uncopied)  # a forward may modify its inputs
     aliased: set[int] = set()  # tensors whose .data the forward took
-    reference = detached(rerun(model, *pristine, start, intervene, aliased))
+    escapes: list[str] = []  # the escape calls it made: the completeness arm will run
+    reference = detached(rerun(model, *pristine, start, intervene, aliased, escapes))
     rng.restore(host)  # (torch's generators the rerun puts back itself)
     del pristine
     after_rerun = state.rewind()
@@ -147,6 +148,9 @@ def replay(
         after_rerun = state.rewind()
         moved_parameters = state.changed_parameters()
     spare = copy_inputs(args, kwargs)  # for the completeness arm, if the forward has escapes
+    first = None
+    if escapes and intervene is None and not uncopied and not moved_parameters:
+        first = look_first(model, spare, (start, host), state)  # (see look_first: why now)
     trace = trace_for_check(model, args, kwargs, intervene=intervene)
     after_capture = rng.snapshot()  # the checks touch torch's generators only
     trace.output = detached(trace.output)  # private to this check: its graph is not needed
@@ -174,7 +178,7 @@ def replay(
             )  # fmt: skip
         else:
             check_completeness(
-                model, trace, spare, (start, host), state, findings, atol, rtol, intervene
+                model, trace, spare, (start, host), state, findings, atol, rtol, intervene, first
             )
             rng.restore(after_capture)
     del spare

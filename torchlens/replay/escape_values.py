@@ -75,15 +75,15 @@ def _array(array: np.ndarray) -> Any:
 
 
 class Plan:
-    """Which escape calls get perturbed values: ``calls`` (escape call numbers); the
-    others give their own. Called as an escape hook, ``plan(call, value)``."""
+    """Which escape calls get perturbed values: ``calls`` (escape call numbers, or None
+    for all); the others give their own. Called as an escape hook, ``plan(call, value)``."""
 
-    def __init__(self, calls: Collection[int]) -> None:
-        self.calls = frozenset(calls)
+    def __init__(self, calls: Collection[int] | None) -> None:
+        self.calls = None if calls is None else frozenset(calls)  # None: every call
         self.moved: set[int] = set()  # the calls whose values it changed
 
     def __call__(self, call: int, value: Any) -> Any:
-        if call not in self.calls:
+        if self.calls is not None and call not in self.calls:
             return value
         new = perturbed(value)
         if new is UNCHANGED:

@@ -21,6 +21,7 @@ from torch.overrides import TorchFunctionMode
 
 from torchlens._tensors import copy_keeping_layout, storage_key, version_of
 from torchlens.capture import rng
+from torchlens.capture.naming import FUNC_INFOS, func_info
 from torchlens.capture.record import record
 from torchlens.capture.tree import fill, flatten
 from torchlens.capture.walk import every_address, named_tensors
@@ -345,17 +346,20 @@ def rerun(
     rng_state: dict | None,
     intervene: Any = None,
     aliased: set[int] | None = None,
+    escapes: list[str] | None = None,
 ) -> Any:
     """One plain forward with the captured RNG state in place (the caller's comes back).
 
     With ``intervene``, the edits are applied by ``tl.record``'s lean mode, which shares no
     bookkeeping with the capture being checked. ``aliased`` (a set) receives the ids of the
     tensors whose ``.data`` the forward took: a write through such an alias moves neither
-    the tensor's version nor its memory (see :meth:`ModelState.aliased`).
+    the tensor's version nor its memory (see :meth:`ModelState.aliased`). ``escapes`` (a
+    list) receives the escape calls the forward made (``Escape.via``), so the completeness
+    arm knows, before the capture, that it will have work.
     """
     with rng.restored(rng_state):
         if intervene is None:
-            with _Unrecorded(aliased):
+            with _Unrecorded(aliased, escapes):
                 return model(*args, **kwargs)
         return record(model, args, kwargs, intervene=intervene).output
 
@@ -367,15 +371,24 @@ class _Unrecorded(TorchFunctionMode):
     """A mode that records nothing. Under the capture a mode is active, so code that asks
     whether one is (``has_torch_function``: the fast paths of ``nn.MultiheadAttention`` and
     ``nn.TransformerEncoderLayer``) takes its general path; the rerun takes the same. With
-    ``aliased``, the ids of tensors whose ``.data`` is taken are added to it."""
+    ``aliased``, the ids of tensors whose ``.data`` is taken are added to it; with
+    ``escapes``, the escape calls made (as the capture's mode would see them)."""
 
-    def __init__(self, aliased: set[int] | None = None) -> None:
+    def __init__(self, aliased: set[int] | None = None, escapes: list[str] | None = None) -> None:
         super().__init__()
         self.aliased = aliased
+        self.escapes = escapes
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if self.aliased is not None and args and func == _DATA:
             self.aliased.add(id(args[0]))
+        if self.escapes is not None:
+            try:
+                via = FUNC_INFOS[func].escape
+            except (KeyError, TypeError):
+                via = func_info(func).escape
+            if via is not None:
+                self.escapes.append(via)
         return func(*args, **kwargs) if kwargs else func(*args)
 
 
