@@ -274,3 +274,45 @@ def test_found_hidden_edges_join_a_trace_and_are_saved(tmp_path):
 def test_status_text_lists_branch_decisions():
     text = str(_status(DataIf(), torch.randn(2, 8)))
     assert "branch decisions" in text and "gt_1 bool()" in text
+
+
+class ModeLog(nn.Module):
+    """Notes, at each forward, the function mode it runs under; its escape is read and
+    dropped (harmless), or scales the output (a hidden edge)."""
+
+    def __init__(self, scale_by_escape: bool) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.scale_by_escape = scale_by_escape
+        self.modes: list[str] = []
+
+    def forward(self, x):
+        stack = torch.overrides._get_current_function_mode_stack()
+        self.modes.append(type(stack[-1]).__name__ if stack else "none")
+        width = float(x.abs().max())
+        y = self.lin(x)
+        return y * width if self.scale_by_escape else y
+
+
+def test_first_look_runs_before_the_capture_and_settles_a_harmless_escape():
+    # the ground-truth rerun counts the escapes, the first look runs next (warm, before
+    # the capture), and nothing runs after the capture when the outputs did not move
+    model = ModeLog(scale_by_escape=False)
+    status = _status(model, torch.randn(2, 4))
+    assert status.state == "passed" and "completeness" in status.arms
+    assert model.modes == ["_Unrecorded", "PerturbingMode", "CaptureMode"]
+    assert not status.decisions and not status.hidden_edges
+
+
+def test_first_look_feeds_the_arm_when_the_outputs_moved():
+    model = ModeLog(scale_by_escape=True)
+    status = _status(model, torch.randn(2, 4))
+    assert [str(e).split(" at ")[0] for e in status.hidden_edges] == ["max_1 -> mul_1 via float()"]
+    # one captured forward after the capture, to find the op that moved: no second light one
+    assert model.modes == ["_Unrecorded", "PerturbingMode", "CaptureMode", "CaptureMode"]
+
+
+def test_edited_validation_has_no_first_look():
+    model = ModeLog(scale_by_escape=False)
+    tl.validate(model, torch.randn(2, 4), intervene={tl.func("linear"): lambda t: t * 2})
+    assert "PerturbingMode" not in model.modes

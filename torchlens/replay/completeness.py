@@ -173,7 +173,6 @@ class _Arm:
         for escape in trace.escapes:
             self.calls.setdefault(escape.call, []).append(escape)
         self.vias = [records[0].via for records in self.calls.values()]
-        self.recorded = recorded_calls(trace)
         self.decisions: list[str] = []
         self.edges: list[HiddenEdge] = []
 
@@ -223,7 +222,7 @@ class _Arm:
                 return None
             if k is not None:  # Python took another path: no capture needed to know that
                 return self._decided(self._last_before(plan, k), "changed which ops ran")
-            j = _divergence(mode.calls, self.recorded)
+            j = _divergence(mode.calls, recorded_calls(self.trace))
             bools = [c for c in sorted(plan.moved) if self.calls[c][0].control]
             if j is not None and any(mode.at[c] <= j for c in bools if c < len(mode.at)):
                 # other ops ran after a bool flipped: a branch (a capture would say the same)
