@@ -316,3 +316,26 @@ def test_edited_validation_has_no_first_look():
     model = ModeLog(scale_by_escape=False)
     tl.validate(model, torch.randn(2, 4), intervene={tl.func("linear"): lambda t: t * 2})
     assert "PerturbingMode" not in model.modes
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        (torch.tensor([1.0, float("nan")]), torch.tensor([1.0, float("nan")])),
+        (torch.tensor([1.0, float("nan")]), torch.tensor([1.0, 2.0])),
+        (torch.ones(3), torch.ones(3) + 1e-7),
+        (torch.ones(3), torch.ones(3) + 1e-3),
+        (torch.arange(4), torch.arange(4)),
+        (torch.arange(4), torch.arange(4) + torch.tensor([0, 0, 0, 1])),
+        (torch.tensor([True, False]), torch.tensor([True, True])),
+        (torch.ones(2, dtype=torch.complex64), torch.ones(2, dtype=torch.complex64) * 1j),
+        (torch.ones(4, 4).t(), torch.ones(4, 4)),
+        (torch.ones(3), torch.ones(4)),
+        (torch.ones(3), torch.ones(3, dtype=torch.float64)),
+    ],
+)
+def test_the_arms_output_check_agrees_with_the_tolerance_table(value, expected):
+    from torchlens.replay.completeness import _moved
+    from torchlens.replay.tolerances import differs
+
+    assert _moved(value, expected, None, None) == differs(value, expected)
