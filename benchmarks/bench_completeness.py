@@ -63,7 +63,7 @@ _api = importlib.import_module("torchlens.replay.api")
 def arm_off() -> Iterator[None]:
     """``tl.validate`` as it would be without the completeness arm (for this timing only)."""
     saved = _api.rerun, _api.look_first, _api.check_completeness
-    _api.rerun = lambda *args: saved[0](*args[:6])  # no escape count
+    _api.rerun = lambda *args: (saved[0](*args[:6]), None)  # no escape count
     _api.look_first = lambda *args: None
     _api.check_completeness = lambda *args: ([], [], 0)
     try:

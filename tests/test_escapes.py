@@ -339,3 +339,69 @@ def test_the_arms_output_check_agrees_with_the_tolerance_table(value, expected):
     from torchlens.replay.tolerances import differs
 
     assert _moved(value, expected, None, None) == differs(value, expected)
+
+
+class BranchThenScale(nn.Module):
+    """A data-dependent branch first, then a float escape that scales the output; notes
+    the function mode of each forward that gets past the branch. With ``swallow``, the
+    branch runs inside ``except BaseException``."""
+
+    def __init__(self, swallow: bool = False) -> None:
+        super().__init__()
+        self.lin, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+        self.swallow = swallow
+        self.reached: list[str] = []
+
+    def _branch(self, x):
+        if x.sum() > 0:
+            return x.tanh()
+        return x.sigmoid()
+
+    def forward(self, x):
+        if self.swallow:
+            try:
+                y = self._branch(x)
+            except BaseException:  # noqa: BLE001 (a model that catches everything)
+                y = x
+        else:
+            y = self._branch(x)
+        stack = torch.overrides._get_current_function_mode_stack()
+        self.reached.append(type(stack[-1]).__name__ if stack else "none")
+        return self.b(x) * float(self.lin(y).mean())
+
+
+def test_first_look_stops_where_it_leaves_the_unperturbed_path():
+    model = BranchThenScale()
+    status = _status(model, torch.ones(2, 8))
+    [decision] = status.decisions
+    assert (
+        "gt_1 bool() -> True" in decision and "changed which ops ran (a sigmoid call)" in decision
+    )
+    # the first look flipped the bool and stopped at sigmoid, before the rest of the forward;
+    # the next round perturbs the float alone, stays on the path, and finds its hidden edge
+    assert model.reached == ["_Unrecorded", "CaptureMode", "PerturbingMode", "CaptureMode"]
+    assert [str(e).split(" at ")[0] for e in status.hidden_edges] == ["mean_1 -> mul_1 via float()"]
+    assert status.state == "failed"
+
+
+def test_a_model_that_swallows_the_stop_is_still_judged_right():
+    model = BranchThenScale(swallow=True)
+    status = _status(model, torch.ones(2, 8))
+    assert model.reached[:2] == ["_Unrecorded", "PerturbingMode"]  # (it went on after the stop)
+    [decision] = status.decisions
+    assert "gt_1 bool()" in decision and "changed which ops ran (a sigmoid call)" in decision
+    assert [str(e).split(" at ")[0] for e in status.hidden_edges] == ["mean_1 -> mul_1 via float()"]
+
+
+def test_watched_rerun_notes_the_path_from_the_first_escape_on():
+    from torchlens.replay.escape_values import recorded_calls
+    from torchlens.replay.ground_truth import rerun
+
+    model = BranchThenScale().eval()
+    x = torch.ones(2, 8)
+    output, mode = rerun(model, (x,), {}, None, watch=True)
+    assert torch.equal(output, rerun(model, (x,), {}, None))
+    trace = tl.trace(model, x)
+    assert mode.vias == [e.via for e in trace.escapes] == ["__bool__", "__float__"]
+    assert mode.calls == recorded_calls(trace) and mode.calls[0] == "tanh"
+    assert mode.diverged is None

@@ -132,8 +132,10 @@ def replay(
     uncopied: list[str] = []
     pristine = copy_inputs(args, kwargs, uncopied)  # a forward may modify its inputs
     aliased: set[int] = set()  # tensors whose .data the forward took
-    escapes: list[str] = []  # the escape calls it made: the completeness arm will run
-    reference = detached(rerun(model, *pristine, start, intervene, aliased, escapes))
+    # watched: the rerun's escape calls (if any, the completeness arm will run) and its path
+    output, watched = rerun(model, *pristine, start, intervene, aliased, True)
+    reference = detached(output)
+    del output
     rng.restore(host)  # (torch's generators the rerun puts back itself)
     del pristine
     after_rerun = state.rewind()
@@ -143,14 +145,16 @@ def replay(
         # the forward wrote its own weights (RWKV rescales its layers at its first call in
         # eval mode): from the weights it left, rerun once more, keeping them to rewind to
         state = ModelState(model, keep_parameters=True, by_value=suspects)
-        reference = detached(rerun(model, *copy_inputs(args, kwargs), start, intervene))
+        output, watched = rerun(model, *copy_inputs(args, kwargs), start, intervene, None, True)
+        reference = detached(output)
+        del output
         rng.restore(host)
         after_rerun = state.rewind()
         moved_parameters = state.changed_parameters()
     spare = copy_inputs(args, kwargs)  # for the completeness arm, if the forward has escapes
     first = None
-    if escapes and intervene is None and not uncopied and not moved_parameters:
-        first = look_first(model, spare, (start, host), state)  # (see look_first: why now)
+    if watched is not None and watched.vias and not uncopied and not moved_parameters:
+        first = look_first(model, spare, (start, host), state, watched)  # (see look_first)
     trace = trace_for_check(model, args, kwargs, intervene=intervene)
     after_capture = rng.snapshot()  # the checks touch torch's generators only
     trace.output = detached(trace.output)  # private to this check: its graph is not needed
@@ -178,8 +182,9 @@ def replay(
             )  # fmt: skip
         else:
             check_completeness(
-                model, trace, spare, (start, host), state, findings, atol, rtol, intervene, first
-            )
+                model, trace, spare, (start, host), state, findings, atol, rtol, intervene,
+                first, watched,
+            )  # fmt: skip
             rng.restore(after_capture)
     del spare
     # weights written at every call go back to what one plain forward left (the trace,

@@ -7,7 +7,9 @@ values perturbed (``replay/escape_values.py``) and watches what moves:
 
 1. one plain forward with every escape perturbed; when it returns what the capture
    returned, no dependency through an escape reaches the outputs (the usual case: a
-   ``if mask.all():`` fast path, an ``assert not x.isnan().any()``). Cost: one forward.
+   ``if mask.all():`` fast path, an ``assert not x.isnan().any()``). Cost: one forward,
+   or less: it stops where it leaves the unperturbed rerun's path (a
+   :class:`~torchlens.replay.escape_values.Diverged`), which is a branch decision (3).
 2. when the outputs moved, one captured forward with the same values: an op that moved
    while none of its recorded parents did reads an escaped value. It gets a
    :class:`~torchlens.trace.HiddenEdge` from the escaped record, unless the graph has a
@@ -31,7 +33,7 @@ from torchlens.capture import rng
 from torchlens.capture.api import trace_for_check
 from torchlens.capture.tree import flatten
 from torchlens.errors import PayloadUnavailableError
-from torchlens.replay.escape_values import PerturbingMode, Plan, recorded_calls
+from torchlens.replay.escape_values import Diverged, PerturbingMode, Plan, recorded_calls
 from torchlens.replay.findings import Findings
 from torchlens.replay.ground_truth import ModelState, copy_inputs, expected_outputs
 from torchlens.replay.tolerances import differs, tolerance
@@ -57,11 +59,16 @@ class FirstLook:
 
 
 def look_first(
-    model: Any, inputs: tuple[tuple, dict], rngs: tuple[Any, Any], state: ModelState
+    model: Any,
+    inputs: tuple[tuple, dict],
+    rngs: tuple[Any, Any],
+    state: ModelState,
+    expected: PerturbingMode | None = None,
 ) -> FirstLook:
     """Run the arm's first forward now, with every escape perturbed, from ``inputs`` (a
     pristine copy), the RNG states ``rngs`` (torch's; Python's and NumPy's) and the model
-    state ``state`` rewinds to (it is rewound after, and Python's RNGs put back).
+    state ``state`` rewinds to (it is rewound after, and Python's RNGs put back). With
+    ``expected`` (the ground-truth rerun's mode), it stops where it leaves that path.
 
     Validation calls it right after the ground-truth rerun, when that rerun made escapes:
     on a heap not yet holding the capture's values it costs what a plain forward costs,
@@ -69,23 +76,29 @@ def look_first(
     values have pushed the model's out of the caches)."""
     args, kwargs = copy_inputs(*inputs)
     try:
-        return FirstLook(*_light_forward(model, args, kwargs, rngs[0], Plan(None)))
+        return FirstLook(*_light_forward(model, args, kwargs, rngs[0], Plan(None), expected))
     finally:
         rng.restore(rngs[1])
         state.rewind()
 
 
 def _light_forward(
-    model: Any, args: tuple, kwargs: dict, start: Any, plan: Plan
-) -> tuple[list[torch.Tensor] | None, PerturbingMode, BaseException | None]:
-    """A plain forward under a :class:`PerturbingMode` with ``plan``: (the tensors it
-    returned, detached so their graph is freed; the mode; the error it raised)."""
-    mode = PerturbingMode(plan)
+    model: Any, args: tuple, kwargs: dict, start: Any, plan: Plan,
+    expected: PerturbingMode | None = None,
+) -> tuple[list[torch.Tensor] | None, PerturbingMode, BaseException | None]:  # fmt: skip
+    """A plain forward under a :class:`PerturbingMode` with ``plan`` (stopping where it
+    leaves ``expected``'s path): (the tensors it returned, detached so their graph is
+    freed, or None when it stopped; the mode; the error it raised)."""
+    mode = PerturbingMode(plan, expected)
     try:
         with rng.restored(start), mode:
             output = model(*args, **kwargs)
+    except Diverged:
+        return None, mode, None
     except Exception as err:  # the model's own error: a guard tripped
-        return None, mode, err
+        return None, mode, None if mode.diverged else err
+    if mode.diverged:  # (the model caught Diverged, and went on)
+        return None, mode, None
     return [t.detach() for _, t in flatten(output)[0]], mode, None
 
 
@@ -94,8 +107,9 @@ class _Runner:
     state the capture left is taken before its first run and put back by :meth:`close`."""
 
     def __init__(self, model: Any, trace: Trace, inputs: tuple, start: Any, host: Any,
-                 state: ModelState | None, intervene: Any) -> None:  # fmt: skip
-        self.model, self.trace, self.inputs = model, trace, inputs
+                 state: ModelState | None, intervene: Any,
+                 expected: PerturbingMode | None = None) -> None:  # fmt: skip
+        self.model, self.trace, self.inputs, self.expected = model, trace, inputs, expected
         self.start, self.host, self.state, self.intervene = start, host, state, intervene
         self.forwards = 0
         self._left: tuple[ModelState, Any] | None = None  # the capture's state, its RNGs
@@ -118,7 +132,7 @@ class _Runner:
     def light(self, plan: Plan) -> tuple[list | None, PerturbingMode, BaseException | None]:
         """A plain forward: (its output tensors, the mode that ran it, the error it raised)."""
         args, kwargs = self._fresh()
-        return _light_forward(self.model, args, kwargs, self.start, plan)
+        return _light_forward(self.model, args, kwargs, self.start, plan, self.expected)
 
     def captured(self, plan: Plan) -> tuple[Trace | None, BaseException | None]:
         args, kwargs = self._fresh()
@@ -142,18 +156,20 @@ def check_completeness(
     rtol: float | None,
     intervene: Any = None,
     first: FirstLook | None = None,
+    expected: PerturbingMode | None = None,
 ) -> tuple[list[HiddenEdge], list[str], int]:
     """Run the arm (see the module docstring) on ``trace``, captured from ``inputs`` (a
     pristine copy), the RNG states ``rngs`` (torch's, Python's and NumPy's) and the model
     state ``state`` holds; the model is left as the capture left it. ``first`` is the
-    first forward, when :func:`look_first` ran it already.
+    first forward, when :func:`look_first` ran it already; ``expected``, the mode of the
+    unperturbed rerun, whose path the plain forwards stop at leaving.
 
     Hidden edges are failures in ``findings`` and are added to ``trace.hidden_edges``.
 
     Returns:
         The hidden edges, the branch decisions (as text), and the forwards it ran here.
     """
-    runner = _Runner(model, trace, inputs, rngs[0], rngs[1], state, intervene)
+    runner = _Runner(model, trace, inputs, rngs[0], rngs[1], state, intervene, expected)
     try:
         edges, decisions = _Arm(runner, trace, findings, atol, rtol, first).run()
     finally:
@@ -212,6 +228,8 @@ class _Arm:
         if self.runner.intervene is None:
             output, mode, err = self._light(plan)
             vias = mode.vias
+            if mode.diverged is not None:  # it stopped where it left the unperturbed path
+                return self._left_path(plan, mode)
             if err is not None:
                 return self._decided(self._last_before(plan, len(vias)), f"raised {_short(err)}")
             k = _divergence(vias, self.vias)
@@ -247,6 +265,19 @@ class _Arm:
         blame = self._prefer_control(calls) if calls else self._last_before(plan, 0)
         label = self.trace.ops[d].label if d < len(self.trace.ops) else "the end"
         return self._decided(blame, f"changed which ops ran from {label} on")
+
+    def _left_path(self, plan: Plan, mode: PerturbingMode) -> int | None:
+        """The decision of a light forward that stopped at ``mode.diverged``: an escape
+        call the unperturbed forward did not make there, or another op after a bool was
+        flipped (both mean the perturbed values changed which ops run)."""
+        kind, k = mode.diverged
+        if kind == "escape":
+            return self._decided(self._last_before(plan, k), "changed which ops ran")
+        bools = [c for c in sorted(plan.moved) if c < len(mode.at) and self.calls[c][0].control]
+        return self._decided(
+            bools[-1] if bools else self._last_before(plan, len(mode.vias)),
+            f"changed which ops ran (a {mode.calls[k]} call)",
+        )
 
     def _light(self, plan: Plan) -> tuple[list | None, PerturbingMode, BaseException | None]:
         """The light forward of ``plan``: the first look, when ``plan`` is the first round's

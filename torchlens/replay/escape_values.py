@@ -24,7 +24,7 @@ from torchlens.capture.mode import functorch_level
 from torchlens.capture.naming import FUNC_INFOS, func_info
 from torchlens.capture.special import SPECIAL_OUTPUTS
 
-__all__ = ["UNCHANGED", "perturbed", "Plan", "PerturbingMode", "recorded_calls"]
+__all__ = ["UNCHANGED", "perturbed", "Plan", "PerturbingMode", "Diverged", "recorded_calls"]
 
 UNCHANGED = object()  # what perturbed() gives for a value it has no way to move (text)
 _RELATIVE, _ABSOLUTE = 1e-2, 1e-3
@@ -100,29 +100,49 @@ def _makes_tensors(name: str, result: Any) -> bool:
 
 
 def recorded_calls(trace: Any) -> list[str]:
-    """The names of the calls a trace recorded, one per call (what
-    :attr:`PerturbingMode.calls` lists for a plain forward of the same code path)."""
+    """The names of the calls a trace recorded from its first escape on, one per call
+    (what :attr:`PerturbingMode.calls` lists for a plain forward of the same code path)."""
     names: list[str] = []
     last = None
-    for op in trace.ops:
+    for op in trace.ops[trace.escapes[0].index if trace.escapes else len(trace.ops) :]:
         if op.call_index != last and op.func is not None:
             names.append(op.func_name)
         last = op.call_index
     return names
 
 
-class PerturbingMode(TorchFunctionMode):
-    """A plain forward (nothing recorded) whose escapes give ``plan``'s values; ``vias``
-    lists the escape calls that ran, as ``Escape.via``, and ``calls`` the names of the
-    calls a capture would have recorded (see :func:`recorded_calls`). Composite functions
-    the capture opens are opened here too, so escapes are numbered as the capture did."""
+class Diverged(BaseException):
+    """Raised inside a forward (by :class:`PerturbingMode`) to end it where it left the
+    path of the unperturbed one: what it would do next is another branch's. A
+    ``BaseException``, so a model's ``except Exception`` lets it through."""
 
-    def __init__(self, plan: Callable[[int, Any], Any]) -> None:
+
+class PerturbingMode(TorchFunctionMode):
+    """A plain forward (nothing recorded) whose escapes give ``plan``'s values.
+
+    From its first escape call on, it lists the escape calls that ran (``vias``, as
+    ``Escape.via``) and the names of the calls a capture would have recorded (``calls``,
+    see :func:`recorded_calls`; before the first escape nothing is perturbed yet, so
+    nothing can differ). Composite functions the capture opens are opened here too, so
+    escapes are numbered as the capture did.
+
+    With ``expected`` (the mode of an unperturbed forward of the same call, which is how
+    validation's ground-truth rerun runs), the forward stops, raising :class:`Diverged`,
+    at the first place it leaves that forward's path: an escape call other than its, or
+    another op after a perturbed bool. ``diverged`` then says where: ``("escape", k)`` or
+    ``("call", j)``, positions in ``vias`` and ``calls``. The rest of the forward would
+    run the other branch, which decides nothing more (see ``replay/completeness.py``).
+    """
+
+    def __init__(self, plan: Callable[[int, Any], Any], expected: PerturbingMode | None = None):
         super().__init__()
         self.plan = plan
+        self.expected = expected
         self.vias: list[str] = []
         self.calls: list[str] = []  # the calls the capture would record, by name
         self.at: list[int] = []  # per escape call, how many of those ran before it
+        self.flipped = False  # whether a bool escape got a perturbed value
+        self.diverged: tuple[str, int] | None = None
         self._level = functorch_level()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -138,14 +158,40 @@ class PerturbingMode(TorchFunctionMode):
             finally:
                 torch._C._pop_torch_function_stack()
         result = func(*args, **kwargs)
+        if (not self.vias and info.escape is None) or self.diverged is not None:
+            return result  # (before the first escape: nothing to note)
         if functorch_level() != self._level:
             return result
-        if not info.never_tensor and _makes_tensors(info.name, result):
+        if self.vias and not info.never_tensor and _makes_tensors(info.name, result):
             self.calls.append(info.name)
+            if self.expected is not None:
+                self._check(self.expected.calls, self.calls, "call")
         if info.escape is None:
             return result
         if not any(isinstance(a, torch.Tensor) for a in (*args, *kwargs.values())):
             return result
         self.vias.append(info.escape)
         self.at.append(len(self.calls))
-        return self.plan(len(self.vias) - 1, result)
+        if self.expected is not None:
+            self._check(self.expected.vias, self.vias, "escape")
+        value = self.plan(len(self.vias) - 1, result)
+        if isinstance(result, bool) and value is not result:
+            self.flipped = True
+        return value
+
+    def _check(self, expected: list[str], seen: list[str], kind: str) -> None:
+        """Stop the forward if the last of ``seen`` is not what ``expected`` ran there and
+        a perturbed value can be why: any, before another escape call; a bool, before
+        another op (an int or float changes shapes and values, not which ops run, until
+        a branch reads it: the arm's captured forward sorts those out)."""
+        k = len(seen) - 1
+        if k < len(expected) and expected[k] == seen[k]:
+            return
+        if kind == "escape" and not getattr(self.plan, "moved", True):
+            self.expected = None  # (a path the unperturbed forward did not take, unprompted)
+            return
+        if kind == "call" and not self.flipped:
+            self.expected = None  # (from here the two paths are not aligned to compare)
+            return
+        self.diverged = (kind, k)
+        raise Diverged(f"the forward left the unperturbed path at {kind} {k}: {seen[k]}")

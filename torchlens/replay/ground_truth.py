@@ -17,15 +17,14 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 from torchlens._tensors import copy_keeping_layout, storage_key, version_of
 from torchlens.capture import rng
-from torchlens.capture.naming import FUNC_INFOS, func_info
 from torchlens.capture.record import record
 from torchlens.capture.tree import fill, flatten
 from torchlens.capture.walk import every_address, named_tensors
 from torchlens.errors import PayloadUnavailableError
+from torchlens.replay.escape_values import PerturbingMode, Plan
 from torchlens.replay.findings import Findings
 from torchlens.replay.tolerances import equal, mismatch
 
@@ -346,49 +345,49 @@ def rerun(
     rng_state: dict | None,
     intervene: Any = None,
     aliased: set[int] | None = None,
-    escapes: list[str] | None = None,
+    watch: bool = False,
 ) -> Any:
     """One plain forward with the captured RNG state in place (the caller's comes back).
 
     With ``intervene``, the edits are applied by ``tl.record``'s lean mode, which shares no
     bookkeeping with the capture being checked. ``aliased`` (a set) receives the ids of the
     tensors whose ``.data`` the forward took: a write through such an alias moves neither
-    the tensor's version nor its memory (see :meth:`ModelState.aliased`). ``escapes`` (a
-    list) receives the escape calls the forward made (``Escape.via``), so the completeness
-    arm knows, before the capture, that it will have work.
+    the tensor's version nor its memory (see :meth:`ModelState.aliased`). With ``watch``,
+    it returns ``(output, mode)``: the mode (a :class:`PerturbingMode` perturbing nothing)
+    lists the escape calls the forward made and the calls after the first, so the
+    completeness arm knows, before the capture, whether it has work, and its own forwards
+    can stop where they leave this one's path.
     """
     with rng.restored(rng_state):
         if intervene is None:
-            with _Unrecorded(aliased, escapes):
-                return model(*args, **kwargs)
-        return record(model, args, kwargs, intervene=intervene).output
+            mode = _Unrecorded(aliased, watch)
+            with mode:
+                output = model(*args, **kwargs)
+            return (output, mode) if watch else output
+        output = record(model, args, kwargs, intervene=intervene).output
+        return (output, None) if watch else output
 
 
 _DATA = torch._C.TensorBase.data.__get__  # x.data (equal to every reading of it)
 
 
-class _Unrecorded(TorchFunctionMode):
+class _Unrecorded(PerturbingMode):
     """A mode that records nothing. Under the capture a mode is active, so code that asks
     whether one is (``has_torch_function``: the fast paths of ``nn.MultiheadAttention`` and
     ``nn.TransformerEncoderLayer``) takes its general path; the rerun takes the same. With
     ``aliased``, the ids of tensors whose ``.data`` is taken are added to it; with
-    ``escapes``, the escape calls made (as the capture's mode would see them)."""
+    ``watch``, it notes what a :class:`PerturbingMode` notes (perturbing nothing)."""
 
-    def __init__(self, aliased: set[int] | None = None, escapes: list[str] | None = None) -> None:
-        super().__init__()
+    def __init__(self, aliased: set[int] | None = None, watch: bool = False) -> None:
+        super().__init__(Plan(()))
         self.aliased = aliased
-        self.escapes = escapes
+        self.watch = watch
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if self.aliased is not None and args and func == _DATA:
             self.aliased.add(id(args[0]))
-        if self.escapes is not None:
-            try:
-                via = FUNC_INFOS[func].escape
-            except (KeyError, TypeError):
-                via = func_info(func).escape
-            if via is not None:
-                self.escapes.append(via)
+        if self.watch:
+            return super().__torch_function__(func, types, args, kwargs)
         return func(*args, **kwargs) if kwargs else func(*args)
 
 
