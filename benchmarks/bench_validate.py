@@ -37,7 +37,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from floors import graph_floor, replay_floor  # noqa: E402
-from models import convnet8, gpt_decoder, lrn_convnet, transformer_encoder  # noqa: E402
+from models import (  # noqa: E402
+    convnet8,
+    gpt_decoder,
+    lrn_convnet,
+    lrn_convnet_128,
+    transformer_encoder,
+)
 from timing import interleaved_times, median_seconds, synchronized  # noqa: E402
 
 import torchlens as tl  # noqa: E402
@@ -48,6 +54,7 @@ MODELS = {
     "gpt_decoder": gpt_decoder,
     "convnet8": convnet8,
     "lrn_convnet": lrn_convnet,
+    "lrn_convnet_128": lrn_convnet_128,
 }
 TARGETS: dict[str, float | None] = {
     "transformer_encoder": 3.0,
@@ -55,6 +62,7 @@ TARGETS: dict[str, float | None] = {
     "convnet8": None,
     # the zoo's median validate multiple (bench_realworld.py --threads 1: 151 models, 8.26x)
     "lrn_convnet": 8.3,
+    "lrn_convnet_128": 8.3,
 }
 CLOCKS = {"thread": time.thread_time, "wall": time.perf_counter}
 

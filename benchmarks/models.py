@@ -89,13 +89,19 @@ def convnet8() -> tuple[nn.Module, tuple]:
     return model.eval(), (torch.randn(8, 3, 64, 64),)
 
 
-def lrn_convnet() -> tuple[nn.Module, tuple]:
-    """``Conv2d(3, 32, 5) -> ReLU -> CrossMapLRN2d(5)``, input (2, 3, 36, 36): torch's own
-    Python LRN, a loop of small in-place writes through channel views of one large tensor
-    (258 ops, each reading a large parent through a small slice)."""
+def lrn_convnet(size: int = 36) -> tuple[nn.Module, tuple]:
+    """``Conv2d(3, 32, 5) -> ReLU -> CrossMapLRN2d(5)``, input (2, 3, size, size): torch's
+    own Python LRN, a loop of small in-place writes through channel views of one large
+    tensor (258 ops, each reading a large parent through a small slice)."""
     torch.manual_seed(4)
     model = nn.Sequential(nn.Conv2d(3, 32, 5), nn.ReLU(), nn.CrossMapLRN2d(5))
-    return model.eval(), (torch.randn(2, 3, 36, 36),)
+    return model.eval(), (torch.randn(2, 3, size, size),)
+
+
+def lrn_convnet_128() -> tuple[nn.Module, tuple]:
+    """:func:`lrn_convnet` at 128 px: the same ops on tensors 13 times larger, where the
+    forward's time is its kernels', not Python's."""
+    return lrn_convnet(128)
 
 
 def transformer_encoder() -> tuple[nn.Module, tuple]:

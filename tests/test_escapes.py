@@ -405,3 +405,53 @@ def test_watched_rerun_notes_the_path_from_the_first_escape_on():
     assert mode.vias == [e.via for e in trace.escapes] == ["__bool__", "__float__"]
     assert mode.calls == recorded_calls(trace) and mode.calls[0] == "tanh"
     assert mode.diverged is None
+
+
+class KeepsScaledStat(nn.Module):
+    """The escaped value scales a statistic kept on the module, which no output reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+        self.kept = None
+
+    def forward(self, x):
+        s = self.a(x).abs().mean().item()
+        self.kept = self.b(x) * s
+        return self.b(x).relu()
+
+
+class ThresholdedScale(nn.Module):
+    """The escaped value scales an intermediate; a threshold far away makes the output
+    the same for any nearby value."""
+
+    def forward(self, x):
+        y = x * float(x.abs().max())
+        return (y > 1e6).float()
+
+
+@pytest.mark.parametrize(
+    "model, edge",
+    [(KeepsScaledStat(), "mean_1 -> mul_1 via .item()"),
+     (ThresholdedScale(), "max_1 -> mul_1 via float()")],
+)  # fmt: skip
+def test_a_hidden_dependency_the_outputs_do_not_show_is_found(model, edge):
+    # the first look's outputs do not move; its intermediates do (their fingerprints)
+    status = _status(model, torch.randn(2, 8))
+    assert [str(e).split(" at ")[0] for e in status.hidden_edges] == [edge]
+    assert status.state == "failed"
+
+
+def test_fingerprints_move_with_values():
+    from torchlens.replay.escape_values import fingerprint
+
+    normalised = torch.tensor([-1.0, 1.0, -2.0, 2.0])  # sums to zero, moved or not
+    assert fingerprint(normalised)[0] == fingerprint(normalised * 1.01)[0] == 0
+    assert fingerprint(normalised)[1] != fingerprint(normalised * 1.01)[1]
+    assert torch.equal(
+        fingerprint(torch.arange(6).view(2, 3).t()), torch.tensor([15.0, 15.0], dtype=torch.float64)
+    )
+    assert fingerprint(torch.tensor([True, False, True])).tolist() == [2.0, 2.0]
+    assert fingerprint(torch.tensor([3 + 4j])).tolist() == [7.0, 7.0]
+    assert fingerprint(torch.empty(3, device="meta")) is None
+    assert fingerprint(torch.eye(3).to_sparse()) is None

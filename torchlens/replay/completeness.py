@@ -6,7 +6,9 @@ has no edge to the op whose value left. This arm reruns the model with the escap
 values perturbed (``replay/escape_values.py``) and watches what moves:
 
 1. one plain forward with every escape perturbed; when it returns what the capture
-   returned, no dependency through an escape reaches the outputs (the usual case: a
+   returned, and every value it computed from the first escape on has the fingerprint of
+   the capture's (a float64 sum and magnitude sum per output: an intermediate no output
+   reads can hold a dependency too), no dependency hides behind an escape (the usual case: a
    ``if mask.all():`` fast path, an ``assert not x.isnan().any()``). Cost: one forward,
    or less: it stops where it leaves the unperturbed rerun's path (a
    :class:`~torchlens.replay.escape_values.Diverged`), which is a branch decision (3).
@@ -33,7 +35,15 @@ from torchlens.capture import rng
 from torchlens.capture.api import trace_for_check
 from torchlens.capture.tree import flatten
 from torchlens.errors import PayloadUnavailableError
-from torchlens.replay.escape_values import Diverged, PerturbingMode, Plan, recorded_calls
+from torchlens.replay.escape_values import (
+    Diverged,
+    PerturbingMode,
+    Plan,
+    fingerprint,
+    recorded_calls,
+    recorded_groups,
+)
+from torchlens.replay.exemptions import MAY_BE_UNINITIALIZED
 from torchlens.replay.findings import Findings
 from torchlens.replay.ground_truth import ModelState, copy_inputs, expected_outputs
 from torchlens.replay.tolerances import differs, tolerance
@@ -89,7 +99,7 @@ def _light_forward(
     """A plain forward under a :class:`PerturbingMode` with ``plan`` (stopping where it
     leaves ``expected``'s path): (the tensors it returned, detached so their graph is
     freed, or None when it stopped; the mode; the error it raised)."""
-    mode = PerturbingMode(plan, expected)
+    mode = PerturbingMode(plan, expected, fingerprints=True)
     try:
         with rng.restored(start), mode:
             output = model(*args, **kwargs)
@@ -237,17 +247,21 @@ class _Arm:
                 if k is not None:
                     blame = self._last_before(plan, k)
                     self._decided(blame, "changed which ops ran; the outputs stayed the same")
-                return None
-            if k is not None:  # Python took another path: no capture needed to know that
+                    return None
+                if not self._inside_moved(mode):
+                    return None  # nothing moved, out or inside: no dependency to look for
+            elif k is not None:  # Python took another path: no capture needed to know that
                 return self._decided(self._last_before(plan, k), "changed which ops ran")
-            j = _divergence(mode.calls, recorded_calls(self.trace))
-            bools = [c for c in sorted(plan.moved) if self.calls[c][0].control]
-            if j is not None and any(mode.at[c] <= j for c in bools if c < len(mode.at)):
-                # other ops ran after a bool flipped: a branch (a capture would say the same)
-                blame = [c for c in bools if c < len(mode.at) and mode.at[c] <= j][-1]
-                return self._decided(
-                    blame, f"changed which ops ran (a {mode.calls[j : j + 1] or 'missing'} call)"
-                )
+            else:
+                j = _divergence(mode.calls, recorded_calls(self.trace))
+                bools = [c for c in sorted(plan.moved) if self.calls[c][0].control]
+                if j is not None and any(mode.at[c] <= j for c in bools if c < len(mode.at)):
+                    # other ops ran after a bool flipped: a branch (a capture would say so)
+                    blame = [c for c in bools if c < len(mode.at) and mode.at[c] <= j][-1]
+                    return self._decided(
+                        blame,
+                        f"changed which ops ran (a {mode.calls[j : j + 1] or 'missing'} call)",
+                    )
         moved, err = self.runner.captured(plan)
         if moved is None or err is not None:
             seen = len({e.call for e in moved.escapes}) if moved is not None else 0
@@ -301,6 +315,34 @@ class _Arm:
                 return True
         return False
 
+    def _inside_moved(self, mode: PerturbingMode) -> bool:
+        """Whether a value the light forward computed from the first escape on differs
+        from the capture's, by its :func:`fingerprint` (beyond one part in a million of
+        its magnitude): a dependency through an escape can end in an intermediate no
+        output reads (a cache, a statistic kept on the module). Compared while the two
+        ran the same calls."""
+        ours, saved = [], []
+        for name, prints, ops in zip(mode.calls, mode.prints or (), recorded_groups(self.trace)):
+            if name != ops[0].func_name:
+                break  # (from here the two are not aligned)
+            if prints is None or len(prints) != len(ops):
+                continue  # (outputs the capture records its own way)
+            for value, op in zip(prints, ops):
+                if op.func_name in MAY_BE_UNINITIALIZED:
+                    continue  # (``x.new(size)``: whatever the memory held, run to run)
+                try:
+                    theirs = fingerprint(op.out) if value is not None else None
+                except PayloadUnavailableError:
+                    theirs = None
+                if theirs is not None:
+                    ours.append(value)
+                    saved.append(theirs)
+        if not ours:
+            return False
+        a, b = torch.stack(ours), torch.stack(saved)
+        scale = (a[:, 1:].abs() + b[:, 1:].abs()) * 1e-6
+        return bool(((a - b).abs() > scale).any())
+
     def _targets(self, moved: Trace, end: int | None) -> dict[str, int]:
         """Ops (and constants) of the aligned part that moved while none of their recorded
         parents did, with their place in op order."""
@@ -316,6 +358,8 @@ class _Arm:
             if not _record_moved(op, moved[op.label], self.atol, self.rtol):
                 continue
             changed.add(op.label)
+            if op.func_name in MAY_BE_UNINITIALIZED:
+                continue  # uninitialised memory differs run to run: it moved by itself
             if not any(parent in changed for parent in op.parents):
                 targets[op.label] = op.index
         return targets

@@ -24,7 +24,16 @@ from torchlens.capture.mode import functorch_level
 from torchlens.capture.naming import FUNC_INFOS, func_info
 from torchlens.capture.special import SPECIAL_OUTPUTS
 
-__all__ = ["UNCHANGED", "perturbed", "Plan", "PerturbingMode", "Diverged", "recorded_calls"]
+__all__ = [
+    "UNCHANGED",
+    "perturbed",
+    "Plan",
+    "PerturbingMode",
+    "Diverged",
+    "recorded_calls",
+    "recorded_groups",
+    "fingerprint",
+]
 
 UNCHANGED = object()  # what perturbed() gives for a value it has no way to move (text)
 _RELATIVE, _ABSOLUTE = 1e-2, 1e-3
@@ -99,16 +108,53 @@ def _makes_tensors(name: str, result: Any) -> bool:
     return isinstance(result, (tuple, list)) and any(isinstance(r, torch.Tensor) for r in result)
 
 
+def recorded_groups(trace: Any) -> list[list[Any]]:
+    """The ops a trace recorded from its first escape on, one list per function call (its
+    outputs, in order): what :class:`PerturbingMode` sees as one call each."""
+    groups: list[list[Any]] = []
+    last = None
+    for op in trace.ops[trace.escapes[0].index if trace.escapes else len(trace.ops) :]:
+        if op.func is None:  # (a refresh: no call of the forward's)
+            last = None
+            continue
+        if op.call_index != last:
+            groups.append([])
+        groups[-1].append(op)
+        last = op.call_index
+    return groups
+
+
 def recorded_calls(trace: Any) -> list[str]:
     """The names of the calls a trace recorded from its first escape on, one per call
     (what :attr:`PerturbingMode.calls` lists for a plain forward of the same code path)."""
-    names: list[str] = []
-    last = None
-    for op in trace.ops[trace.escapes[0].index if trace.escapes else len(trace.ops) :]:
-        if op.call_index != last and op.func is not None:
-            names.append(op.func_name)
-        last = op.call_index
-    return names
+    return [ops[0].func_name for ops in recorded_groups(trace)]
+
+
+def fingerprint(value: torch.Tensor) -> torch.Tensor | None:
+    """Two float64 numbers that move when a tensor's values do: its sum and the sum of its
+    magnitudes (the sum alone stays near zero for a normalised value). None for a tensor
+    with no plain values to sum (sparse, quantized, on the meta device)."""
+    if value.layout != torch.strided or value.is_meta or value.is_quantized:
+        return None
+    try:
+        with torch.no_grad():
+            flat = torch.view_as_real(value) if value.is_complex() else value
+            if flat.dtype == torch.bool:
+                flat = flat.to(torch.uint8)
+            return torch.stack(
+                (flat.sum(dtype=torch.float64), flat.abs().sum(dtype=torch.float64))
+            ).cpu()
+    except (RuntimeError, TypeError):  # a dtype with no sum (float8, bits)
+        return None
+
+
+def _prints(name: str, result: Any) -> list[torch.Tensor | None] | None:
+    """The fingerprints of a call's output tensors, in the order the capture records them."""
+    if name in SPECIAL_OUTPUTS:
+        return None
+    if isinstance(result, torch.Tensor):
+        return [fingerprint(result)]
+    return [fingerprint(t) for t in result if isinstance(t, torch.Tensor)]
 
 
 class Diverged(BaseException):
@@ -132,12 +178,23 @@ class PerturbingMode(TorchFunctionMode):
     another op after a perturbed bool. ``diverged`` then says where: ``("escape", k)`` or
     ``("call", j)``, positions in ``vias`` and ``calls``. The rest of the forward would
     run the other branch, which decides nothing more (see ``replay/completeness.py``).
+
+    With ``fingerprints``, ``prints`` holds, per call in ``calls``, the
+    :func:`fingerprint` of each tensor it returned (None for a call whose outputs the
+    capture records its own way): what tells an intermediate that moved, where the
+    outputs did not.
     """
 
-    def __init__(self, plan: Callable[[int, Any], Any], expected: PerturbingMode | None = None):
+    def __init__(
+        self,
+        plan: Callable[[int, Any], Any],
+        expected: PerturbingMode | None = None,
+        fingerprints: bool = False,
+    ) -> None:
         super().__init__()
         self.plan = plan
         self.expected = expected
+        self.prints: list[list[torch.Tensor | None] | None] | None = [] if fingerprints else None
         self.vias: list[str] = []
         self.calls: list[str] = []  # the calls the capture would record, by name
         self.at: list[int] = []  # per escape call, how many of those ran before it
@@ -164,6 +221,8 @@ class PerturbingMode(TorchFunctionMode):
             return result
         if self.vias and not info.never_tensor and _makes_tensors(info.name, result):
             self.calls.append(info.name)
+            if self.prints is not None:
+                self.prints.append(_prints(info.name, result))
             if self.expected is not None:
                 self._check(self.expected.calls, self.calls, "call")
         if info.escape is None:

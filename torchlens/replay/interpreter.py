@@ -279,7 +279,10 @@ def _filler(template: Any) -> Filler:
 def _call_kind(op: Any) -> str:
     """``"copies"`` when the call may write into its arguments (they are copied first),
     ``"plain"`` when :meth:`Interpreter.execute` would only call the function, else
-    ``"other"`` (stochastic, autocast, refresh and unreplayable calls)."""
+    ``"other"`` (stochastic, autocast, refresh and unreplayable calls). A refresh writes
+    into a scratch copy of its own (:func:`write_through`), never into its arguments."""
+    if op.func is None and op.func_name == "refresh" and not op.is_inplace:
+        return "other"
     if op.is_inplace or op.func is None or may_write_arguments(op):
         return "copies"
     special = op.func is torch.autograd.grad or op.rng_state is not None
