@@ -8,7 +8,8 @@ Targets (issue 14): at most 3x on the transformer encoder and 4x on the GPT deco
 conv net (convolutions, batch norms) has no target and is reported beside them. The LRN net
 (``Conv2d -> ReLU -> CrossMapLRN2d``, issue 38) is a loop of small in-place writes through
 views of one large tensor: validation's cost must follow the forward's there too, within
-the multiple of the real-model zoo's median model (its target; ``--models lrn_convnet``).
+the multiple of the real-model zoo's median model (its target; ``--models lrn_convnet``);
+``lrn_convnet_128`` is the same at 128 px, where the forward's time is its kernels'.
 A breakdown separates the capture (``tl.trace``) from the model-free arms
 (``check_trace``: lint, replay + perturbation), also given per op (median microseconds).
 ``floor x`` is the least any validation of this design costs, from floors measured in the

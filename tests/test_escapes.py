@@ -445,13 +445,16 @@ def test_a_hidden_dependency_the_outputs_do_not_show_is_found(model, edge):
 def test_fingerprints_move_with_values():
     from torchlens.replay.escape_values import fingerprint
 
+    def pair(value):
+        return [float(x) for x in fingerprint(value)]
+
     normalised = torch.tensor([-1.0, 1.0, -2.0, 2.0])  # sums to zero, moved or not
-    assert fingerprint(normalised)[0] == fingerprint(normalised * 1.01)[0] == 0
-    assert fingerprint(normalised)[1] != fingerprint(normalised * 1.01)[1]
-    assert torch.equal(
-        fingerprint(torch.arange(6).view(2, 3).t()), torch.tensor([15.0, 15.0], dtype=torch.float64)
-    )
-    assert fingerprint(torch.tensor([True, False, True])).tolist() == [2.0, 2.0]
-    assert fingerprint(torch.tensor([3 + 4j])).tolist() == [7.0, 7.0]
+    assert pair(normalised)[0] == pair(normalised * 1.01)[0] == 0
+    assert pair(normalised)[1] != pair(normalised * 1.01)[1]
+    assert pair(torch.arange(6).view(2, 3).t()) == [15.0, 15.0]
+    assert pair(torch.tensor([True, False, True])) == [2.0, 2.0]
+    assert pair(torch.tensor([3 + 4j])) == [7.0, 7.0]
+    assert pair(torch.tensor([-1.5, 2.0], dtype=torch.bfloat16)) == [0.5, 3.5]
+    assert all(t.dtype == torch.float64 for t in fingerprint(torch.ones(2)))
     assert fingerprint(torch.empty(3, device="meta")) is None
     assert fingerprint(torch.eye(3).to_sparse()) is None

@@ -321,7 +321,7 @@ class _Arm:
         its magnitude): a dependency through an escape can end in an intermediate no
         output reads (a cache, a statistic kept on the module). Compared while the two
         ran the same calls."""
-        ours, saved = [], []
+        pairs: dict[torch.device, tuple[list, list]] = {}  # compared where they lie
         for name, prints, ops in zip(mode.calls, mode.prints or (), recorded_groups(self.trace)):
             if name != ops[0].func_name:
                 break  # (from here the two are not aligned)
@@ -334,14 +334,15 @@ class _Arm:
                     theirs = fingerprint(op.out) if value is not None else None
                 except PayloadUnavailableError:
                     theirs = None
-                if theirs is not None:
-                    ours.append(value)
-                    saved.append(theirs)
-        if not ours:
-            return False
-        a, b = torch.stack(ours), torch.stack(saved)
-        scale = (a[:, 1:].abs() + b[:, 1:].abs()) * 1e-6
-        return bool(((a - b).abs() > scale).any())
+                if theirs is not None and theirs[0].device == value[0].device:
+                    ours, saved = pairs.setdefault(value[0].device, ([], []))
+                    ours.extend(value)
+                    saved.extend(theirs)
+        for ours, saved in pairs.values():
+            a, b = torch.stack(ours).view(-1, 2), torch.stack(saved).view(-1, 2)
+            if ((a - b).abs() > (a[:, 1:].abs() + b[:, 1:].abs()) * 1e-6).any():
+                return True
+        return False
 
     def _targets(self, moved: Trace, end: int | None) -> dict[str, int]:
         """Ops (and constants) of the aligned part that moved while none of their recorded

@@ -130,25 +130,33 @@ def recorded_calls(trace: Any) -> list[str]:
     return [ops[0].func_name for ops in recorded_groups(trace)]
 
 
-def fingerprint(value: torch.Tensor) -> torch.Tensor | None:
-    """Two float64 numbers that move when a tensor's values do: its sum and the sum of its
-    magnitudes (the sum alone stays near zero for a normalised value). None for a tensor
-    with no plain values to sum (sparse, quantized, on the meta device)."""
+def fingerprint(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Two numbers that move when a tensor's values do: its sum and the sum of its
+    magnitudes (the sum alone stays near zero for a normalised value), in float64, left
+    on the value's device (no sync per op). None for a tensor with no plain values to sum
+    (sparse, quantized, on the meta device, a dtype with no sum)."""
     if value.layout != torch.strided or value.is_meta or value.is_quantized:
         return None
-    try:
-        with torch.no_grad():
-            flat = torch.view_as_real(value) if value.is_complex() else value
-            if flat.dtype == torch.bool:
-                flat = flat.to(torch.uint8)
-            return torch.stack(
-                (flat.sum(dtype=torch.float64), flat.abs().sum(dtype=torch.float64))
-            ).cpu()
-    except (RuntimeError, TypeError):  # a dtype with no sum (float8, bits)
-        return None
+    flat = value.detach()
+    if flat.is_floating_point():  # the usual case, in two kernels
+        try:
+            return flat.sum(dtype=torch.float64), _vector_norm(flat, 1, dtype=torch.float64)
+        except Exception:  # noqa: BLE001 - float8, or no float64 (MPS): below
+            pass
+    for dtype in (torch.float64, torch.float32):
+        try:
+            real = torch.view_as_real(flat) if flat.is_complex() else flat
+            real = real.to(torch.uint8) if real.dtype == torch.bool else real
+            return real.sum(dtype=dtype), real.abs().sum(dtype=dtype)
+        except Exception:  # noqa: BLE001 - no sum (float8, bits, a subclass): not compared
+            continue
+    return None
 
 
-def _prints(name: str, result: Any) -> list[torch.Tensor | None] | None:
+_vector_norm = torch.linalg.vector_norm
+
+
+def _prints(name: str, result: Any) -> list[tuple | None] | None:
     """The fingerprints of a call's output tensors, in the order the capture records them."""
     if name in SPECIAL_OUTPUTS:
         return None
@@ -194,7 +202,7 @@ class PerturbingMode(TorchFunctionMode):
         super().__init__()
         self.plan = plan
         self.expected = expected
-        self.prints: list[list[torch.Tensor | None] | None] | None = [] if fingerprints else None
+        self.prints: list[list[tuple | None] | None] | None = [] if fingerprints else None
         self.vias: list[str] = []
         self.calls: list[str] = []  # the calls the capture would record, by name
         self.at: list[int] = []  # per escape call, how many of those ran before it
