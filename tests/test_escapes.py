@@ -458,3 +458,28 @@ def test_fingerprints_move_with_values():
     assert all(t.dtype == torch.float64 for t in fingerprint(torch.ones(2)))
     assert fingerprint(torch.empty(3, device="meta")) is None
     assert fingerprint(torch.eye(3).to_sparse()) is None
+
+
+class CountsCalls(nn.Module):
+    """Keeps a Python call count that scales a kept intermediate: a forward's values
+    differ call to call by themselves; its float escape is read for logging only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.calls = 0
+        self.kept = None
+
+    def forward(self, x):
+        self.calls += 1
+        self.logged = float(x.abs().max())
+        self.kept = x * self.calls
+        return self.lin(x)
+
+
+def test_intermediates_that_drift_by_themselves_are_not_blamed_on_escapes():
+    status = _status(CountsCalls(), torch.randn(2, 8))
+    assert status.state == "passed" and not status.hidden_edges
+    [note] = status.decisions
+    assert "with nothing perturbed" in note and "not compared" in note
+    assert "completeness arm's notes" in str(status)

@@ -97,7 +97,8 @@ class ReplayStatus:
     # as torchlens.trace.HiddenEdge; each is also a failure of the completeness arm
     hidden_edges: list = field(default_factory=list)
     # escapes whose value decides which ops run (if t.any():, assert), with their lines:
-    # the recorded graph is the branch taken, so they are noted, not failed
+    # the recorded graph is the branch taken, so they are noted, not failed; and the
+    # completeness arm's notes of what it left unchecked
     decisions: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -136,7 +137,10 @@ class ReplayStatus:
         lines.append(f"arms run: {', '.join(self.arms) or '-'}")
         lines += _section("failures", self.failures)
         if self.decisions:
-            lines.append("branch decisions (escapes that decide which ops run; not failures):")
+            lines.append(
+                "branch decisions (escapes that decide which ops run) and the completeness "
+                "arm's notes; not failures:"
+            )
             lines += [f"  {text}" for text in self.decisions[:20]]
         lines += _section("not checked", self.unchecked)
         lines += _section("unread (exempt by a rule)", self.unread)
