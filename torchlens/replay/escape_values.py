@@ -135,9 +135,12 @@ def fingerprint(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None
     magnitudes (the sum alone stays near zero for a normalised value), in float64, left
     on the value's device (no sync per op). None for a tensor with no plain values to sum
     (sparse, quantized, on the meta device, a dtype with no sum)."""
-    if value.layout != torch.strided or value.is_meta or value.is_quantized:
+    try:
+        if value.layout != torch.strided or value.is_meta or value.is_quantized:
+            return None
+        flat = value.detach()
+    except Exception:  # noqa: BLE001 - a subclass without these: not compared
         return None
-    flat = value.detach()
     if flat.is_floating_point():  # the usual case, in two kernels
         try:
             return flat.sum(dtype=torch.float64), _vector_norm(flat, 1, dtype=torch.float64)
