@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import torchlens as tl
+from tests._guards import NanGuard
 from torchlens import edits
 from torchlens.errors import InterventionError
 from torchlens.replay.escape_values import UNCHANGED, perturbed
@@ -47,16 +48,6 @@ class DataIf(nn.Module):
         if x.sum() > 0:
             return self.a(x)
         return self.b(x)
-
-
-class NanGuard(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = nn.Linear(8, 8)
-
-    def forward(self, x):
-        assert not torch.isnan(x).any()
-        return self.lin(x)
 
 
 class SplitMoE(nn.Module):
@@ -128,6 +119,36 @@ def test_escapes_of_python_conversions():
     trace = tl.trace(f, torch.randn(3))
     vias = [e.via for e in trace.escapes]
     assert vias[:3] == ["__float__", "__int__", "__bool__"]
+
+
+def test_membership_test_is_an_escape():
+    def f(x):
+        y = x.round()
+        return y * 2 if 1.0 in y else y * 3
+
+    trace = tl.trace(f, torch.tensor([0.9, 2.2]))
+    [escape] = trace.escapes
+    assert (escape.label, escape.via, escape.value, escape.type) == (
+        "round_1",
+        "__contains__",
+        "True",
+        "bool",
+    )
+    assert str(escape).startswith("round_1 in -> True at test_escapes.py:")
+
+
+def test_text_reads_are_escapes():
+    def f(x):
+        y = x * 2
+        return y + len(repr(y)) + len(str(y)) + len(f"{y}")
+
+    trace = tl.trace(f, torch.randn(2))
+    assert [(e.via, e.label, e.type) for e in trace.escapes] == [
+        ("__repr__", "mul_1", "str"), ("__repr__", "mul_1", "str"), ("__format__", "mul_1", "str")
+    ]  # fmt: skip
+    assert "mul_1 repr() -> 'tensor([" in str(trace.escapes[0])
+    # text is recorded, not perturbed: nothing to find, and nothing accused
+    assert tl.replay(f, torch.randn(2)).state == "passed"
 
 
 def test_escapes_survive_save_and_load(tmp_path):

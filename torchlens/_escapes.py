@@ -17,6 +17,7 @@ from typing import Any
 __all__ = ["Escape", "HiddenEdge", "short_repr"]
 
 _REPR_LIMIT = 60
+_WRITTEN = {"array": "np.asarray()", "contains": "in"}  # dunders not written as calls
 
 
 def short_repr(value: Any) -> str:
@@ -59,10 +60,10 @@ class Escape:
 
     @property
     def call_text(self) -> str:
-        """The call as written: ``.item()``, ``bool()``, ``np.asarray()``..."""
+        """The call as written: ``.item()``, ``bool()``, ``np.asarray()``, ``in``..."""
         if self.via.startswith("__"):
             stem = self.via[2:-2]
-            return "np.asarray()" if stem == "array" else f"{stem}()"
+            return _WRITTEN.get(stem, f"{stem}()")
         return f".{self.via}()"
 
     def __str__(self) -> str:

@@ -80,12 +80,12 @@ _NEVER_TENSOR_DUNDERS = frozenset({
 
 # Calls through which a tensor's value leaves torch as a Python value (an escape, see
 # torchlens/_escapes.py): Tensor methods and dunders by name, and torch functions that
-# compare values and answer with a bool. ``format`` and ``repr`` give text, ``dlpack``
-# a capsule; they are recorded too.
+# compare values and answer with a bool (``x in t`` too). ``format`` and ``repr`` (so
+# ``str(t)``, ``print(t)``) give text, ``dlpack`` a capsule; they are recorded too.
 ESCAPES = frozenset({
     "item", "tolist", "numpy", "is_nonzero", "equal", "allclose",
     "__bool__", "__int__", "__float__", "__index__", "__complex__", "__array__",
-    "__format__", "__dlpack__",
+    "__format__", "__repr__", "__dlpack__", "__contains__",
 })  # fmt: skip
 
 # Functions that draw from a random generator: capture snapshots the RNG state before them
