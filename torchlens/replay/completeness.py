@@ -201,6 +201,7 @@ class _Arm:
         self.vias = [records[0].via for records in self.calls.values()]
         self.decisions: list[str] = []
         self.edges: list[HiddenEdge] = []
+        self._saved_prints: dict[int, list[tuple | None]] = {}  # see _capture_prints
 
     def run(self) -> tuple[list[HiddenEdge], list[str]]:
         pending = set(self.calls)
@@ -254,10 +255,9 @@ class _Arm:
                 return self._decided(self._last_before(plan, k), "changed which ops ran")
             else:
                 j = _divergence(mode.calls, recorded_calls(self.trace))
-                bools = [c for c in sorted(plan.moved) if self.calls[c][0].control]
-                if j is not None and any(mode.at[c] <= j for c in bools if c < len(mode.at)):
+                blame = None if j is None else self._bool_before(plan, mode, j)
+                if blame is not None:
                     # other ops ran after a bool flipped: a branch (a capture would say so)
-                    blame = [c for c in bools if c < len(mode.at) and mode.at[c] <= j][-1]
                     return self._decided(
                         blame,
                         f"changed which ops ran (a {mode.calls[j : j + 1] or 'missing'} call)",
@@ -287,11 +287,20 @@ class _Arm:
         kind, k = mode.diverged
         if kind == "escape":
             return self._decided(self._last_before(plan, k), "changed which ops ran")
-        bools = [c for c in sorted(plan.moved) if c < len(mode.at) and self.calls[c][0].control]
+        blame = self._bool_before(plan, mode, k)
         return self._decided(
-            bools[-1] if bools else self._last_before(plan, len(mode.vias)),
+            self._last_before(plan, len(mode.vias)) if blame is None else blame,
             f"changed which ops ran (a {mode.calls[k]} call)",
         )
+
+    def _bool_before(self, plan: Plan, mode: PerturbingMode, j: int) -> int | None:
+        """The last bool escape ``plan`` flipped in ``mode``'s forward before its call
+        ``j``: what decided that other ops ran from there."""
+        bools = [
+            c for c in sorted(plan.moved)
+            if self.calls[c][0].control and c < len(mode.at) and mode.at[c] <= j
+        ]  # fmt: skip
+        return bools[-1] if bools else None
 
     def _light(self, plan: Plan) -> tuple[list | None, PerturbingMode, BaseException | None]:
         """The light forward of ``plan``: the first look, when ``plan`` is the first round's
@@ -322,19 +331,14 @@ class _Arm:
         output reads (a cache, a statistic kept on the module). Compared while the two
         ran the same calls."""
         pairs: dict[torch.device, tuple[list, list]] = {}  # compared where they lie
-        for name, prints, ops in zip(mode.calls, mode.prints or (), recorded_groups(self.trace)):
+        groups = recorded_groups(self.trace)
+        for i, (name, prints, ops) in enumerate(zip(mode.calls, mode.prints or (), groups)):
             if name != ops[0].func_name:
                 break  # (from here the two are not aligned)
             if prints is None or len(prints) != len(ops):
                 continue  # (outputs the capture records its own way)
-            for value, op in zip(prints, ops):
-                if op.func_name in MAY_BE_UNINITIALIZED:
-                    continue  # (``x.new(size)``: whatever the memory held, run to run)
-                try:
-                    theirs = fingerprint(op.out) if value is not None else None
-                except PayloadUnavailableError:
-                    theirs = None
-                if theirs is not None and theirs[0].device == value[0].device:
+            for value, theirs in zip(prints, self._capture_prints(i, ops)):
+                if value is not None and theirs is not None and theirs[0].device == value[0].device:
                     ours, saved = pairs.setdefault(value[0].device, ([], []))
                     ours.extend(value)
                     saved.extend(theirs)
@@ -343,6 +347,16 @@ class _Arm:
             if ((a - b).abs() > (a[:, 1:].abs() + b[:, 1:].abs()) * 1e-6).any():
                 return True
         return False
+
+    def _capture_prints(self, i: int, ops: list[Any]) -> list[tuple | None]:
+        """The fingerprints of the saved values of ``ops``, the capture's ``i``-th call
+        from the first escape on (None where a value is not compared: uninitialised
+        memory, ``x.new(size)``, which differs run to run; a value not saved). Made once
+        per call: each light forward whose outputs stayed is compared with them."""
+        prints = self._saved_prints.get(i)
+        if prints is None:
+            prints = self._saved_prints[i] = [_saved_print(op) for op in ops]
+        return prints
 
     def _drifts(self) -> bool:
         """Whether a light forward with nothing perturbed computes other values than the
@@ -439,6 +453,16 @@ class _Arm:
     def _prefer_control(self, calls: list[int]) -> int:
         control = [c for c in calls if self.calls[c][0].control]
         return (control or calls)[-1]
+
+
+def _saved_print(op: Any) -> tuple | None:
+    """The :func:`fingerprint` of ``op``'s saved value, or None when it is not compared."""
+    if op.func_name in MAY_BE_UNINITIALIZED:
+        return None
+    try:
+        return fingerprint(op.out)
+    except PayloadUnavailableError:
+        return None
 
 
 def _same_site(a: Escape, b: Escape) -> bool:
