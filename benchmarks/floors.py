@@ -141,7 +141,8 @@ class _ReplayFloor(Checker):
     """The replay arm's own calls (:meth:`Checker.run_call`: arguments that a call may write
     into are copied first, stochastic calls get their RNG snapshot, ``linear``, ``matmul``
     and attention the recorded ``requires_grad`` flags that pick the forward's kernel) and
-    its comparison, without findings or the perturbation arm."""
+    its comparison, without findings or the perturbation arm. A refresh the store keeps as
+    its writes is made once, as the arm makes it (``replay/written_over.py``)."""
 
     def __init__(self, trace: Any) -> None:
         super().__init__(trace, findings=None, atol=None, rtol=None)
@@ -149,6 +150,10 @@ class _ReplayFloor(Checker):
 
     def visit(self, ops: list[Any]) -> None:
         head = ops[0]
+        recipe = self._made.recipe(head) if head.func_name == "refresh" else None
+        if recipe is not None:  # a refresh kept as its writes: made once, as the arm does
+            self._made.value(head, recipe)
+            return
         outputs = self.run_call(head, self.parent_values(head))
         for op in ops:
             if op.output_index >= len(outputs) or mismatch(outputs[op.output_index], op.out):

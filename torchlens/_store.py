@@ -5,14 +5,14 @@ Re-exported by :mod:`torchlens.trace`, whose records read their values through a
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 
-from torchlens._tensors import geometry_end, version_of
+from torchlens._tensors import geometry_end, version_of, write_through
 from torchlens.errors import PayloadUnavailableError
 
-__all__ = ["MemoryPayloadStore", "PayloadStore"]
+__all__ = ["MemoryPayloadStore", "PayloadStore", "WrittenOver"]
 
 
 class PayloadStore(Protocol):
@@ -25,11 +25,27 @@ class PayloadStore(Protocol):
         """Whether a value for ``label`` can be given."""
 
 
+class WrittenOver(NamedTuple):
+    """A saved value kept as how to make it: the saved value ``stale`` with the saved values
+    ``writes`` (``(label, region)``) copied over their regions in order, every geometry a
+    ``(shape, stride, storage_offset)`` in one storage, the value's own being ``base``.
+
+    The capture keeps a ``refresh`` this way when the writes it records account for every
+    change of the tensor (see ``TraceBuilder._refresh``): a loop writing one channel of a
+    large tensor at a time then keeps each write, not a copy of the whole tensor per step.
+    """
+
+    stale: str
+    writes: tuple[tuple[str, tuple], ...]
+    base: tuple
+
+
 class MemoryPayloadStore:
     """Payloads held in memory, with the reason each missing one is missing.
 
     Values are detached tensors. ``versions`` holds each value's version counter at the time
     it was saved, so a value modified in place after capture is reported, never served.
+    A value in ``written_over`` is made on its first read, and kept from then on.
     """
 
     def __init__(self, default_missing: tuple[str, str] | None = None) -> None:
@@ -39,9 +55,15 @@ class MemoryPayloadStore:
         self.default_missing = default_missing or ("not_saved", "no value was saved")
         # label -> the size of its storage when that held all of it (see _released)
         self._intact: dict[str, int] = {}
+        self.written_over: dict[str, WrittenOver] = {}  # label -> how to make its value
+        # label -> (how it was made, the value made, the values it was made from)
+        self._made: dict[str, tuple[WrittenOver, torch.Tensor, tuple[torch.Tensor, ...]]] = {}
 
     def get(self, label: str) -> torch.Tensor:
         value = self.values.get(label)
+        if value is None and label in self.written_over:
+            self._make(label)
+            value = self.values.get(label)
         if value is None:
             code, message = self.missing.get(label, self.default_missing)
             raise PayloadUnavailableError(message, code=code)
@@ -70,11 +92,13 @@ class MemoryPayloadStore:
         return value
 
     def has(self, label: str) -> bool:
-        return label in self.values
+        return label in self.values or label in self.written_over
 
     def set(self, label: str, value: torch.Tensor, version: int | None) -> None:
         """Keep ``value`` under ``label``; ``version`` is its version counter now, or None
         for a tensor without one (an inference tensor), which is then served unchecked."""
+        self.written_over.pop(label, None)
+        self._made.pop(label, None)
         self.values[label] = value
         if version is not None:
             self.versions[label] = version
@@ -83,7 +107,60 @@ class MemoryPayloadStore:
 
     def mark_missing(self, label: str, code: str, message: str) -> None:
         self.values.pop(label, None)
+        self.written_over.pop(label, None)
+        self._made.pop(label, None)
         self.missing[label] = (code, message)
+
+    def keep_written_over(self, label: str, recipe: WrittenOver) -> None:
+        """Keep ``label``'s value as ``recipe`` (:class:`WrittenOver`) instead of a tensor."""
+        self.values.pop(label, None)
+        self.versions.pop(label, None)
+        self._made.pop(label, None)
+        self.written_over[label] = recipe
+
+    def recipe_of(self, label: str) -> WrittenOver | None:
+        """How the value of ``label`` is made (:class:`WrittenOver`), when the store makes
+        it so: not made yet, or made and held as made (:meth:`made_from`); else None."""
+        recipe = self.written_over.get(label)
+        return recipe if recipe is not None else self.made_from(label)
+
+    def made_from(self, label: str) -> WrittenOver | None:
+        """How the value served for ``label`` was made (:class:`WrittenOver`), while it and
+        the values it was made from are the very ones held now; else None. The replay of
+        such a value from the same recipe and values is the value itself."""
+        made = self._made.get(label)
+        if made is None or self.values.get(label) is not made[1]:
+            return None
+        recipe, _, parents = made
+        labels = (recipe.stale, *(writer for writer, _ in recipe.writes))
+        if any(self.values.get(name) is not value for name, value in zip(labels, parents)):
+            return None
+        return recipe
+
+    def _make(self, label: str) -> None:
+        """Make the value of ``label`` (kept :class:`WrittenOver`), and first those of the
+        stale values it stands on that are kept so too, oldest first: a loop over channels
+        makes a chain of them as long as the loop, too deep to recurse through."""
+        chain = [label]
+        while (stale := self.written_over[chain[-1]].stale) in self.written_over:
+            chain.append(stale)
+        for name in reversed(chain):
+            recipe = self.written_over[name]
+            try:
+                stale = self.get(recipe.stale)
+                writes = [(self.get(writer), region) for writer, region in recipe.writes]
+            except PayloadUnavailableError as error:
+                message = (
+                    f"the value of {name!r} is made from saved values, and one of them is "
+                    f"unavailable: {error}"
+                )
+                self.mark_missing(name, error.code, message)
+                raise PayloadUnavailableError(message, code=error.code) from error
+            value = write_through(stale, writes, recipe.base)
+            del self.written_over[name]
+            self.values[name] = value
+            self.versions[name] = version_of(value)
+            self._made[name] = (recipe, value, (stale, *(write for write, _ in writes)))
 
 
 def _storage_bytes(value: torch.Tensor) -> int | None:

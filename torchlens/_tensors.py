@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["version_of", "storage_key", "geometry_end", "copy_keeping_layout"]
+__all__ = [
+    "copy_keeping_layout",
+    "dense",
+    "geometry_end",
+    "storage_key",
+    "version_of",
+    "write_through",
+]
+
+Tensor = torch.Tensor
 
 
 def version_of(tensor: torch.Tensor) -> int | None:
@@ -53,6 +62,18 @@ def geometry_end(geometry: tuple) -> int:
     return offset + sum((size - 1) * step for size, step in zip(shape, stride)) + 1
 
 
+def dense(geometry: tuple) -> bool:
+    """Whether a geometry's elements fill consecutive storage slots from its offset, in
+    some order (a contiguous tensor, or a permutation of one)."""
+    shape, stride, _ = geometry
+    expected = 1
+    for step, size in sorted((step, size) for size, step in zip(shape, stride) if size != 1):
+        if step != expected:
+            return False
+        expected *= size
+    return True
+
+
 def copy_keeping_layout(tensor: torch.Tensor) -> torch.Tensor:
     """A copy of ``tensor`` with its strides. ``clone()`` keeps the strides of a dense
     tensor only: an expanded or a sliced one comes back contiguous, and kernels choose
@@ -71,3 +92,28 @@ def copy_keeping_layout(tensor: torch.Tensor) -> torch.Tensor:
         return flat.as_strided(tensor.shape, tensor.stride(), 0)
     except (RuntimeError, NotImplementedError):  # no plain storage (sparse, nested)
         return tensor.clone()
+
+
+def write_through(stale: Tensor, writes: list[tuple[Tensor, tuple]], base: tuple) -> Tensor:
+    """``stale`` laid out in a scratch storage, each written value copied over its region
+    in order, then read back.
+
+    ``base`` and each region are ``(shape, stride, storage_offset)`` in the shared storage.
+    A contiguous base holding every region (a loop writing slices of one tensor) is its
+    own scratch: one copy of the stale value, then the writes.
+    """
+    geometries = [base, *(region for _, region in writes)]
+    start = min(geometry[2] for geometry in geometries)
+    extent = max(geometry_end(geometry) for geometry in geometries) - start
+    if start == base[2] and extent == stale.numel() and stale.dim() and stale.is_contiguous():
+        if base[1] == stale.stride():  # the base's own layout: contiguous, spanning all
+            out = stale.clone(memory_format=torch.contiguous_format)
+            for written, region in writes:
+                out.as_strided(region[0], region[1], region[2] - start).copy_(written)
+            return out
+    scratch = stale.new_zeros(max(extent, 0))
+    view = scratch.as_strided(base[0], base[1], base[2] - start)
+    view.copy_(stale)
+    for written, region in writes:
+        scratch.as_strided(region[0], region[1], region[2] - start).copy_(written)
+    return view.clone()

@@ -26,9 +26,11 @@ import torch
 from torch import nn
 
 from torchlens._escapes import short_repr
+from torchlens._store import WrittenOver
 from torchlens._tensors import (
     _storage_address,
     copy_keeping_layout,
+    dense,
     geometry_end,
     storage_key,
     version_of,
@@ -92,6 +94,11 @@ def _covers(region: tuple | None, base: tuple | None) -> bool:
     return offset <= base[2] and geometry_end(base) <= offset + expected
 
 
+def _intact(value: Tensor | None, saved_version: Any, dtype: torch.dtype) -> bool:
+    """Whether a saved ``value`` is there, of ``dtype``, and unwritten since it was saved."""
+    return value is not None and value.dtype == dtype and saved_version == version_of(value)
+
+
 class TraceBuilder:
     """Records one forward pass; see the module docstring for the invariants it keeps.
 
@@ -114,6 +121,9 @@ class TraceBuilder:
     # class defaults too, set on the instance only when used, for the same reason
     escapes: Sequence[Escape] = ()
     escape_hook: EscapeHook | None = None
+    # refresh label -> how to make its value from saved ones (_keep_as_writes), until
+    # protect keeps it so: a class default too, set on the instance at the first
+    _recipes: dict[str, WrittenOver] | None = None
 
     def __init__(
         self,
@@ -264,7 +274,7 @@ class TraceBuilder:
                 return entry[1]
             if entry[2] is _FRESH_WEIGHT:
                 return self._fresh_weight(tensor, entry)
-            return self._refresh(tensor, entry[1], entry[3])
+            return self._refresh(tensor, entry[1], entry[3], entry[2])
         owned = self._owned.get(id(tensor))
         if owned is not None and owned[2] is tensor:
             kind, address, _ = owned
@@ -455,7 +465,9 @@ class TraceBuilder:
             return self._refresh(tensor, label, since)
         return label
 
-    def _refresh(self, tensor: Tensor, stale_label: str, since: int) -> str:
+    def _refresh(
+        self, tensor: Tensor, stale_label: str, since: int, stale_version: int | None = None
+    ) -> str:
         """Record that ``tensor`` changed behind the capture's back (see module docstring).
 
         Its parents are the stale value, then every recorded write into its storage since
@@ -467,14 +479,21 @@ class TraceBuilder:
         slice) otherwise. Moot writes are left out: their values reach this one only
         through the write that overwrote them, and a parent that keeps no element would
         be an edge no probe can show.
+
+        When the recorded writes account for every step of the tensor's version counter
+        since ``stale_version`` (its value then), nothing else changed it: its value is
+        the writes over the stale value, and is kept that way once something writes into
+        it (:meth:`protect`), not copied whole.
         """
         key = storage_key(tensor)
         geometry = _geometry(tensor)
         writers: dict[str, None] = {}  # the writes kept, in order
         at: dict[tuple, str] = {}  # (geometry, dtype) -> the last write kept there
         covered = False  # whether a write reached every element of the stale value
+        since_stale = 0  # the writes since the stale value, moot ones too
         for when, writer in self._writers.get(key, ()) if key is not None else ():
             if when > since and writer != stale_label:
+                since_stale += 1
                 record = self._records[writer]
                 region = record.meta.get("geometry")
                 if _covers(region, geometry):
@@ -496,7 +515,50 @@ class TraceBuilder:
         op.meta["geometry"] = geometry  # with the writers', replay can redo the writes
         if covered:  # the stale value is still the base replay writes over, but unread
             op.meta["covered"] = True
+        if (
+            writers
+            and stale_version is not None
+            and version_of(tensor) == stale_version + since_stale
+            and key not in self._unshared_versions
+        ):
+            self._keep_as_writes(op, tensor, geometry)
         return op.label
+
+    def _keep_as_writes(self, op: Op, tensor: Tensor, geometry: tuple | None) -> None:
+        """Note how to make the value of ``op`` (a refresh whose recorded writes account
+        for every change) from its parents' saved values, when each is saved and intact:
+        :meth:`protect` then keeps it that way instead of copying it."""
+        values, versions = self._values, self._versions
+        if (
+            op.label not in values
+            or geometry is None
+            or not dense(geometry)
+            or tensor.layout is not torch.strided
+            or tensor.is_quantized
+            or tensor.is_conj()
+            or tensor.is_neg()
+        ):
+            return
+        stale, *writers = (ref.label for ref in op.parent_args)
+        record = self._records[stale]
+        if record.shape != tuple(tensor.shape) or record.dtype != tensor.dtype:
+            return
+        # kept as writes itself (the previous step of the same loop), or saved and intact
+        if stale not in self.store.written_over and not _intact(
+            values.get(stale), versions.get(stale, _ASK), tensor.dtype
+        ):
+            return
+        writes = []
+        for label in writers:
+            region = self._records[label].meta.get("geometry")
+            if region is None or not _intact(
+                values.get(label), versions.get(label, _ASK), tensor.dtype
+            ):
+                return
+            writes.append((label, region))
+        if self._recipes is None:  # the first one: a dict of the instance's own
+            self._recipes = {}
+        self._recipes[op.label] = WrittenOver(stale, tuple(writes), geometry)
 
     # -- ops ------------------------------------------------------------------------------
     def protect(self, target: Tensor) -> None:
@@ -510,6 +572,10 @@ class TraceBuilder:
             # a value a write out of sight overwrote already (inside a TorchScript
             # function) stays as it is: the store reports it, a copy would vouch for it
             if value is not None and version_of(value) == self._versions.get(label):
+                recipe = self._recipes.pop(label, None) if self._recipes else None
+                if recipe is not None:  # the writes over the stale value: no copy
+                    self.store.keep_written_over(label, recipe)
+                    continue
                 try:
                     copy = copy_keeping_layout(value.detach())
                 except (RuntimeError, NotImplementedError):  # quint4x2 cannot be copied
@@ -817,6 +883,7 @@ class TraceBuilder:
         self._owned.clear()
         self._aliases.clear()
         self._writers.clear()
+        self.__dict__.pop("_recipes", None)
         self.__dict__.pop("label_of", None)  # set by _note_unshared: a cycle through self
         self.__dict__.pop("arguments", None)
         return trace

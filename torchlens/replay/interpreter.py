@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from torchlens._tensors import geometry_end
+from torchlens._tensors import write_through
 from torchlens.capture import rng
 from torchlens.capture.autocast import autocast_applied
 from torchlens.capture.controls import reapply
@@ -30,6 +30,7 @@ from torchlens.errors import PayloadUnavailableError
 from torchlens.replay.edges import EdgeProver
 from torchlens.replay.exemptions import MAY_BE_UNINITIALIZED, may_write_arguments, value_exempt
 from torchlens.replay.tolerances import mismatch
+from torchlens.replay.written_over import MadeRefreshes
 
 __all__ = ["Interpreter", "Checker", "Unreplayable", "calls", "AUTOGRAD_REASON"]
 
@@ -289,34 +290,30 @@ def _call_kind(op: Any) -> str:
     return "other" if special or op.meta.get("autocast") is not None else "plain"
 
 
+def _written_slots(op: Any) -> frozenset[int] | None:
+    """The argument slots an in-place call writes (its target, first; ``out=``), which
+    replay copies first; None (copy every argument) for a call that may write others
+    (:func:`~torchlens.replay.exemptions.may_write_arguments`, side writes), or whose
+    target came by another keyword. A read-only argument is handed as saved: the call
+    cannot reach it."""
+    if not op.is_inplace or op.func is None or may_write_arguments(op):
+        return None
+    if op.func_name in SPECIAL_OUTPUTS and op.func_name != "setitem":
+        return None
+    written = frozenset(i for i, ref in enumerate(op.parent_args) if _is_target(ref[1]))
+    return written or None  # (a target passed by another keyword: copy them all)
+
+
+def _is_target(position: str) -> bool:
+    """Whether an argument at ``position`` is an in-place call's target: the first
+    argument (or a tensor in a first-argument list, ``_foreach_add_``), or ``out=``."""
+    head = position.split(".", 1)[0]
+    return head == "0" or head == "out"
+
+
 def _own_generator(op: Any) -> Any:
     """The recorded state put on the ``torch.Generator`` the call was handed, if any."""
     return rng.generator_restored(op.rng_state, op.args_template, op.kwargs_template)
-
-
-def write_through(stale: Tensor, writes: list[tuple[Tensor, tuple]], base: tuple) -> Tensor:
-    """``stale`` laid out in a scratch storage, each written value copied over its region
-    in order, then read back.
-
-    ``base`` and each region are ``(shape, stride, storage_offset)`` in the shared storage.
-    A contiguous base holding every region (a loop writing slices of one tensor) is its
-    own scratch: one copy of the stale value, then the writes.
-    """
-    geometries = [base, *(region for _, region in writes)]
-    start = min(geometry[2] for geometry in geometries)
-    extent = max(geometry_end(geometry) for geometry in geometries) - start
-    if start == base[2] and extent == stale.numel() and stale.dim() and stale.is_contiguous():
-        if base[1] == stale.stride():  # the base's own layout: contiguous, spanning all
-            out = stale.clone(memory_format=torch.contiguous_format)
-            for written, region in writes:
-                out.as_strided(region[0], region[1], region[2] - start).copy_(written)
-            return out
-    scratch = stale.new_zeros(max(extent, 0))
-    view = scratch.as_strided(base[0], base[1], base[2] - start)
-    view.copy_(stale)
-    for written, region in writes:
-        scratch.as_strided(region[0], region[1], region[2] - start).copy_(written)
-    return view.clone()
 
 
 class Checker(Interpreter):
@@ -331,11 +328,12 @@ class Checker(Interpreter):
         # whether any op was edited by intervene= (reapply has nothing to do otherwise)
         self._edited = any(op.meta.get("intervened") for op in trace.ops)
         # id(op) -> (op, how run_call runs it, its call runner when that is all it takes)
-        self._kinds: dict[int, tuple[Any, str, Any]] = {}
+        self._kinds: dict[int, tuple] = {}
         # label -> saved value, read once: an op's value is read to compare its replay, then
         # again as a parent of each child (the store checks its version at every read, and
         # nothing writes into saved values while this runs: see run_call)
         self._saved: dict[str, Tensor] = {}
+        self._made = MadeRefreshes(trace, self._saved)
 
     def run(self) -> None:
         """Check every call; the caller's RNG state is put back once, at the end."""
@@ -356,16 +354,22 @@ class Checker(Interpreter):
         known = self._kinds.get(id(op))
         if known is None:  # the op is held, so its id is not reused while this runs
             kind = _call_kind(op)
-            plain = self.call_runner(op, values) if kind == "plain" else None
-            known = self._kinds[id(op)] = (op, kind, plain)
+            if kind == "plain":
+                known = (op, kind, self.call_runner(op, values))
+            else:  # (for "copies": the slots copied, None for all)
+                known = (op, kind, None, _written_slots(op) if kind == "copies" else None)
+            self._kinds[id(op)] = known
         plain = known[2]
         if plain is not None:  # most calls: straight to the function
             if sliced:
                 plain = getattr(plain, "unflagged", plain)
             return plain(values)
-        kind = known[1]
-        if kind == "copies":
-            values = [v if i in skip else v.clone() for i, v in enumerate(values)]
+        if known[1] == "copies":
+            written = known[3]
+            values = [
+                v if i in skip or (written is not None and i not in written) else v.clone()
+                for i, v in enumerate(values)
+            ]
         return self.execute(op, values)
 
     def parent_values(self, op: Any) -> list[Tensor]:
@@ -386,6 +390,8 @@ class Checker(Interpreter):
 
     def visit(self, ops: list[Any]) -> None:
         head, record = ops[0], self.findings
+        if head.func is None and head.func_name == "refresh" and self._made_as_recorded(head):
+            return
         try:
             values = self.parent_values(head)
             baseline = self.run_call(head, values)
@@ -403,6 +409,21 @@ class Checker(Interpreter):
         for op in ops:
             self._compare(op, edited, values)
         self.edges.prove(ops, values, baseline)
+
+    def _made_as_recorded(self, op: Any) -> bool:
+        """Check a refresh whose saved value the store makes by redoing its recorded writes
+        (see :mod:`~torchlens.replay.written_over`): when the recipe is the op's record as
+        it stands, the value made is its replay. False: replay it as any call."""
+        recipe = self._made.recipe(op)
+        if recipe is None:
+            return False
+        try:
+            value, values = self._made.value(op, recipe)
+        except PayloadUnavailableError:
+            return False  # (the replay says which value is missing)
+        self.findings.replayed(op.label)
+        self.edges.prove([op], values, [value])
+        return True
 
     # -- arm 2: per-op replay -------------------------------------------------------------
     def _compare(self, op: Any, outputs: list[Tensor], parents: list[Tensor]) -> None:

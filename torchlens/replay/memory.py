@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from torchlens._tensors import geometry_end
+from torchlens._tensors import dense, geometry_end
 
 __all__ = ["surviving_parents", "part_of"]
 
@@ -38,7 +38,7 @@ def surviving_parents(op: Any, trace: Any) -> frozenset[str]:
     regions = [trace[ref.label].meta.get("geometry") for ref in refs[1:]]
     if any(region is None for region in regions):
         return frozenset()
-    if len(regions) == 1 and _dense(base):  # the usual refresh: one write since the value
+    if len(regions) == 1 and dense(base):  # the usual refresh: one write since the value
         return _one_write(refs[0].label, refs[1].label, base, regions[0])
     geometries = [base, *regions]
     start = min(geometry[2] for geometry in geometries)
@@ -58,23 +58,11 @@ def surviving_parents(op: Any, trace: Any) -> frozenset[str]:
     return frozenset(kept)
 
 
-def _dense(geometry: tuple) -> bool:
-    """Whether a geometry's elements fill consecutive storage slots from its offset, in
-    some order (a contiguous tensor, or a permutation of one)."""
-    shape, stride, _ = geometry
-    expected = 1
-    for step, size in sorted((step, size) for size, step in zip(shape, stride) if size != 1):
-        if step != expected:
-            return False
-        expected *= size
-    return True
-
-
 def _one_write(stale: str, writer: str, base: tuple, region: tuple) -> frozenset[str]:
-    """:func:`surviving_parents` of a refresh with one write, over a :func:`_dense` base
-    (which holds every storage slot from its offset to its end): the write shows where it
-    lies inside the base, and the stale value where the write, of fewer elements, leaves
-    some of it. Decided without a mask over the whole base."""
+    """:func:`surviving_parents` of a refresh with one write, over a dense base
+    (``_tensors.dense``: it holds every storage slot from its offset to its end): the
+    write shows where it lies inside the base, and the stale value where the write, of
+    fewer elements, leaves some of it. Decided without a mask over the whole base."""
     begin, end = base[2], geometry_end(base)
     size = 1
     for extent in region[0]:
@@ -90,7 +78,7 @@ def _one_write(stale: str, writer: str, base: tuple, region: tuple) -> frozenset
 def part_of(out: torch.Tensor, parent: torch.Tensor) -> bool:
     """Whether every element of ``out`` is an element of ``parent``, by address: ``out``
     (of ``parent``'s dtype, at least one element) lies within the memory of a ``parent``
-    that fills its own span (:func:`_dense`), so a view such as ``parent.select(1, c)``."""
+    that fills its own span (``_tensors.dense``), so a view such as ``parent.select(1, c)``."""
     if out.layout != _STRIDED or parent.layout != _STRIDED or out.is_quantized:
         return False
     size = parent.element_size()
@@ -101,7 +89,7 @@ def part_of(out: torch.Tensor, parent: torch.Tensor) -> bool:
         return False
     if out.is_conj() != parent.is_conj() or out.is_neg() != parent.is_neg():
         return False
-    if not _dense((tuple(parent.shape), parent.stride(), 0)):
+    if not dense((tuple(parent.shape), parent.stride(), 0)):
         return False
     span = geometry_end((tuple(out.shape), out.stride(), 0))
     return first + span * size <= start + parent.numel() * size
