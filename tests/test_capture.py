@@ -139,6 +139,33 @@ def test_write_through_a_view_records_a_refresh():
     torch.testing.assert_close(trace["mul_1"].out, x, rtol=0, atol=0)
 
 
+def test_saved_slices_of_a_tensor_written_later_are_copied_once_with_it():
+    """Before a write, the saved values sharing the written memory are copied: a slice
+    lying inside a larger one becomes the same slice of that one's copy, so the memory
+    they shared is copied once and every value stays what it was."""
+
+    def f(x):
+        h = x * 2
+        rows = [h[i] * 1 for i in range(3)]  # each row read (saved as a view of h)
+        col = h[:, 1]  # a strided view, inside h too
+        h.mul_(10)  # the write: h and its views are copied first
+        return torch.stack(rows).sum() + col.sum() + h.sum()
+
+    x = torch.randn(3, 4)
+    trace = tl.trace(f, x)
+    whole = trace["mul_1"].out
+    torch.testing.assert_close(whole, x * 2, rtol=0, atol=0)
+    for i, label in enumerate(["getitem_1", "getitem_2", "getitem_3"]):
+        row = trace[label].out
+        torch.testing.assert_close(row, x[i] * 2, rtol=0, atol=0)
+        assert row.untyped_storage().data_ptr() == whole.untyped_storage().data_ptr()
+    col = trace["getitem_4"].out
+    torch.testing.assert_close(col, x[:, 1] * 2, rtol=0, atol=0)
+    assert col.stride() == (4,)
+    assert col.untyped_storage().data_ptr() == whole.untyped_storage().data_ptr()
+    assert tl.replay(f, x).state == "passed"
+
+
 def test_editing_outputs_after_capture_is_reported_not_served():
     model, x = tutorial_model(), torch.randn(2, 4)
     trace = tl.trace(model, x)

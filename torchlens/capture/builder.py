@@ -94,6 +94,45 @@ def _covers(region: tuple | None, base: tuple | None) -> bool:
     return offset <= base[2] and geometry_end(base) <= offset + expected
 
 
+_CONTAINERS = 4  # the largest copies of one protect call that later aliases may lie in
+
+
+def _numel_of_value(item: tuple[str, Tensor]) -> int:
+    return item[1].numel()
+
+
+def _container(value: Tensor, copy: Tensor) -> bool:
+    """Whether ``copy`` (of ``value``) can hold views of other aliases of ``value``'s
+    storage: a plain dense value, copied with its strides."""
+    return (
+        value.layout is torch.strided
+        and not (value.is_quantized or value.is_conj() or value.is_neg())
+        and copy.stride() == value.stride()
+        and dense(_geometry(value) or ((), (), 0))
+    )
+
+
+def _view_inside(value: Tensor, container: Tensor, copy: Tensor) -> Tensor | None:
+    """``value`` as a view of ``copy`` (of ``container``, a :func:`_container` value)
+    when it lives in the same storage, all its elements inside the container's; else
+    None."""
+    if value.dtype != container.dtype or value.layout is not torch.strided:
+        return None
+    if value.is_quantized or value.is_conj() or value.is_neg():
+        return None
+    # (an alias noted under this storage's key may have moved to another storage since:
+    # an edit's replacement, a freed storage whose address was reused)
+    if _storage_address(value) != _storage_address(container):
+        return None
+    offset, start = value.storage_offset(), container.storage_offset()
+    geometry = _geometry(value)
+    if geometry is None or offset < start:
+        return None
+    if geometry_end(geometry) > geometry_end(_geometry(container)):
+        return None
+    return copy.as_strided(value.shape, value.stride(), copy.storage_offset() + offset - start)
+
+
 def _intact(value: Tensor | None, saved_version: Any, dtype: torch.dtype) -> bool:
     """Whether a saved ``value`` is there, of ``dtype``, and unwritten since it was saved."""
     return value is not None and value.dtype == dtype and saved_version == version_of(value)
@@ -562,20 +601,40 @@ class TraceBuilder:
 
     # -- ops ------------------------------------------------------------------------------
     def protect(self, target: Tensor) -> None:
-        """Clone every saved alias of ``target``'s storage before it is written in place."""
+        """Clone every saved alias of ``target``'s storage before it is written in place.
+
+        An alias lying inside the memory of a larger one copied in the same call (a slice
+        of a tensor kept whole, the same view saved twice) becomes the same view of that
+        copy: the elements they shared in the forward stay shared, and are copied once.
+        """
         key = storage_key(target)
         if key is None:
             return
         aliases = self._aliases.pop(key, ())
+        if not aliases:  # (the usual write: into memory no saved value shares)
+            return
+        values, versions, recipes = self._values, self._versions, self._recipes
+        intact = []  # (label, value) of the aliases still holding their saved value
         for label in (aliases,) if type(aliases) is str else aliases:
-            value = self.store.values.get(label)
+            value = values.get(label)
             # a value a write out of sight overwrote already (inside a TorchScript
             # function) stays as it is: the store reports it, a copy would vouch for it
-            if value is not None and version_of(value) == self._versions.get(label):
-                recipe = self._recipes.pop(label, None) if self._recipes else None
+            if value is not None and version_of(value) == versions.get(label):
+                recipe = recipes.pop(label, None) if recipes else None
                 if recipe is not None:  # the writes over the stale value: no copy
                     self.store.keep_written_over(label, recipe)
-                    continue
+                else:
+                    intact.append((label, value))
+        if len(intact) > 1:
+            intact.sort(key=_numel_of_value, reverse=True)
+        copied: list[tuple[Tensor, Tensor]] = []  # (value, its copy) that others may lie in
+        for label, value in intact:
+            copy = None
+            for container, made in copied:
+                copy = _view_inside(value, container, made)
+                if copy is not None:
+                    break
+            if copy is None:
                 try:
                     copy = copy_keeping_layout(value.detach())
                 except (RuntimeError, NotImplementedError):  # quint4x2 cannot be copied
@@ -585,7 +644,9 @@ class TraceBuilder:
                         f"forward, and {value.dtype} values cannot be copied before that",
                     )  # fmt: skip
                     continue
-                self.store.set(label, copy, version_of(copy))
+                if len(intact) > 1 and len(copied) < _CONTAINERS and _container(value, copy):
+                    copied.append((value, copy))
+            self.store.set(label, copy, version_of(copy))
 
     def record_call(
         self,
