@@ -31,6 +31,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from torchlens.replay.exemptions import MAY_BE_UNINITIALIZED, value_exempt
 from torchlens.replay.interpreter import Checker
 from torchlens.replay.tolerances import mismatch
 
@@ -141,8 +142,9 @@ class _ReplayFloor(Checker):
     """The replay arm's own calls (:meth:`Checker.run_call`: arguments that a call may write
     into are copied first, stochastic calls get their RNG snapshot, ``linear``, ``matmul``
     and attention the recorded ``requires_grad`` flags that pick the forward's kernel) and
-    its comparison, without findings or the perturbation arm. A refresh the store keeps as
-    its writes is made once, as the arm makes it (``replay/written_over.py``)."""
+    its comparison (none of values that may be uninitialised memory), without findings or
+    the perturbation arm. A refresh the store keeps as its writes is made once, as the arm
+    makes it (``replay/written_over.py``)."""
 
     def __init__(self, trace: Any) -> None:
         super().__init__(trace, findings=None, atol=None, rtol=None)
@@ -154,7 +156,14 @@ class _ReplayFloor(Checker):
         if recipe is not None:  # a refresh kept as its writes: made once, as the arm does
             self._made.value(head, recipe)
             return
-        outputs = self.run_call(head, self.parent_values(head))
+        values = self.parent_values(head)
+        outputs = self.run_call(head, values)
         for op in ops:
-            if op.output_index >= len(outputs) or mismatch(outputs[op.output_index], op.out):
+            if op.output_index >= len(outputs):
+                self.differ.append(op.label)
+                continue
+            actual = outputs[op.output_index]
+            if op.func_name in MAY_BE_UNINITIALIZED and value_exempt(op, values, actual):
+                continue  # uninitialised memory: the arm compares its shape and dtype only
+            if mismatch(actual, op.out):
                 self.differ.append(op.label)

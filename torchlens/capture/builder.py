@@ -102,20 +102,15 @@ def _numel_of_value(item: tuple[str, Tensor]) -> int:
 
 
 def _container(value: Tensor, copy: Tensor) -> bool:
-    """Whether ``copy`` (of ``value``) can hold views of other aliases of ``value``'s
-    storage: a plain dense value, copied with its strides."""
-    return (
-        value.layout is torch.strided
-        and not (value.is_quantized or value.is_conj() or value.is_neg())
-        and copy.stride() == value.stride()
-        and dense(_geometry(value) or ((), (), 0))
-    )
+    """Whether ``copy`` (of ``value``) can hold views of the other aliases lying inside
+    ``value``: a dense value, copied with its strides (else only the same view again)."""
+    return copy.stride() == value.stride() and dense(_geometry(value) or ((), (), 0))
 
 
-def _view_inside(value: Tensor, container: Tensor, copy: Tensor) -> Tensor | None:
-    """``value`` as a view of ``copy`` (of ``container``, a :func:`_container` value)
-    when it lives in the same storage, all its elements inside the container's; else
-    None."""
+def _view_inside(value: Tensor, container: Tensor, copy: Tensor, holds: bool) -> Tensor | None:
+    """``value`` as a view of ``copy`` (of ``container``, an alias of the same storage)
+    when it is the same view, or (``holds``: see :func:`_container`) has all its elements
+    inside the container's; else None."""
     if value.dtype != container.dtype or value.layout is not torch.strided:
         return None
     if value.is_quantized or value.is_conj() or value.is_neg():
@@ -124,11 +119,13 @@ def _view_inside(value: Tensor, container: Tensor, copy: Tensor) -> Tensor | Non
     # an edit's replacement, a freed storage whose address was reused)
     if _storage_address(value) != _storage_address(container):
         return None
-    offset, start = value.storage_offset(), container.storage_offset()
-    geometry = _geometry(value)
-    if geometry is None or offset < start:
+    geometry, around = _geometry(value), _geometry(container)
+    if geometry is None or around is None:
         return None
-    if geometry_end(geometry) > geometry_end(_geometry(container)):
+    if geometry == around:
+        return copy
+    offset, start = geometry[2], around[2]
+    if not holds or offset < start or geometry_end(geometry) > geometry_end(around):
         return None
     return copy.as_strided(value.shape, value.stride(), copy.storage_offset() + offset - start)
 
@@ -603,9 +600,10 @@ class TraceBuilder:
     def protect(self, target: Tensor) -> None:
         """Clone every saved alias of ``target``'s storage before it is written in place.
 
-        An alias lying inside the memory of a larger one copied in the same call (a slice
-        of a tensor kept whole, the same view saved twice) becomes the same view of that
-        copy: the elements they shared in the forward stay shared, and are copied once.
+        An alias that is the same view as one copied in the same call, or lies inside
+        the memory of a larger dense one (a slice of a tensor kept whole), becomes that
+        copy or the same view of it: the elements they shared in the forward stay shared,
+        and are copied once.
         """
         key = storage_key(target)
         if key is None:
@@ -627,11 +625,11 @@ class TraceBuilder:
                     intact.append((label, value))
         if len(intact) > 1:
             intact.sort(key=_numel_of_value, reverse=True)
-        copied: list[tuple[Tensor, Tensor]] = []  # (value, its copy) that others may lie in
+        copied: list[tuple[Tensor, Tensor, bool]] = []  # (value, copy, _container)
         for label, value in intact:
             copy = None
-            for container, made in copied:
-                copy = _view_inside(value, container, made)
+            for container, made, holds in copied:
+                copy = _view_inside(value, container, made, holds)
                 if copy is not None:
                     break
             if copy is None:
@@ -644,8 +642,8 @@ class TraceBuilder:
                         f"forward, and {value.dtype} values cannot be copied before that",
                     )  # fmt: skip
                     continue
-                if len(intact) > 1 and len(copied) < _CONTAINERS and _container(value, copy):
-                    copied.append((value, copy))
+                if len(intact) > 1 and len(copied) < _CONTAINERS:
+                    copied.append((value, copy, _container(value, copy)))
             self.store.set(label, copy, version_of(copy))
 
     def record_call(
