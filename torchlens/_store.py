@@ -121,8 +121,9 @@ class MemoryPayloadStore:
     def recipe_of(self, label: str) -> WrittenOver | None:
         """How the value of ``label`` is made (:class:`WrittenOver`), when the store makes
         it so: not made yet, or made and held as made (:meth:`made_from`); else None."""
-        recipe = self.written_over.get(label)
-        return recipe if recipe is not None else self.made_from(label)
+        if label in self.values:  # (a value put in its place wins over the recipe)
+            return self.made_from(label)
+        return self.written_over.get(label)
 
     def made_from(self, label: str) -> WrittenOver | None:
         """How the value served for ``label`` was made (:class:`WrittenOver`), while it and

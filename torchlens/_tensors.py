@@ -8,6 +8,7 @@ import torch
 __all__ = [
     "copy_keeping_layout",
     "dense",
+    "geometry",
     "geometry_end",
     "storage_key",
     "version_of",
@@ -46,6 +47,15 @@ def _untyped_storage_address(tensor: torch.Tensor) -> int:
 
 # private to torch, present since 2.0; the public route where it is gone
 _storage_address = getattr(torch._C, "_storage_address", _untyped_storage_address)
+
+
+def geometry(tensor: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
+    """``(shape, stride, storage_offset)``: where a tensor's elements sit in its storage;
+    None without a plain storage (sparse, nested)."""
+    try:
+        return tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset()
+    except (RuntimeError, NotImplementedError):
+        return None
 
 
 def geometry_end(geometry: tuple) -> int:

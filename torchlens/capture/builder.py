@@ -29,12 +29,13 @@ from torchlens._escapes import short_repr
 from torchlens._store import WrittenOver
 from torchlens._tensors import (
     _storage_address,
-    copy_keeping_layout,
     dense,
     geometry_end,
     storage_key,
     version_of,
 )
+from torchlens._tensors import geometry as _geometry
+from torchlens.capture.alias_copies import copies_before_write
 from torchlens.capture.composite import group_address
 from torchlens.capture.escapes import EscapeHook, type_name
 from torchlens.capture.sinks import PayloadSink
@@ -68,14 +69,6 @@ _first = operator.itemgetter(0)  # (the per-op path: map with these runs no Pyth
 _label = operator.attrgetter("label")
 
 
-def _geometry(tensor: Tensor) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
-    """``(shape, stride, storage_offset)``: where a tensor's elements sit in its storage."""
-    try:
-        return tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset()
-    except (RuntimeError, NotImplementedError):  # sparse, nested tensors
-        return None
-
-
 def _covers(region: tuple | None, base: tuple | None) -> bool:
     """Whether a write at ``region`` reaches every element at ``base`` (both geometries):
     the same layout, or a contiguous region spanning the base's whole extent."""
@@ -92,42 +85,6 @@ def _covers(region: tuple | None, base: tuple | None) -> bool:
     if any(size == 0 for size in base[0]):
         return True
     return offset <= base[2] and geometry_end(base) <= offset + expected
-
-
-_CONTAINERS = 4  # the largest copies of one protect call that later aliases may lie in
-
-
-def _numel_of_value(item: tuple[str, Tensor]) -> int:
-    return item[1].numel()
-
-
-def _container(value: Tensor, copy: Tensor) -> bool:
-    """Whether ``copy`` (of ``value``) can hold views of the other aliases lying inside
-    ``value``: a dense value, copied with its strides (else only the same view again)."""
-    return copy.stride() == value.stride() and dense(_geometry(value) or ((), (), 0))
-
-
-def _view_inside(value: Tensor, container: Tensor, copy: Tensor, holds: bool) -> Tensor | None:
-    """``value`` as a view of ``copy`` (of ``container``, an alias of the same storage)
-    when it is the same view, or (``holds``: see :func:`_container`) has all its elements
-    inside the container's; else None."""
-    if value.dtype != container.dtype or value.layout is not torch.strided:
-        return None
-    if value.is_quantized or value.is_conj() or value.is_neg():
-        return None
-    # (an alias noted under this storage's key may have moved to another storage since:
-    # an edit's replacement, a freed storage whose address was reused)
-    if _storage_address(value) != _storage_address(container):
-        return None
-    geometry, around = _geometry(value), _geometry(container)
-    if geometry is None or around is None:
-        return None
-    if geometry == around:
-        return copy
-    offset, start = geometry[2], around[2]
-    if not holds or offset < start or geometry_end(geometry) > geometry_end(around):
-        return None
-    return copy.as_strided(value.shape, value.stride(), copy.storage_offset() + offset - start)
 
 
 def _intact(value: Tensor | None, saved_version: Any, dtype: torch.dtype) -> bool:
@@ -600,10 +557,8 @@ class TraceBuilder:
     def protect(self, target: Tensor) -> None:
         """Clone every saved alias of ``target``'s storage before it is written in place.
 
-        An alias that is the same view as one copied in the same call, or lies inside
-        the memory of a larger dense one (a slice of a tensor kept whole), becomes that
-        copy or the same view of it: the elements they shared in the forward stay shared,
-        and are copied once.
+        Aliases of one memory are copied together (:func:`copies_before_write`), so
+        memory they shared in the forward is copied once.
         """
         key = storage_key(target)
         if key is None:
@@ -623,27 +578,14 @@ class TraceBuilder:
                     self.store.keep_written_over(label, recipe)
                 else:
                     intact.append((label, value))
-        if len(intact) > 1:
-            intact.sort(key=_numel_of_value, reverse=True)
-        copied: list[tuple[Tensor, Tensor, bool]] = []  # (value, copy, _container)
-        for label, value in intact:
-            copy = None
-            for container, made, holds in copied:
-                copy = _view_inside(value, container, made, holds)
-                if copy is not None:
-                    break
-            if copy is None:
-                try:
-                    copy = copy_keeping_layout(value.detach())
-                except (RuntimeError, NotImplementedError):  # quint4x2 cannot be copied
-                    self.store.mark_missing(
-                        label, "payload_overwritten",
-                        f"the value saved for {label!r} was written in place during the "
-                        f"forward, and {value.dtype} values cannot be copied before that",
-                    )  # fmt: skip
-                    continue
-                if len(intact) > 1 and len(copied) < _CONTAINERS:
-                    copied.append((value, copy, _container(value, copy)))
+        for label, copy in copies_before_write(intact):
+            if copy is None:  # quint4x2 cannot be copied
+                self.store.mark_missing(
+                    label, "payload_overwritten",
+                    f"the value saved for {label!r} was written in place during the "
+                    f"forward, and {values[label].dtype} values cannot be copied before that",
+                )  # fmt: skip
+                continue
             self.store.set(label, copy, version_of(copy))
 
     def record_call(
@@ -765,6 +707,8 @@ class TraceBuilder:
         ``tensor`` as ``op``, and the saved value is the edited one."""
         op.shape, op.dtype, op.device = tuple(tensor.shape), tensor.dtype, tensor.device
         op.requires_grad = tensor.requires_grad
+        if self._recipes:  # (an edited refresh is its edited value, not its writes)
+            self._recipes.pop(op.label, None)
         if self.save_payloads:
             self._save(op.label, tensor, copy=False)
         self._remember(tensor, op.label)
