@@ -102,9 +102,26 @@ class MadeRefreshes:
 
 
 def _alone(tensor: Tensor) -> bool:
-    """Whether nothing but the caller's one name holds ``tensor`` (the names here: the
-    caller's, this parameter, getrefcount's argument) and nothing else its memory."""
-    return sys.getrefcount(tensor) <= 3 and _storage_use_count(_storage_address(tensor)) == 1
+    """Whether nothing but the caller's one name holds ``tensor``, and nothing else its
+    memory (no view of it)."""
+    return (
+        sys.getrefcount(tensor) <= _ONE_NAME and _storage_use_count(_storage_address(tensor)) == 1
+    )
+
+
+def _references_to_one_name() -> int:
+    """What :func:`_alone` counts for a tensor its caller holds under one name: this
+    caller's name, the parameter, getrefcount's argument, where the interpreter counts
+    each (it may borrow some), measured the way :func:`_alone` measures it."""
+    probe = torch.empty(0)
+    return _count_in_callee(probe)
+
+
+def _count_in_callee(tensor: Tensor) -> int:
+    return sys.getrefcount(tensor)
+
+
+_ONE_NAME = _references_to_one_name()
 
 
 def _write_over(value: Tensor, writes: list[tuple[Tensor, tuple]], base: tuple) -> bool:
