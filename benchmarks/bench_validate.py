@@ -15,8 +15,10 @@ A breakdown separates the capture (``tl.trace``) from the model-free arms
 ``floor x`` is the least any validation of this design costs, from floors measured in the
 same rounds (``floors.py``): one plain forward (the ground-truth rerun), plus the graph floor
 (the leanest pure-Python capture with edges and module calls, every output kept), plus the
-replay floor (every recorded call rerun once from its saved values and compared), before a
-single edge is perturbed. A target below it is marked so: no pure-Python work can meet it.
+replay floor (every recorded call rerun once from its saved values and compared, as the
+replay arm does: refreshes kept as writes made once, uninitialised memory not compared),
+before a single edge is perturbed. A target below it is marked so: no pure-Python work can
+meet it.
 Times are the thread's CPU time on one torch thread by default (as in ``bench_hf.py``): on
 a shared machine, time spent descheduled is then not counted against any arm.
 With ``--device cuda`` (a GPU must be present) the models and inputs move to the GPU, every
