@@ -164,6 +164,7 @@ def test_a_long_chain_is_made_without_recursion():
             return total + buf.sum()
 
     trace = tl.trace(ManySteps(), torch.randn(2))
+    assert len(trace.store.written_over) == 2999  # each step kept as the one before + a write
     last = [op.label for op in trace.ops if op.func_name == "refresh"][-1]
     value = trace[last].out
     assert value[:, 0].tolist() == [float(c) for c in range(3000)]
