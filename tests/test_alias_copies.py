@@ -49,3 +49,18 @@ def test_aliases_of_other_storages_or_dtypes_are_never_shared():
     assert len({_base(copy) for copy in copies.values()}) == 3
     torch.testing.assert_close(copies["b"], b, rtol=0, atol=0)
     assert torch.equal(copies["ints"], ints)
+
+
+def test_a_lazily_conjugated_or_negated_view_never_shares_a_copy():
+    """``x`` and ``x.conj()`` lie in one storage with one geometry, but hold other values:
+    neither may be served the other's copy, whichever is copied first."""
+    x = torch.randn(4, dtype=torch.complex64)
+    for aliases in ([("conj", x.conj()), ("x", x)], [("x", x), ("conj", x.conj())]):
+        copies = dict(copies_before_write(aliases))
+        assert torch.equal(copies["x"], x) and not copies["x"].is_conj()
+        assert torch.equal(copies["conj"], x.conj())
+    y = torch.randn(4)
+    negated = torch._neg_view(y)
+    for aliases in ([("neg", negated), ("y", y)], [("y", y), ("neg", negated)]):
+        copies = dict(copies_before_write(aliases))
+        assert torch.equal(copies["y"], y) and torch.equal(copies["neg"], -y)

@@ -73,8 +73,11 @@ def _view_inside(value: Tensor, container: Tensor, copy: Tensor, holds: bool) ->
     inside the container's; else None."""
     if value.dtype != container.dtype or value.layout is not torch.strided:
         return None
-    if value.is_quantized or value.is_conj() or value.is_neg():
-        return None
+    # a lazily conjugated or negated view reads the same memory as other values: only
+    # plain ones share (x and x.conj() lie in one storage, with one geometry)
+    for tensor in (value, container):
+        if tensor.is_quantized or tensor.is_conj() or tensor.is_neg():
+            return None
     # (an alias noted under this storage's key may have moved to another storage since:
     # an edit's replacement, a freed storage whose address was reused)
     if _storage_address(value) != _storage_address(container):
