@@ -77,6 +77,18 @@ def test_a_chain_kept_as_writes_validates_and_its_values_survive_the_replay():
         torch.testing.assert_close(trace[f"refresh_{k}"].out, _rows_written(x, k), rtol=0, atol=0)
 
 
+def test_values_made_before_the_check_are_replayed_and_compared_as_any_other():
+    x = torch.randn(4, 8)
+    trace = tl.trace(RowByRow(), x)
+    made = {label: trace[label].out for label in list(trace.store.written_over)}
+    assert not trace.store.written_over  # read, so made and kept as ordinary values
+    status = check_trace(trace)
+    assert status.state == "passed" and status.replayed == status.ops
+    bad = made["refresh_2"] + 1  # a made value the record no longer gives: caught
+    trace.store.set("refresh_2", bad, bad._version)
+    assert "refresh_2" in {f.label for f in check_trace(trace).failures}
+
+
 def test_the_replay_writes_over_the_previous_step_in_place(monkeypatch):
     """The second and third steps stand on the step before, made by the replay: written
     over it, not copied (the first stands on a saved value, the fourth is saved itself)."""

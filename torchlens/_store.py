@@ -56,8 +56,6 @@ class MemoryPayloadStore:
         # label -> the size of its storage when that held all of it (see _released)
         self._intact: dict[str, int] = {}
         self.written_over: dict[str, WrittenOver] = {}  # label -> how to make its value
-        # label -> (how it was made, the value made, the values it was made from)
-        self._made: dict[str, tuple[WrittenOver, torch.Tensor, tuple[torch.Tensor, ...]]] = {}
 
     def get(self, label: str) -> torch.Tensor:
         value = self.values.get(label)
@@ -98,7 +96,6 @@ class MemoryPayloadStore:
         """Keep ``value`` under ``label``; ``version`` is its version counter now, or None
         for a tensor without one (an inference tensor), which is then served unchecked."""
         self.written_over.pop(label, None)
-        self._made.pop(label, None)
         self.values[label] = value
         if version is not None:
             self.versions[label] = version
@@ -108,35 +105,20 @@ class MemoryPayloadStore:
     def mark_missing(self, label: str, code: str, message: str) -> None:
         self.values.pop(label, None)
         self.written_over.pop(label, None)
-        self._made.pop(label, None)
         self.missing[label] = (code, message)
 
     def keep_written_over(self, label: str, recipe: WrittenOver) -> None:
         """Keep ``label``'s value as ``recipe`` (:class:`WrittenOver`) instead of a tensor."""
         self.values.pop(label, None)
         self.versions.pop(label, None)
-        self._made.pop(label, None)
         self.written_over[label] = recipe
 
     def recipe_of(self, label: str) -> WrittenOver | None:
-        """How the value of ``label`` is made (:class:`WrittenOver`), when the store makes
-        it so: not made yet, or made and held as made (:meth:`made_from`); else None."""
+        """How the value of ``label`` will be made (:class:`WrittenOver`), while it is not
+        made yet; None once it is (it is then a saved value like any other)."""
         if label in self.values:  # (a value put in its place wins over the recipe)
-            return self.made_from(label)
+            return None
         return self.written_over.get(label)
-
-    def made_from(self, label: str) -> WrittenOver | None:
-        """How the value served for ``label`` was made (:class:`WrittenOver`), while it and
-        the values it was made from are the very ones held now; else None. The replay of
-        such a value from the same recipe and values is the value itself."""
-        made = self._made.get(label)
-        if made is None or self.values.get(label) is not made[1]:
-            return None
-        recipe, _, parents = made
-        labels = (recipe.stale, *(writer for writer, _ in recipe.writes))
-        if any(self.values.get(name) is not value for name, value in zip(labels, parents)):
-            return None
-        return recipe
 
     def _make(self, label: str) -> None:
         """Make the value of ``label`` (kept :class:`WrittenOver`), and first those of the
@@ -158,10 +140,7 @@ class MemoryPayloadStore:
                 self.mark_missing(name, error.code, message)
                 raise PayloadUnavailableError(message, code=error.code) from error
             value = write_through(stale, writes, recipe.base)
-            del self.written_over[name]
-            self.values[name] = value
-            self.versions[name] = version_of(value)
-            self._made[name] = (recipe, value, (stale, *(write for write, _ in writes)))
+            self.set(name, value, version_of(value))
 
 
 def _storage_bytes(value: torch.Tensor) -> int | None:

@@ -52,8 +52,9 @@ class MadeRefreshes:
         self._ours: set[str] = set()  # labels whose value in saved was made here
 
     def recipe(self, op: Any) -> WrittenOver | None:
-        """How the store makes ``op``'s value, when that is exactly ``op``'s record (so the
-        value made is its replay); else None (``op`` is replayed as any call)."""
+        """How the store will make ``op``'s value, when that is exactly ``op``'s record
+        (so the value made is its replay); else None (``op`` is replayed as any call: a
+        value made already, by a read before this check, is compared as any other)."""
         recipe_in_store = getattr(self.trace.store, "recipe_of", None)
         recipe = recipe_in_store(op.label) if recipe_in_store is not None else None
         if recipe is None or recipe != recipe_of(op, self.trace):
@@ -65,24 +66,19 @@ class MadeRefreshes:
         arm reads them; raises ``PayloadUnavailableError`` when a saved value is missing."""
         saved = self._saved
         writes = [self._read(writer) for writer, _ in recipe.writes]
-        regions = [region for _, region in recipe.writes]
+        pairs = [(write, region) for write, (_, region) in zip(writes, recipe.writes)]
         if recipe.stale in self._ours and self._over_in_place(op, recipe):
             stale = saved.pop(recipe.stale)
             self._ours.discard(recipe.stale)
-            if _alone(stale) and _write_over(stale, list(zip(writes, regions)), recipe.base):
+            if _alone(stale) and _write_over(stale, pairs, recipe.base):
                 saved[op.label] = stale
                 self._ours.add(op.label)
                 return stale, [stale, *writes]
             saved[recipe.stale] = stale  # (not written: still the stale value)
             self._ours.add(recipe.stale)
-        made = self.trace.store.made_from(op.label) if self.trace.store.has(op.label) else None
         stale = self._read(recipe.stale)
-        if made is not None:  # the store made it already: the same value
-            value = self.trace[op.label].out
-        else:
-            value = write_through(stale, list(zip(writes, regions)), recipe.base)
-            self._ours.add(op.label)
-        saved[op.label] = value
+        value = saved[op.label] = write_through(stale, pairs, recipe.base)
+        self._ours.add(op.label)
         return value, [stale, *writes]
 
     def _read(self, label: str) -> Tensor:
