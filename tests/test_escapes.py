@@ -504,3 +504,38 @@ def test_intermediates_that_drift_by_themselves_are_not_blamed_on_escapes():
     [note] = status.decisions
     assert "with nothing perturbed" in note and "not compared" in note
     assert "completeness arm's notes" in str(status)
+
+
+def _amplified_just_over_the_tolerance(x, lengths):
+    """A constant made from an escaped count moves by less than the float32 tolerance per
+    unit of the count; the op after it triples the move, past the tolerance (Whisper's
+    SpecAugment mask made from ``.tolist()`` lengths, then a dropout's ``1 / (1 - p)``)."""
+    n = int(lengths.sum().item())
+    y = x + torch.full((4,), 0.8e-5 * n)
+    return y * 3
+
+
+def test_a_hidden_edge_is_blamed_where_the_change_began_not_where_it_grew_visible():
+    status = tl.replay(_amplified_just_over_the_tolerance, (torch.zeros(4), torch.tensor([3, 2])))
+    assert status.state == "failed"
+    assert [str(e).split(" at ")[0] for e in status.hidden_edges] == ["sum_1 -> full_1 via .item()"]
+    assert {f.label for f in status.failures if f.arm == "completeness"} == {"full_1"}
+
+
+def _reseeds_from_the_os(x, mask):
+    """Reformer in training: each layer reseeds torch from OS entropy, so no two forwards
+    agree, escape perturbed or not."""
+    if mask.sum().item() < mask.numel():
+        x = x + 1
+    torch.manual_seed(int(torch.seed() % 2**62))
+    return torch.nn.functional.dropout(x, 0.5, training=True) + torch.randn_like(x)
+
+
+def test_a_model_that_differs_from_itself_is_not_blamed_on_its_escapes():
+    mask = torch.ones(2, 4)
+    mask[1, 3] = 0
+    status = tl.replay(_reseeds_from_the_os, (torch.randn(2, 4), mask))
+    assert status.state == "failed"
+    assert {f.arm for f in status.failures} == {"ground_truth"}, str(status)
+    assert not status.hidden_edges
+    assert any("nothing perturbed" in decision for decision in status.decisions)

@@ -304,3 +304,43 @@ def test_part_of_holds_for_views_into_a_dense_parent_only():
     assert not part_of(base.select(1, 3), base[:, ::2])  # a parent with gaps: not proved
     assert not part_of(base.view(torch.int32)[0], base)  # read as another dtype
     assert not part_of(base[:, :0], base)  # no elements
+
+
+def test_bernoulli_with_a_number_p_reads_only_the_shape_of_its_tensor():
+    """SpeechT5's prenet dropout: ``torch.bernoulli(x, p=0.5)`` (and ``x.bernoulli(0.5)``)
+    draw with probability p; x's values are never read, so the edge is exempt, not failed.
+    Without p, x holds the probabilities: that edge is still proved."""
+
+    def masks(x):
+        keep = torch.bernoulli(x[0], p=0.5)
+        return torch.where(keep == 1, x, 0) * 2 + x.bernoulli(0.5)
+
+    torch.manual_seed(0)
+    status = tl.replay(masks, (torch.randn(2, 3, 4),))
+    assert status.state == "passed", str(status)
+    trace = tl.trace(masks, (torch.randn(2, 3, 4),))
+    drawn = [op for op in trace.ops if op.func_name == "bernoulli"]
+    assert len(drawn) == 2
+    assert all("probability" in exempt_reason(op, ["0"]) for op in drawn)
+
+    probabilities = tl.trace(torch.bernoulli, (torch.rand(3, 4),))
+    assert exempt_reason(probabilities["bernoulli_1"], ["0"]) is None
+    status = tl.replay(lambda p: torch.bernoulli(p) + p, (torch.rand(3, 4),))
+    assert status.state == "passed" and status.perturbation_verified == status.ops, str(status)
+
+
+def test_a_nan_source_added_into_nan_rows_is_proved_at_a_neutral_point():
+    """DBRX in float64 with left padding: the padded token's rows are NaN, and an expert's
+    NaN output is index-added into those rows only. No move of an all-NaN source shows at
+    the recorded point (its rows of the target are NaN already); with the target made
+    finite and the source halved (made finite), it does."""
+    rows = torch.tensor([2, 3])
+
+    def experts(x):
+        out = torch.zeros(4, 3)
+        out.index_add_(0, rows, x * 2.0)
+        return out.index_add_(0, rows, x * 3.0)
+
+    status = tl.replay(experts, (torch.full((2, 3), float("nan")),))
+    assert status.state == "passed", str(status)
+    assert not status.unread

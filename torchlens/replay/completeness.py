@@ -202,6 +202,7 @@ class _Arm:
         self.decisions: list[str] = []
         self.edges: list[HiddenEdge] = []
         self._saved_prints: dict[int, list[tuple | None]] = {}  # see _capture_prints
+        self._drifting: set[str] | None = None  # see _without_drift, made on first need
 
     def run(self) -> tuple[list[HiddenEdge], list[str]]:
         pending = set(self.calls)
@@ -267,7 +268,7 @@ class _Arm:
             seen = len({e.call for e in moved.escapes}) if moved is not None else 0
             return self._decided(self._last_before(plan, seen), f"raised {_short(err)}")
         d = _structure_divergence(self.trace, moved)
-        targets = self._targets(moved, d)
+        targets = self._without_drift(self._targets(moved, d))
         if d is None:
             self._attribute(plan, targets)
             return None
@@ -374,25 +375,71 @@ class _Arm:
         return True
 
     def _targets(self, moved: Trace, end: int | None) -> dict[str, int]:
-        """Ops (and constants) of the aligned part that moved while none of their recorded
-        parents did, with their place in op order."""
-        changed: set[str] = set()
-        targets: dict[str, int] = {}
+        """Ops (and constants) of the aligned part where a change began: changed at all
+        while none of their recorded parents did, with their place in op order. Only
+        those whose change grew beyond the tolerance table somewhere (themselves, or an
+        op their change reached) are kept: a change just under the tolerance that a
+        later op amplifies (a dropout's ``1 / (1 - p)``) is blamed where it began, not
+        on the op that made it visible."""
+        tol = self.atol, self.rtol
+        origins: dict[str, frozenset[str]] = {}  # changed record -> where its change began
+        places: dict[str, int] = {}
+        shown: set[str] = set()  # origins whose change grew beyond the tolerance
         for source in self.trace.sources:
             if source.kind == "constant" and source.label in moved:
-                if _record_moved(source, moved[source.label], self.atol, self.rtol):
-                    changed.add(source.label)
+                other = moved[source.label]
+                if _record_moved(source, other, 0.0, 0.0):
+                    origins[source.label] = frozenset({source.label})
                     first = min((self.trace[c].index for c in source.children), default=0)
-                    targets[source.label] = first
+                    places[source.label] = first
+                    if _record_moved(source, other, *tol):
+                        shown.add(source.label)
         for op in self.trace.ops[:end]:
-            if not _record_moved(op, moved[op.label], self.atol, self.rtol):
+            other = moved[op.label]
+            if not _record_moved(op, other, 0.0, 0.0):
                 continue
-            changed.add(op.label)
-            if op.func_name in MAY_BE_UNINITIALIZED:
-                continue  # uninitialised memory differs run to run: it moved by itself
-            if not any(parent in changed for parent in op.parents):
-                targets[op.label] = op.index
-        return targets
+            reached = frozenset().union(*(origins.get(p, ()) for p in op.parents))
+            if not reached:
+                reached = frozenset({op.label})
+                if op.func_name not in MAY_BE_UNINITIALIZED:  # (uninitialised memory
+                    places[op.label] = op.index  # moves by itself: never a target)
+            origins[op.label] = reached
+            if reached - shown and _record_moved(op, other, *tol):
+                shown |= reached
+        return {label: places[label] for label in places if label in shown}
+
+    def _without_drift(self, targets: dict[str, int]) -> dict[str, int]:
+        """``targets`` less those a captured forward with nothing perturbed moves too (a
+        model that reseeds itself from the OS, as Reformer does in training): the model's
+        own, not the escapes'. That forward is made once, and only when there are targets
+        and the ground-truth arm saw the model differ from itself already."""
+        if not targets:
+            return targets
+        if self._drifting is None and not any(
+            failure.arm == "ground_truth" for failure in self.findings.failures
+        ):
+            self._drifting = set()  # (a rerun matched the capture: a deterministic model)
+        if self._drifting is None:
+            control, err = self.runner.captured(Plan(()))
+            if control is None or err is not None:
+                self._drifting = set()
+            else:
+                end = _structure_divergence(self.trace, control)
+                self._drifting = {
+                    record.label
+                    for record in (*self.trace.sources, *self.trace.ops[:end])
+                    if record.label in control
+                    and _record_moved(record, control[record.label], 0.0, 0.0)
+                }
+                if end is not None:  # (past a divergence nothing is compared: keep all)
+                    self._drifting |= {op.label for op in self.trace.ops[end:]}
+            if self._drifting:
+                self.decisions.append(
+                    f"{len(self._drifting)} value(s) differ from the capture's in a captured "
+                    "forward with nothing perturbed (state kept between calls, or randomness "
+                    "the model draws from outside torch's seed): they are not blamed on escapes"
+                )
+        return {label: at for label, at in targets.items() if label not in self._drifting}
 
     # -- hidden edges ---------------------------------------------------------------------
     def _attribute(self, plan: Plan, targets: dict[str, int], data_only: bool = False) -> None:
@@ -410,7 +457,8 @@ class _Arm:
             for call in moved[:MAX_ATTRIBUTION_RUNS]:
                 alone, err = self.runner.captured(Plan({call}))
                 if alone is not None and err is None:
-                    found[call] = self._targets(alone, _structure_divergence(self.trace, alone))
+                    end = _structure_divergence(self.trace, alone)
+                    found[call] = self._without_drift(self._targets(alone, end))
             attributed = {t for ts in found.values() for t in ts}
             for target, index in targets.items():
                 before = [c for c in moved if self.calls[c][0].index <= index]

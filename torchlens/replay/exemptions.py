@@ -93,6 +93,11 @@ def _arg(op: Any, index: int, name: str, default: Any) -> Any:
     return _argument(op.args_template, op.kwargs_template, index, name, default)
 
 
+def _is_number(value: Any) -> bool:
+    """A recorded argument that is a plain number (a tensor argument is a slot)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _running_statistics(op: Any, aten_style: Any) -> frozenset[str]:
     """Where the running statistics sit: 1 and 2 in ``F.batch_norm``/``F.instance_norm``,
     3 and 4 in ``torch.batch_norm``/``torch.instance_norm`` and their aten overloads
@@ -134,6 +139,12 @@ PERTURBATION_EXEMPT: dict[str, Exemption] = {
         _OVERWRITES,
     ),
     "to": Exemption(f"x.to(other): {_SHAPE_ONLY}", _pos("1", "other")),
+    "bernoulli": Exemption(
+        f"bernoulli(x, p) with a number p draws each element with that probability: "
+        f"{_SHAPE_ONLY}",
+        _pos("0", "input", "self"),
+        when=lambda op: _is_number(_arg(op, 1, "p", None)),
+    ),
     "refresh": Exemption(
         "keeps no element of the stale value: a recorded write covered every element of it",
         _pos("0"),

@@ -58,8 +58,11 @@ SLICED_PROBES = (*QUICK_PROBES, "nan")
 # ones false; a huge value outweighs a huge partner (``1e20 + x``); a random point breaks
 # ties a broadcast noise keeps (arg-max along a constant column).
 BATTERY = (*SLICED_PROBES, "sign", "zero", "large", "random", "inf")
-# Tried at neutral points (the other arguments replaced by fresh finite values).
-NEUTRAL_PROBES = ("noise", "sign", "nan")
+# Tried at neutral points (the other arguments replaced by fresh finite values). Halving and
+# a random point make a parent that is NaN everywhere finite: NaN rows of a padded token
+# that an MoE adds into rows of its target already NaN show the edge only where both the
+# target and the parent are finite (DBRX in float64 with left padding).
+NEUTRAL_PROBES = ("noise", "sign", "nan", "half", "random")
 
 
 class Perturber:
