@@ -19,6 +19,12 @@ they undercount, which is what a floor should do.
   values and each output compared with its saved value (a byte compare where the value is
   bit for bit the same), as the replay arm runs and compares them: the least a per-op
   replay check runs, with no perturbation and no findings.
+* :func:`check_floor`: the replay floor, and in the same pass every edge the perturbation
+  arm can only prove with a call (not exempt by its table or argument kind, the output not
+  the parent's own memory, the parent not shown by a refresh's recorded writes: the arm's
+  own rules) probed once, at the first point the arm probes it (a sliced point where the
+  arm's cut rules allow one, else the recorded call), as the arm probes it. The least an
+  arm that proves each edge by moving its parent runs: no second probe, no findings.
 """
 
 from __future__ import annotations
@@ -31,11 +37,13 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from torchlens.replay.edges import _Points, _Trial
 from torchlens.replay.exemptions import MAY_BE_UNINITIALIZED, value_exempt
 from torchlens.replay.interpreter import Checker
+from torchlens.replay.memory import surviving_parents
 from torchlens.replay.tolerances import mismatch
 
-__all__ = ["count_floor", "graph_floor", "replay_floor"]
+__all__ = ["check_floor", "count_floor", "graph_floor", "replay_floor"]
 
 Tensor = torch.Tensor
 _TENSOR_TYPES = (Tensor, nn.Parameter)
@@ -138,23 +146,37 @@ def replay_floor(trace: Any) -> list[str]:
     return floor.differ
 
 
+def check_floor(trace: Any) -> tuple[list[str], int]:
+    """The replay floor with each edge that needs a call probed once (see the module
+    docstring); returns the labels the replay found differing and how many probed edges
+    did not move (both empty or zero for a faithful trace whose edges all move at once)."""
+    floor = _ReplayFloor(trace, probe=True)
+    with torch.no_grad():
+        floor.run()
+    return floor.differ, floor.unmoved
+
+
 class _ReplayFloor(Checker):
     """The replay arm's own calls (:meth:`Checker.run_call`: arguments that a call may write
     into are copied first, stochastic calls get their RNG snapshot, ``linear``, ``matmul``
     and attention the recorded ``requires_grad`` flags that pick the forward's kernel) and
     its comparison (none of values that may be uninitialised memory), without findings or
-    the perturbation arm. A refresh the store keeps as its writes is made once, as the arm
-    makes it (``replay/written_over.py``)."""
+    (unless ``probe``) the perturbation arm. A refresh the store keeps as its writes is
+    made once, as the arm makes it (``replay/written_over.py``)."""
 
-    def __init__(self, trace: Any) -> None:
+    def __init__(self, trace: Any, probe: bool = False) -> None:
         super().__init__(trace, findings=None, atol=None, rtol=None)
         self.differ: list[str] = []
+        self.probe, self.unmoved = probe, 0
+        self._later: list[tuple[Any, Any, list[list[int]]]] = []  # calls with a sliced point
 
     def visit(self, ops: list[Any]) -> None:
         head = ops[0]
         recipe = self._made.recipe(head) if head.func_name == "refresh" else None
         if recipe is not None:  # a refresh kept as its writes: made once, as the arm does
-            self._made.value(head, recipe)
+            value, values = self._made.value(head, recipe)
+            if self.probe:
+                self._probe(head, values, [value])
             return
         values = self.parent_values(head)
         outputs = self.run_call(head, values)
@@ -167,3 +189,43 @@ class _ReplayFloor(Checker):
                 continue  # uninitialised memory: the arm compares its shape and dtype only
             if mismatch(actual, op.out):
                 self.differ.append(op.label)
+        if self.probe:
+            self._probe(head, values, outputs)
+
+    def run(self) -> None:
+        super().run()
+        for head, points, pending in self._later:  # (as the arm defers them: see edges.py)
+            self._settle(head, points, pending)
+        self._later.clear()
+
+    def _probe(self, head: Any, values: list[Tensor], outputs: list[Tensor]) -> None:
+        """Probe once, at the arm's first point, each edge of the call the arm proves with
+        a call; a call with a sliced point later, after the whole replay, as the arm does."""
+        edges = self.edges
+        shown = surviving_parents(head, self.trace) if head.func_name == "refresh" else ()
+        slots: dict[str, list[int]] = {}
+        for i, ref in enumerate(head.parent_args):
+            slots.setdefault(ref[0], []).append(i)
+        pending = [
+            indices
+            for label, indices in slots.items()
+            if label not in shown
+            and not edges._without_calls(head, label, indices, values, outputs, None)
+        ]
+        if not pending:
+            return
+        points = _Points(edges, head, values, outputs)
+        if points.sliceable:
+            self._later.append((head, points, pending))
+        else:
+            self._settle(head, points, pending)
+
+    def _settle(self, head: Any, points: Any, pending: list[list[int]]) -> None:
+        for indices in pending:
+            for point_values, baselines, recorded in points:
+                trial = _Trial(indices)
+                if not self.edges._effect(
+                    head, point_values, indices, "noise", baselines, trial, recorded
+                ):
+                    self.unmoved += 1
+                break

@@ -20,6 +20,7 @@ except ImportError:  # repository root not on sys.path (e.g. bare `pytest`)
 
 floors = load_benchmark("floors")
 count_floor, graph_floor, replay_floor = floors.count_floor, floors.graph_floor, floors.replay_floor
+check_floor = floors.check_floor
 
 
 def _model() -> tuple[nn.Module, torch.Tensor]:
@@ -64,3 +65,16 @@ def test_replay_floor_compares_what_the_replay_arm_compares():
     assert trace.store.written_over  # the channel loop's refreshes, kept as writes
     assert replay_floor(trace) == []
     assert check_trace(trace).state == "passed"
+
+
+def test_check_floor_replays_and_probes_each_edge_that_needs_a_call_once():
+    """Every edge of the conv net moves at the first probe, and the saved values stay as
+    saved (the in-place ReLU's probe ran on a copy); an edge that ``x * 0`` silences is
+    counted unmoved, so the floor really calls and compares."""
+    model, x = _model()
+    trace = tl.trace(model, x)
+    before = {op.label: op.out.clone() for op in trace.ops}
+    assert check_floor(trace) == ([], 0)
+    assert all(torch.equal(trace[label].out, value) for label, value in before.items())
+    silenced = tl.trace(lambda a, b: a * 0.0 + b, (torch.randn(3), torch.randn(3)))
+    assert check_floor(silenced) == ([], 1)
