@@ -344,3 +344,60 @@ def test_a_nan_source_added_into_nan_rows_is_proved_at_a_neutral_point():
     status = tl.replay(experts, (torch.full((2, 3), float("nan")),))
     assert status.state == "passed", str(status)
     assert not status.unread
+
+
+def test_deepcopy_records_only_the_tensor_it_copies():
+    """``copy.deepcopy`` of an object holding tensors (a diffusers scheduler copied inside a
+    sampling loop) passes each tensor its memo, which holds the copies made so far and the
+    originals: those are not read, so they are not parents, and the loop validates."""
+    import copy
+
+    class Holder:
+        def __init__(self) -> None:
+            self.a, self.b, self.c = (torch.linspace(i, i + 1, 5) for i in range(3))
+
+    held = Holder()
+
+    def step(x):
+        own = copy.deepcopy(held)
+        return x * own.a + own.b * own.c
+
+    trace = tl.trace(step, (torch.randn(5),))
+    copies = [op for op in trace.ops if op.func_name == "deepcopy"]
+    assert len(copies) == 3 and all(len(op.parents) == 1 for op in copies)
+    assert all(trace[op.parents[0]].kind == "constant" for op in copies)
+    status = tl.replay(step, (torch.randn(5),))
+    assert status.state == "passed", str(status)
+
+
+def test_a_jagged_nested_tensor_chain_validates():
+    """``torch.nested`` jagged tensors: ``_nested_view_from_jagged`` gets a dummy tensor
+    that only carries its ragged size; its edge is exempt, not failed."""
+
+    def nested(a, b):
+        jagged = torch.nested.nested_tensor([a, b], layout=torch.jagged) * 2
+        return torch.cat([t.sum(0, keepdim=True) for t in jagged.unbind()])
+
+    args = (torch.randn(3, 4), torch.randn(5, 4))
+    tl.trace(nested, args)  # (torch makes the dummy once, on first use)
+    status = tl.replay(nested, args)
+    assert status.state == "passed", str(status)
+    trace = tl.trace(nested, args)
+    views = [op for op in trace.ops if op.func_name == "_nested_view_from_jagged"]
+    assert views and all("dummy" in exempt_reason(op, ["2"]) for op in views)
+
+
+def test_a_write_through_a_view_of_another_dtype_is_unverified_never_failed():
+    """``z.real.mul_(2)`` writes a complex tensor through a float view: its refresh is not
+    replayed (writes are redone between views of one dtype), so it is unverified, with
+    the reason, and the ground truth still checks the output."""
+
+    def doubled_real(x):
+        z = torch.complex(x, x * 2)
+        z.real.mul_(2)
+        return z.abs()
+
+    status = tl.replay(doubled_real, (torch.randn(4),))
+    assert status.state == "unverified" and not status.failures, str(status)
+    assert any("another dtype" in gap.reason for gap in status.unchecked)
+    assert "ground_truth" in status.arms

@@ -52,11 +52,13 @@ from torchlens.trace import (
     Trace,
 )
 
-__all__ = ["TraceBuilder", "REFRESH_FUNC_NAME", "UNSEEN_COMPUTATION"]
+__all__ = ["TraceBuilder", "REFRESH_FUNC_NAME", "TRANSFORM_RESULT", "UNSEEN_COMPUTATION"]
 
 Tensor = torch.Tensor
 REFRESH_FUNC_NAME = "refresh"  # a value changed by a write the capture could not attribute
 UNSEEN_COMPUTATION = "unseen computation"  # the path of a constant with autograd history
+# the path of a constant first seen after calls inside a torch.func transform
+TRANSFORM_RESULT = "after a torch.func transform"
 _KEPT_AS_IS = frozenset({Tensor, nn.Parameter})  # saved undetached; see _save
 _ASK: Any = object()  # an argument the callee reads itself (a version counter not read yet)
 # the version noted for an op's output (not in place) that is an nn.Parameter the capture
@@ -117,6 +119,9 @@ class TraceBuilder:
     # refresh label -> how to make its value from saved ones (_keep_as_writes), until
     # protect keeps it so: a class default too, set on the instance at the first
     _recipes: dict[str, WrittenOver] | None = None
+    # whether calls ran inside a torch.func transform (vmap, grad), unrecorded: the
+    # constants first seen after that may be what it returned (note_transform_call)
+    _transformed = False
 
     def __init__(
         self,
@@ -283,8 +288,18 @@ class TraceBuilder:
             return same
         label = self._new_label("constant")
         unseen = tensor.grad_fn is not None and self._made_during_forward(tensor)
-        self._add_source(label, "constant", UNSEEN_COMPUTATION if unseen else "closure", tensor)
+        if unseen:
+            path = UNSEEN_COMPUTATION
+        else:
+            path = TRANSFORM_RESULT if self._transformed else "closure"
+        self._add_source(label, "constant", path, tensor)
         return label
+
+    def note_transform_call(self) -> None:
+        """A call ran inside a ``torch.func`` transform, unrecorded (its values are
+        per-sample views): a constant first seen from now on may be what the transform
+        returned, with its dependencies out of the record."""
+        self._transformed = True
 
     def _current_weight(self, tensor: Tensor) -> str | None:
         """The label of ``tensor`` as a parameter or buffer of a module whose call is open,

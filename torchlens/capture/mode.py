@@ -55,7 +55,10 @@ class CaptureMode(TorchFunctionMode):
         except (KeyError, TypeError):
             info = func_info(func)
         if info.never_tensor or functorch_level() != self._level:
-            if info.escape is not None and functorch_level() == self._level:
+            if functorch_level() != self._level:  # inside torch.func.vmap, grad, ...
+                if not info.never_tensor:
+                    self.builder.note_transform_call()
+            elif info.escape is not None:
                 return escape_call(self.builder, info.escape, func, args, kwargs)
             return func(*args, **kwargs) if kwargs else func(*args)
         kwargs = kwargs or {}
@@ -64,7 +67,9 @@ class CaptureMode(TorchFunctionMode):
         if info.inplace and not args and kwargs:  # torch.nn.init passes tensor=...
             args, kwargs = _target_first(args, kwargs)
         try:
-            parent_args, args_template, kwargs_template = self.builder.arguments(args, kwargs)
+            parent_args, args_template, kwargs_template = self.builder.arguments(
+                _read_arguments(func, args), kwargs
+            )
         except RuntimeError as err:  # a strided nested tensor has no sizes to record
             _refuse_nested(err, [t for _, t in flatten_call(args, kwargs)[0]])
         targets = _inplace_targets(info.inplace, args, kwargs) if info.inplace or kwargs else ()
@@ -162,6 +167,16 @@ def _refuse_nested(err: RuntimeError, tensors: list[Tensor]) -> None:
     raise err
 
 
+def _read_arguments(func: Callable[..., Any], args: tuple) -> tuple:
+    """The arguments a call reads: ``Tensor.__deepcopy__(memo)`` is recorded with an empty
+    memo, since the memo (what ``copy.deepcopy`` copied so far, and the originals it keeps
+    alive) holds tensors the copy never reads; replay copies with a fresh one."""
+    if func is _DEEPCOPY and len(args) > 1:
+        return (args[0], {})
+    return args
+
+
+_DEEPCOPY = Tensor.__deepcopy__
 _TARGET_KEYWORDS = ("tensor", "input")  # how an in-place call may name its target
 
 

@@ -11,7 +11,7 @@ import torch
 
 from torchlens.capture import rng
 from torchlens.capture.api import normalize_call, trace_for_check
-from torchlens.capture.builder import UNSEEN_COMPUTATION
+from torchlens.capture.builder import TRANSFORM_RESULT, UNSEEN_COMPUTATION
 from torchlens.capture.refusals import check_traceable
 from torchlens.capture.session import refuse_reentry, suspended
 from torchlens.errors import InvalidArgumentError
@@ -244,6 +244,13 @@ def _check_payloads(trace: Any, findings: Findings, atol, rtol) -> tuple[str, ..
                 "out of the capture's sight (a TorchScript function, a C++ extension), or "
                 "kept from an earlier call; the ops that made it may be missing",
             )  # fmt: skip
+        elif source.path == TRANSFORM_RESULT:
+            findings.decisions.append(
+                f"{source.label} was first seen after calls inside a torch.func transform "
+                "(vmap, grad), which the capture does not record: if the transform made it, "
+                "what it was computed from has no edge to it (compute it outside the "
+                "transform to have it recorded)"
+            )
     if trace.structure_only:
         return ("lint",)
     with suspended(), torch.no_grad():

@@ -139,6 +139,10 @@ PERTURBATION_EXEMPT: dict[str, Exemption] = {
         _OVERWRITES,
     ),
     "to": Exemption(f"x.to(other): {_SHAPE_ONLY}", _pos("1", "other")),
+    "_nested_view_from_jagged": Exemption(
+        "a jagged view's dummy: a placeholder torch passes for its symbolic sizes, never read",
+        _pos("2", "dummy"),
+    ),
     "bernoulli": Exemption(
         f"bernoulli(x, p) with a number p draws each element with that probability: "
         f"{_SHAPE_ONLY}",

@@ -98,7 +98,8 @@ class ReplayStatus:
     hidden_edges: list = field(default_factory=list)
     # escapes whose value decides which ops run (if t.any():, assert), with their lines:
     # the recorded graph is the branch taken, so they are noted, not failed; and the
-    # completeness arm's notes of what it left unchecked
+    # completeness arm's notes of what it left unchecked, and constants first seen after a
+    # torch.func transform (the capture does not record inside one)
     decisions: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
