@@ -160,3 +160,53 @@ def test_a_trace_that_saved_only_the_block_outputs_is_enough(name, block):
         lean = tl.trace(model, ids, save=tl.module(type=block).output)
     assert sum(op.has_out for op in lean) == 3
     torch.testing.assert_close(edits.logit_lens(lean).logits, edits.logit_lens(full).logits)
+
+
+class _OnePlusNorm(nn.Module):
+    """Gemma's RMSNorm: the weight is read as ``1 + w``, an op on a parameter alone."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(width) * 0.1)
+
+    def forward(self, x):
+        scaled = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return scaled * (1.0 + self.weight.float())
+
+
+class _Block(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+
+    def forward(self, x):
+        return x + self.fc(x).tanh()
+
+
+class _GemmaStyle(nn.Module):
+    def __init__(self, width: int = 8, vocab: int = 11) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(_Block(width) for _ in range(2))
+        self.norm, self.head = _OnePlusNorm(width), nn.Linear(width, vocab)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(self.norm(x))
+
+
+def test_values_save_left_out_of_the_readout_are_remade_from_the_saved_ones():
+    """Gemma and T5: the readout reads ``1 + weight`` (or a constant made in the forward),
+    which ``save=`` of the blocks' outputs leaves out; the lens remakes it from the
+    parameter instead of refusing, and gives the full trace's logits."""
+    torch.manual_seed(0)
+    model, x = _GemmaStyle().eval(), torch.randn(2, 3, 8)
+    with torch.no_grad():
+        full = tl.trace(model, x)
+        lean = tl.trace(model, x, save=tl.module(type="_Block").output)
+    [one_plus] = [op for op in lean if op.func_name == "add" and op.parents == ("float_1",)]
+    assert lean["float_1"].parents == ("norm.weight",)
+    assert not one_plus.has_out  # (it reads the parameter alone: not a block output)
+    torch.testing.assert_close(
+        edits.logit_lens(lean).logits, edits.logit_lens(full).logits, rtol=0, atol=0
+    )

@@ -60,19 +60,51 @@ class _WhatIf(Interpreter):
         self.new: dict[str, Tensor] = {}  # label -> value that differs from the saved one
         self.edited: list[str] = []
         self.aliased: dict[str, Any] = {}  # edited ops that returned their argument
+        self.unsaved: dict[str, Tensor] = {}  # label -> value save= left out, remade
 
     def value(self, label: str) -> Tensor:
         new = self.new.get(label)
+        if new is None:
+            new = self.unsaved.get(label)
         if new is not None:
             return new
         try:
             return self.trace[label].out
         except PayloadUnavailableError as err:
+            if err.code == "not_saved" and self._recompute_unsaved(label):
+                return self.unsaved[label]
             raise PayloadUnavailableError(
                 f"rerun needs the saved value of {label!r}, an input of a recomputed op: {err}; "
                 "trace without save= or structure_only= to edit after the fact",
                 code=err.code,
             ) from None
+
+    def _recompute_unsaved(self, label: str) -> bool:
+        """Make the value of ``label``, which ``save=`` left out and no edit reaches, from
+        the saved values upstream of it (a norm's ``1 + weight`` beside the blocks' saved
+        outputs): each op between them run once, in order, as the forward ran it. False
+        when one of them cannot be (a source, a random call, a refresh) or nothing saved
+        is upstream."""
+        store, todo, seen, stack = self.trace.store, [], set(), [label]
+        while stack:
+            name = stack.pop()
+            if name in seen or name in self.unsaved or name in self.new or store.has(name):
+                continue
+            seen.add(name)
+            record = self.trace[name]
+            func = getattr(record, "func", None)
+            if func is None or record.rng_state is not None or record.is_inplace:
+                return False
+            todo.append(record)
+            stack.extend(ref.label for ref in record.parent_args)
+        for op in sorted(todo, key=lambda record: record.index):
+            values = [self.value(ref.label) for ref in op.parent_args]
+            if op.func_name in MUTATES_ARGUMENTS:
+                values = [v.clone() for v in values]
+            with torch.no_grad():
+                outputs = self.execute(op, values)
+            self.unsaved[op.label] = outputs[op.output_index]
+        return True
 
     def visit(self, ops: list[Any]) -> None:
         head = ops[0]
