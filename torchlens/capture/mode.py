@@ -55,10 +55,9 @@ class CaptureMode(TorchFunctionMode):
         except (KeyError, TypeError):
             info = func_info(func)
         if info.never_tensor or functorch_level() != self._level:
-            if functorch_level() != self._level:  # inside torch.func.vmap, grad, ...
-                if not info.never_tensor:
-                    self.builder.note_transform_call()
-            elif info.escape is not None:
+            if not info.never_tensor:  # (so a deeper level: inside torch.func.vmap, grad)
+                self.builder.note_transform_call()
+            elif info.escape is not None and functorch_level() == self._level:
                 return escape_call(self.builder, info.escape, func, args, kwargs)
             return func(*args, **kwargs) if kwargs else func(*args)
         kwargs = kwargs or {}
