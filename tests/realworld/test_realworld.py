@@ -22,9 +22,12 @@ import torchlens as tl
 from torchlens.capture.roots import method_owner
 
 try:
+    from tests._capture_agreement import assert_record_agrees
     from tests.realworld.cases import CASES, CASES_BY_NAME, FAMILIES, missing_packages
 except ImportError:  # repository root not on sys.path (e.g. bare `pytest`)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from _capture_agreement import assert_record_agrees
     from cases import CASES, CASES_BY_NAME, FAMILIES, missing_packages
 
 REQUIRED_TAGS = {
@@ -54,6 +57,20 @@ def test_real_model_validates(case, one_thread):
     model, args, kwargs = case.build()
     status = tl.replay(model, args, kwargs)
     assert status.state == "passed", f"{case.name}:\n{status}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+def test_record_labels_ops_as_trace_does(case, one_thread):
+    """One capture path (issue 49): ``tl.record`` gives every op of a real model the
+    label, index, function and module calls ``tl.trace`` gives it (``tl.extract`` and
+    ``find_nonfinite`` count through ``tl.record``'s mode)."""
+    if "transformers" in case.needs:
+        pytest.importorskip("transformers")
+    missing = missing_packages(case)
+    if missing:
+        pytest.skip(f"{case.name} needs {', '.join(missing)}")
+    assert_record_agrees(case.build)
 
 
 def _named_weights(model, trace) -> tuple[set[str], set[str]]:
