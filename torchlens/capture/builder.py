@@ -38,6 +38,7 @@ from torchlens._tensors import geometry as _geometry
 from torchlens.capture.alias_copies import copies_before_write
 from torchlens.capture.composite import group_address
 from torchlens.capture.escapes import EscapeHook, type_name
+from torchlens.capture.labels import Labeler
 from torchlens.capture.sinks import PayloadSink
 from torchlens.capture.source import caller_line
 from torchlens.capture.tree import _POSITIONS, _SLOTS, ATOMS, flatten_call, plain_slice
@@ -169,7 +170,7 @@ class TraceBuilder:
         # call count at that time: writes into its storage after it are what a refresh redoes)
         self._live: dict[int, tuple] = {}
         self._owned: dict[int, tuple[str, str, Tensor]] = {}  # id -> (kind, address, tensor)
-        self._name_counts: dict[str, int] = defaultdict(int)
+        self.labeler = Labeler(self._records)  # op labels, as every capture counts them
         # storage -> the labels of the saved values aliasing it: one label, or a list of them
         self._aliases: dict[int, str | list[str]] = {}
         # storage -> [(call count, label)] of the in-place writes into it, in order
@@ -208,6 +209,7 @@ class TraceBuilder:
                 return
             modules = named_modules(model)
         self.named_modules = modules
+        self.labeler.reserve(modules)
         self._owned = owned_tensors(self.named_modules)
         self.model_buffers = [t for kind, _, t in self._owned.values() if kind == "buffer"]
 
@@ -215,6 +217,7 @@ class TraceBuilder:
         """Know modules first seen during the forward (``(address, module)``, their
         addresses given by ``capture/roots.py``): their weights are named by address."""
         self.named_modules = [*self.named_modules, *modules]
+        self.labeler.reserve(modules)
         for key, entry in owned_tensors(modules).items():
             if key not in self._owned:
                 self._owned[key] = entry
@@ -226,7 +229,7 @@ class TraceBuilder:
         known = self._current_label(tensor)
         if known is not None:  # the same tensor passed twice is one source
             return known
-        label = self._new_label("input")
+        label = self.labeler.new("input")
         self._add_source(label, "input", path, tensor)
         self.input_labels.append(label)
         return label
@@ -276,7 +279,7 @@ class TraceBuilder:
         owned = self._owned.get(id(tensor))
         if owned is not None and owned[2] is tensor:
             kind, address, _ = owned
-            label = address if address not in self._records else self._new_label(address)
+            label = address if address not in self._records else self.labeler.new(address)
             self._add_source(label, kind, address, tensor)
             return label
         weight = self._current_weight(tensor)
@@ -286,7 +289,7 @@ class TraceBuilder:
         if same is not None:  # a recorded value under another object (as_subclass)
             self._remember(tensor, same)
             return same
-        label = self._new_label("constant")
+        label = self.labeler.new("constant")
         unseen = tensor.grad_fn is not None and self._made_during_forward(tensor)
         if unseen:
             path = UNSEEN_COMPUTATION
@@ -348,7 +351,7 @@ class TraceBuilder:
             ):
                 self._remember(tensor, address)
                 return address
-        label = address if address not in self._records else self._new_label(address)
+        label = address if address not in self._records else self.labeler.new(address)
         self._add_source(label, kind, address, tensor)
         return label
 
@@ -623,7 +626,7 @@ class TraceBuilder:
             return [self._new_op(name, func, args_template, kwargs_template, parent_args,
                                  outputs[0], 0, False, None, rng_state)]  # fmt: skip
         multi = len(outputs) > 1
-        base = self._new_label(name)
+        base = self.labeler.new(name)
         ops = []
         for output_index, tensor in enumerate(outputs):
             label = f"{base}:{output_index}" if multi else base
@@ -652,7 +655,7 @@ class TraceBuilder:
         label: str | None = None,
         rng_state: dict[str, Tensor] | None = None,
     ) -> Op:
-        label = label or self._new_label(name)
+        label = label or self.labeler.new(name)
         if len(parent_args) == 1:
             parents: tuple[str, ...] = (parent_args[0][0],)
         else:
@@ -768,14 +771,6 @@ class TraceBuilder:
             self._versions[label] = version
         elif label in self._versions:  # a copy without a version replaced a versioned alias
             del self._versions[label]
-
-    def _new_label(self, name: str) -> str:
-        self._name_counts[name] += 1
-        label = f"{name}_{self._name_counts[name]}"
-        while label in self._records:  # a parameter address can look like an op label
-            self._name_counts[name] += 1
-            label = f"{name}_{self._name_counts[name]}"
-        return label
 
     # -- escapes --------------------------------------------------------------------------
     def record_escape(self, via: str, tensors: Sequence[Tensor], value: Any) -> Any:

@@ -17,7 +17,7 @@ import torch
 
 from torchlens.capture.tree import flatten_call
 
-__all__ = ["escape_call", "EscapeHook", "type_name"]
+__all__ = ["escape_call", "escaped_tensors", "EscapeHook", "type_name"]
 
 # called as hook(call number, value) with the Python value an escape gave; returns the
 # value the model gets instead (validation's completeness arm perturbs escaped values)
@@ -28,10 +28,15 @@ def escape_call(builder: Any, via: str, func: Callable[..., Any], args: tuple, k
     """Run an escaping call and record it: the value goes back to the model as it is
     (or as the builder's ``escape_hook`` replaces it)."""
     value = func(*args, **kwargs) if kwargs else func(*args)
-    tensors = [t for _, t in flatten_call(args, kwargs or {})[0] if isinstance(t, torch.Tensor)]
+    tensors = escaped_tensors(args, kwargs)
     if not tensors:
         return value
     return builder.record_escape(via, tensors, value)
+
+
+def escaped_tensors(args: tuple, kwargs: dict | None) -> list[torch.Tensor]:
+    """The tensors whose values an escaping call reads, in the order they are recorded."""
+    return [t for _, t in flatten_call(args, kwargs or {})[0] if isinstance(t, torch.Tensor)]
 
 
 def type_name(value: Any) -> str:

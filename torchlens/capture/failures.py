@@ -22,7 +22,6 @@ from torchlens.errors import TorchLensError
 __all__ = [
     "attach_partial_trace",
     "note_model_error",
-    "note_record_error",
     "trim_torchlens_frames",
 ]
 
@@ -37,15 +36,7 @@ def note_model_error(err: BaseException, builder: Any, func_name: str) -> None:
 
     Called only on the error path, so it costs the capture nothing per op.
     """
-    label = f"{func_name}_{builder._name_counts.get(func_name, 0) + 1}"  # its would-be label
-    _note(err, label, builder.module_stack)
-
-
-def note_record_error(
-    err: BaseException, counts: dict[str, int], stack: Sequence[tuple[str, int]], name: str
-) -> None:
-    """:func:`note_model_error` for ``tl.record``, which counts labels itself."""
-    _note(err, f"{name}_{counts.get(name, 0) + 1}", stack)
+    _note(err, builder.labeler.peek(func_name), builder.module_stack)  # its would-be label
 
 
 def _note(err: BaseException, label: str, stack: Sequence[tuple[str, int]]) -> None:

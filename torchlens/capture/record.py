@@ -76,6 +76,7 @@ def record(
     args, kwargs = normalize_call(args, kwargs, model)
     controls = Controls(save, intervene, stop_after)
     mode = RecordMode(controls)
+    mode.add_inputs(args, kwargs)
     output = None
     try:
         with controls.halting(model, walked.modules), _recording(model, mode, root=walked):
@@ -85,6 +86,8 @@ def record(
         raise
     if mode.halt_pending:  # halted on the forward's last op: the output is not returned
         output = None
+    elif output is not None:  # the outputs are read as the trace reads them at its end
+        mode.read([t for _, t in flatten(output)[0]])
     _protect_kept(mode, mode.modules, args, kwargs, output)
     meta = {"n_ops": mode.n_ops, **controls.meta()}
     controls.check(lambda: _candidates(model, mode))

@@ -1,9 +1,12 @@
 """The lean function mode behind ``tl.record``: count every op, do work only for matches.
 
-Labels are counted exactly as :class:`~torchlens.capture.builder.TraceBuilder` counts them
-(same names from :func:`~torchlens.capture.naming.func_info`, one counter per name, ``:k`` for
-the outputs of multi-output calls), so a label means the same op in a recording and in a
-trace. Nothing else is kept for an unmatched op: no graph, no parents, no argument templates.
+Labels are counted by the same :class:`~torchlens.capture.labels.Labeler` as
+:class:`~torchlens.capture.builder.TraceBuilder` counts them (same names from
+:func:`~torchlens.capture.naming.func_info`, one counter per name, ``:k`` for the outputs of
+multi-output calls), and a value changed behind the capture's back is counted as the
+``refresh`` op a trace records (:class:`~torchlens.capture.live.LiveVersions`), so a label
+and an index mean the same op in a recording and in a trace. Nothing else is kept for an
+unmatched op: no graph, no parents, no argument templates.
 
 The per-op path is ordered by cost. A function name that no rule can match (see
 :attr:`~torchlens.selectors.Selector.func_names`) is dismissed with one dict lookup; for rules
@@ -14,6 +17,7 @@ only the rest build an :class:`~torchlens.recording.OpView` to ask.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -24,14 +28,18 @@ from torch.overrides import TorchFunctionMode
 from torchlens._tensors import storage_key, version_of
 from torchlens.capture.composite import group_address, opened_body
 from torchlens.capture.controls import Controls, Intervention, _Halt, apply_edit, original_key
-from torchlens.capture.failures import note_record_error
-from torchlens.capture.hooks import follow_calls
-from torchlens.capture.mode import _inplace_targets, functorch_level
+from torchlens.capture.builder import REFRESH_FUNC_NAME
+from torchlens.capture.escapes import escaped_tensors
+from torchlens.capture.failures import note_model_error
+from torchlens.capture.hooks import _call_inputs, _tensors_in, follow_calls
+from torchlens.capture.labels import Labeler
+from torchlens.capture.live import LiveVersions
+from torchlens.capture.mode import _inplace_targets, _read_arguments, functorch_level
 from torchlens.capture.naming import FUNC_INFOS, func_info
 from torchlens.capture.record_exit import ExitTracker
 from torchlens.capture.roots import Root, resolve_root
 from torchlens.capture.special import SPECIAL_OUTPUTS
-from torchlens.capture.tree import fill, flatten
+from torchlens.capture.tree import ATOMS, fill, flatten, flatten_call
 from torchlens.recording import OpView
 from torchlens.selectors import Selector
 from torchlens.trace import MemoryPayloadStore
@@ -41,6 +49,10 @@ __all__ = ["RecordMode"]
 Tensor = torch.Tensor
 _UNSEEN = object()
 _thread_id = threading.get_ident
+_ref = weakref.ref
+_Parameter = nn.Parameter
+_UNSHARING = frozenset({"data", "set_data"})  # an alias with a version counter of its own
+_no_torch_function = torch._C.DisableTorchFunction
 
 
 class _Plan:
@@ -85,7 +97,9 @@ class RecordMode(TorchFunctionMode):
         self.store = MemoryPayloadStore()
         self.kept: list[OpView] = []
         self.kept_views: dict[str, OpView] = {}  # the same, by label
-        self.counts: dict[str, int] = {}
+        self.labeler = Labeler()  # as tl.trace counts labels
+        self.counts = self.labeler.counts
+        self.live = LiveVersions()  # which live tensor holds which version: refreshes
         self.n_ops = 0
         self.paused = False  # set by capture.session.suspended()
         self._plans: dict[str, _Plan | None] = {}
@@ -117,30 +131,63 @@ class RecordMode(TorchFunctionMode):
         except (KeyError, TypeError):  # not seen yet, or unhashable
             info = func_info(func)
         if info.never_tensor or functorch_level() != self._level:
+            if info.escape is not None and functorch_level() == self._level:
+                return self._escape(func, args, kwargs)
             return func(*args, **kwargs) if kwargs else func(*args)
         if self.halt_pending:  # the op stop_after matched has left every call returning it
             raise _Halt
         if info.opens and (info.opens is True or info.opens(args, kwargs or {})):
             return self._open(info.name, func, args, kwargs or {})
-        if self._aliases and (
-            info.inplace or kwargs and ("out" in kwargs or kwargs.get("inplace") is True)
-        ):  # a call that may write into a kept value (see _inplace_targets)
-            self._protect(info.inplace, args, kwargs or {})
+        live = self.live
+        if kwargs or live.slow:
+            fresh = False
+        else:  # the common call: each tensor argument holds the value counted (inline)
+            fresh, entries = True, live.entries
+            for arg in args:
+                kind = type(arg)
+                if kind is Tensor or kind is _Parameter:
+                    entry = entries.get(id(arg))
+                    if entry is None or entry[0]() is not arg or entry[1] != arg._version:
+                        fresh = False
+                        break
+                elif kind not in ATOMS:
+                    fresh = False
+                    break
+        if not fresh:  # values changed behind the capture's back: refresh ops, as tl.trace
+            for tensor in live.read(_read_arguments(func, args), kwargs):
+                self._refresh(tensor)
+        writes = info.inplace or kwargs and ("out" in kwargs or kwargs.get("inplace") is True)
+        if writes:  # a call that may write into a kept value (see _inplace_targets)
+            writes = bool(_inplace_targets(info.inplace, args, kwargs or {}))
+            if self._aliases:
+                self._protect(info.inplace, args, kwargs or {})
         try:
             result = func(*args, **kwargs) if kwargs else func(*args)
         except Exception as err:  # the model's own error: noted, never wrapped
-            note_record_error(err, self.counts, self._frames, info.name)
+            note_model_error(err, self, info.name)
             raise
         name = info.name
-        if isinstance(result, Tensor):
-            n = 1
+        if isinstance(result, Tensor) and name not in SPECIAL_OUTPUTS:
+            tensors = [result]
         else:
             special = SPECIAL_OUTPUTS.get(name)
-            n = len(special(args, result) if special else flatten(result)[0])
-            if not n:
+            tensors = [t for _, t in (special(args, result) if special else flatten(result)[0])]
+            if not tensors:
                 return result
-        count = self.counts.get(name, 0) + 1
-        self.counts[name] = count
+        n = len(tensors)
+        if n == 1 and not writes and not live.slow and name not in _UNSHARING:
+            live.calls += 1  # LiveVersions.produced inline (the per-op path)
+            try:
+                live.entries[id(result)] = (_ref(result), result._version, live.calls)
+            except RuntimeError:  # an inference tensor made under a mode the model entered
+                live.remember(result)
+        else:
+            live.produced(name, tensors, writes)
+        counts = self.counts
+        count = counts.get(name, 0) + 1
+        if self.labeler.reserved:  # a weight of the root named like a label
+            count = self.labeler.count(name)
+        counts[name] = count
         index = self.n_ops
         self.n_ops = index + n
         if self.exits is not None:  # rules on module outputs: name every tensor
@@ -151,6 +198,66 @@ class RecordMode(TorchFunctionMode):
         if plan is None:
             return result
         return self._act(plan, name, count, index, n, (info.inplace, args, kwargs), result)
+
+    @property
+    def module_stack(self) -> tuple[tuple[str, int], ...]:
+        """The open module calls as ``(address, call number)``, outermost first."""
+        return self._frames
+
+    def add_inputs(self, args: tuple, kwargs: dict) -> None:
+        """The forward's inputs: their values are counted from the start, as a trace's
+        input sources are."""
+        for _, tensor in flatten(args)[0] + flatten(kwargs)[0]:
+            self.live.remember(tensor)
+
+    def _escape(self, func: Any, args: tuple, kwargs: dict | None) -> Any:
+        """A call that reads values into Python (``.item()``): what it reads is read as
+        ``tl.trace`` reads an escape's tensors (a changed value is a refresh)."""
+        value = func(*args, **kwargs) if kwargs else func(*args)
+        self.read(escaped_tensors(args, kwargs))
+        return value
+
+    def read(self, tensors: list[Tensor] | tuple[Tensor, ...]) -> None:
+        """``tensors`` are read outside an op (a module call's inputs or outputs, an
+        escape, the forward's outputs): a value changed behind the capture's back is a
+        refresh op there, as in ``tl.trace``. Called with no torch function mode on (a
+        module wrapper turns this one off first)."""
+        live = self.live
+        if not live.slow:
+            entries = live.entries
+            for tensor in tensors:  # the common read: each holds the value counted (inline)
+                entry = entries.get(id(tensor))
+                if entry is None or entry[0]() is not tensor or entry[1] != tensor._version:
+                    break
+            else:
+                return
+        for tensor in live.read_all(tensors):
+            self._refresh(tensor)
+
+    def _refresh(self, tensor: Tensor) -> None:
+        """Count the ``refresh`` op ``tl.trace`` records for ``tensor`` (see
+        :class:`~torchlens.capture.live.LiveVersions`); keep it when save= selects it.
+        Like a trace's, it is no call an edit or stop_after acts on."""
+        name = REFRESH_FUNC_NAME
+        count = self.labeler.count(name)
+        index = self.n_ops
+        self.n_ops = index + 1
+        if self.exits is not None:
+            self.exits.note(name, count, index, (), tensor)
+        self._refreshed(count, index, tensor)
+
+    def _refreshed(self, count: int, index: int, tensor: Tensor) -> None:
+        """What a recording does with a refresh: keep it when ``save=`` selects it."""
+        save = self.controls.save
+        if save is None or save.func_names is not None and REFRESH_FUNC_NAME not in save.func_names:
+            return
+        label = f"{REFRESH_FUNC_NAME}_{count}"
+        if save.call_labels is not None and label not in save.call_labels:
+            return
+        view = OpView(label, index, REFRESH_FUNC_NAME, 0, self._frames, tensor, self._type)
+        if save.matches(view):
+            self._keep(view, tensor)
+            self.controls.saved += 1
 
     def _plan_for(self, name: str) -> _Plan | None:
         c = self.controls
@@ -194,6 +301,7 @@ class RecordMode(TorchFunctionMode):
                     tensor = self._edit(view, tensor, i, inplace)
                 if tensor is not tensors[k]:
                     tensors[k], replaced = tensor, True
+                    self.live.remember(tensor)  # its readers read the edited value
             if save or edits or stop:  # the op a forward halts on is kept too
                 self._keep(view, tensor)
             self.controls.saved += save
@@ -280,8 +388,14 @@ class RecordMode(TorchFunctionMode):
             root = resolve_root(model) if modules is None else _root_of(model, modules)
         self._type = root.type_name  # the root call's name, as the trace's root names it
         self.modules = list(root.modules)
+        self.labeler.reserve(self.modules)
         calls = _Calls(self._recorded_forward, self._enter, self._exit)
-        return follow_calls(root, self, self.modules.extend, calls, with_kwargs=False)
+        return follow_calls(root, self, self._add_modules, calls)
+
+    def _add_modules(self, modules: list[tuple[str, nn.Module]]) -> None:
+        """Modules first seen during the forward (``capture/follow.py``)."""
+        self.modules.extend(modules)
+        self.labeler.reserve(modules)
 
     def _recorded_forward(
         self, module: nn.Module, address: str, forward: Callable[..., Any]
@@ -291,27 +405,36 @@ class RecordMode(TorchFunctionMode):
         def forward_recorded(*args: Any, **kwargs: Any) -> Any:
             if self.paused or _thread_id() != thread:
                 return forward(*args, **kwargs)
-            self._push_frame(id(module), address, type_name)
+            with _no_torch_function():  # its own bookkeeping is not an op
+                if len(args) == 1 and not kwargs and isinstance(args[0], Tensor):
+                    self.read(args)  # the common one-tensor call, without the walk
+                else:
+                    self.read(_call_inputs(args, kwargs))
+                self._push_frame(id(module), address, type_name)
             try:
                 output = forward(*args, **kwargs)
             except BaseException:
                 self._pop_frame(None)
                 raise
-            new = self._pop_frame(output)
+            with _no_torch_function():
+                new = self._pop_frame(output)
             return output if new is None else new
 
         return forward_recorded
 
-    def _enter(self, address: str, module: nn.Module, args: Any) -> None:
+    def _enter(self, address: str, module: nn.Module, args: Any, kwargs: dict) -> None:
         """The pre-hook of a submodule with hooks of its own."""
         if not self.paused and _thread_id() == self._thread:
-            self._push_frame(id(module), address, type(module).__name__)
+            with _no_torch_function():
+                self.read(_call_inputs(args, kwargs))
+                self._push_frame(id(module), address, type(module).__name__)
 
     def _open(self, name: str, func: Any, args: tuple, kwargs: dict) -> Any:
         """A composite function's body, run with this mode on inside a group frame, as
         the full capture records it (``capture/composite.py``)."""
         parent = self._frames[-1][0] if self._frames else ""
         address = group_address(parent, name)
+        self.read([t for _, t in flatten_call(args, kwargs)[0]])
         self._push_frame(address, address, name)
         torch._C._push_on_torch_function_stack(self)
         try:
@@ -335,20 +458,22 @@ class RecordMode(TorchFunctionMode):
         if self._paths_needed:
             self._path = self._paths.setdefault((self._path, address), len(self._paths) + 1)
 
-    def _exit(self, module: nn.Module, args: Any, output: Any) -> Any:
+    def _exit(self, module: nn.Module, args: Any, kwargs: dict, output: Any) -> Any:
         """The forward hook of a submodule with hooks of its own."""
         if self.paused or _thread_id() != self._thread or not self._frames:
             return None
-        return self._pop_frame(output)
+        with _no_torch_function():
+            return self._pop_frame(output)
 
     def _pop_frame(self, output: Any) -> Any:
         """The innermost call returned ``output`` (``None``: it raised); returns a
         replacement for the output, or ``None`` to keep it."""
         frame, type_name = self._frames[-1], self._type
         self._frames, self._type, self._path = self._trail.pop()
+        if output is not None:  # what it returned is read as it returns
+            self.read([output] if isinstance(output, Tensor) else _tensors_in(output))
         if self.exits is not None and output is not None:
-            with torch._C.DisableTorchFunction():  # its own bookkeeping is not an op
-                return self.exits.on_exit(frame, type_name, output)
+            return self.exits.on_exit(frame, type_name, output)
         return None
 
 

@@ -25,6 +25,7 @@ from torchlens.capture.api import normalize_call
 from torchlens.capture.controls import _Halt, _restore_buffers, _snapshot_buffers
 from torchlens.capture.record import _recording
 from torchlens.capture.refusals import check_traceable
+from torchlens.capture.tree import flatten
 from torchlens.capture.walk import named_modules
 from torchlens.debug._nonfinite_pass import CulpritOp, NonFiniteMode, is_nonfinite
 from torchlens.errors import InvalidArgumentError
@@ -152,11 +153,10 @@ def find_nonfinite(
 ) -> NonFiniteReport:
     """Find the first op whose output holds a NaN or an infinity.
 
-    On a model, labels, ``op.index`` and ``checked`` are those of ``tl.trace`` with two
-    exceptions, both rare: a value changed in place through another view of it (which a
-    trace records as a ``refresh`` op) keeps its earlier label and adds no op, and tensors
-    that are neither made by ops nor inputs, parameters or buffers are numbered
-    ``constant_1``, ... among the culprit's parents alone.
+    On a model, labels, ``op.index`` and ``checked`` are those of ``tl.trace`` (a value
+    changed in place through another view of it is the ``refresh`` op a trace records);
+    one exception, rare: tensors that are neither made by ops nor inputs, parameters or
+    buffers are numbered ``constant_1``, ... among the culprit's parents alone.
 
     Args:
         target: a model (run once, as lean as ``tl.record``, halting right after the
@@ -209,9 +209,11 @@ def _run(mode: NonFiniteMode) -> NonFiniteMode:
     state = rng.snapshot()
     call = mode.call
     buffers = _snapshot_buffers(module for _, module in call.modules or ())
+    mode.add_inputs(call.args, call.kwargs)
     try:
         with _recording(call.model, mode, call.modules):
             call.output = call.model(*call.args, **call.kwargs)
+        mode.read([t for _, t in flatten(call.output)[0]])  # as a trace's end reads them
     except _Halt:
         rng.restore(state)
         _restore_buffers(buffers)
