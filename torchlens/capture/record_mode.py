@@ -26,9 +26,9 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from torchlens._tensors import storage_key, version_of
+from torchlens.capture.builder import REFRESH_FUNC_NAME
 from torchlens.capture.composite import group_address, opened_body
 from torchlens.capture.controls import Controls, Intervention, _Halt, apply_edit, original_key
-from torchlens.capture.builder import REFRESH_FUNC_NAME
 from torchlens.capture.escapes import escaped_tensors
 from torchlens.capture.failures import note_model_error
 from torchlens.capture.hooks import _call_inputs, _tensors_in, follow_calls
