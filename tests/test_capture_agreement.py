@@ -139,3 +139,16 @@ def test_record_agrees_with_trace_on_tiny_transformers(name):
         return model, (ids,), {}
 
     assert_record_agrees(build)
+
+
+def test_extract_walks_a_models_tree_once_per_run(tmp_path, monkeypatch):
+    from torchlens.capture import roots
+
+    walks = []
+    real = roots.named_modules
+    monkeypatch.setattr(roots, "named_modules", lambda m: walks.append(m) or real(m))
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU()).eval()
+    batches = [torch.randn(2, 4) for _ in range(3)]
+    ex = tl.extract(model, batches, save=tl.func("relu"), to=tmp_path / "run", progress=False)
+    assert ex["relu_1"].shape == (6, 3)
+    assert walks == [model]

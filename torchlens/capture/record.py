@@ -53,7 +53,9 @@ def record(
             a rule selects ``tl.module(...).output``, once the module calls that return
             that op have returned, so that they count as returning it).
         root: the modules a traced function calls, named for addresses, as in
-            :func:`~torchlens.capture.api.trace`.
+            :func:`~torchlens.capture.api.trace`; or the
+            :class:`~torchlens.capture.roots.Root` of ``model`` resolved once for many
+            calls (``tl.extract`` walks a module's tree once per run, not per batch).
 
     Returns:
         A :class:`~torchlens.recording.Recording`; ``recording[label].out`` is a kept value,
@@ -71,7 +73,7 @@ def record(
         >>> rec.labels
         ['linear_1']
     """
-    walked = resolve_root(model, root)
+    walked = root if isinstance(root, Root) else resolve_root(model, root)
     check_root(model, walked)
     args, kwargs = normalize_call(args, kwargs, model)
     controls = Controls(save, intervene, stop_after)

@@ -19,8 +19,10 @@ from collections import Counter
 from typing import Any
 
 import torch
+from torch import nn
 
 from torchlens.capture.record import record
+from torchlens.capture.roots import resolve_root
 from torchlens.errors import ExtractionError, InvalidArgumentError, TorchLensError
 from torchlens.extract import _store
 from torchlens.extract._batches import (
@@ -46,13 +48,16 @@ class BatchRunner:
         self.schema: dict[str, tuple[tuple[int, ...], str]] | None = None
         self.first: int | None = None  # the batch the schema was taken from
         self.sources: dict[str, str] = {}
+        # a module's tree, walked once per run (a function's root may name modules first
+        # met during a forward: resolved per batch)
+        self.root = resolve_root(model) if isinstance(model, nn.Module) else None
 
     def sites(self, batch: Batch, inputs: Any) -> dict[str, torch.Tensor]:
         args, kwargs = call_args(to_device(pick(batch.data, inputs), self.device))
         try:
             with torch.no_grad():
                 rec = record(self.model, args, kwargs, save=self.selector,
-                             stop_after=self.stop_after)  # fmt: skip
+                             stop_after=self.stop_after, root=self.root)  # fmt: skip
         except TorchLensError:
             raise
         except Exception as err:
