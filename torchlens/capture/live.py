@@ -84,14 +84,8 @@ class LiveVersions:
         """The tensors of a call's arguments whose reads are refreshes, in the order
         ``TraceBuilder.arguments`` reads them (usually none: the common call, tensors and
         atoms side by side, is checked here in one pass)."""
-        flat = len(args) <= len(_SLOTS)
-        if flat and kwargs:
-            for value in kwargs.values():
-                if type(value) not in ATOMS:
-                    flat = False
-                    break
         stale: list[Tensor] = []
-        if flat:
+        if len(args) <= len(_SLOTS) and all(type(v) in ATOMS for v in (kwargs or {}).values()):
             entries, unshared = self.entries, self.unshared
             try:
                 for arg in args:

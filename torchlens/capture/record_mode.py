@@ -139,20 +139,29 @@ class RecordMode(TorchFunctionMode):
         if info.opens and (info.opens is True or info.opens(args, kwargs or {})):
             return self._open(info.name, func, args, kwargs or {})
         live = self.live
-        if kwargs or live.slow:
-            fresh = False
-        else:  # the common call: each tensor argument holds the value counted (inline)
-            fresh, entries = True, live.entries
-            for arg in args:
-                kind = type(arg)
-                if kind is Tensor or kind is _Parameter:
-                    entry = entries.get(id(arg))
-                    if entry is None or entry[0]() is not arg or entry[1] != arg._version:
-                        fresh = False
-                        break
-                elif kind not in ATOMS:
+        fresh = not live.slow
+        if fresh and kwargs:  # keywords (inplace=False, dim=-1) read no tensor
+            for value in kwargs.values():
+                if type(value) not in ATOMS:
                     fresh = False
                     break
+        if fresh:  # the common call: each tensor argument holds the value counted, or is
+            entries = live.entries  # seen first (a weight): LiveVersions.read inline
+            try:
+                for arg in args:
+                    kind = type(arg)
+                    if kind is Tensor or kind is _Parameter:
+                        entry = entries.get(id(arg))
+                        if entry is None or entry[0]() is not arg:
+                            entries[id(arg)] = (_ref(arg), arg._version, live.calls)
+                        elif entry[1] != arg._version:
+                            fresh = False
+                            break
+                    elif kind not in ATOMS:
+                        fresh = False
+                        break
+            except RuntimeError:  # an inference tensor has no version: read() asks
+                fresh = False
         if not fresh:  # values changed behind the capture's back: refresh ops, as tl.trace
             for tensor in live.read(_read_arguments(func, args), kwargs):
                 self._refresh(tensor)
@@ -177,10 +186,11 @@ class RecordMode(TorchFunctionMode):
         n = len(tensors)
         if n == 1 and not writes and not live.slow and name not in _UNSHARING:
             live.calls += 1  # LiveVersions.produced inline (the per-op path)
+            tensor = tensors[0]
             try:
-                live.entries[id(result)] = (_ref(result), result._version, live.calls)
+                live.entries[id(tensor)] = (_ref(tensor), tensor._version, live.calls)
             except RuntimeError:  # an inference tensor made under a mode the model entered
-                live.remember(result)
+                live.remember(tensor)
         else:
             live.produced(name, tensors, writes)
         counts = self.counts
