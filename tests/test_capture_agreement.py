@@ -88,6 +88,7 @@ def test_a_write_through_a_view_is_a_refresh_in_the_recording_too():
     rec = tl.record(model, x, save=EVERY_OP)
     assert op_keys(rec) == op_keys(trace)
     torch.testing.assert_close(rec["refresh_1"].out, trace["refresh_1"].out)
+    assert tl.record(model, x, save=tl.func("refresh")).labels == ["refresh_1"]
     # an index selects the same op in both
     by_index = tl.where(lambda op: op.index == 4)
     assert tl.record(model, x, save=by_index).labels == ["add_1"]
