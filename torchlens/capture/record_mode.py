@@ -415,22 +415,41 @@ class RecordMode(TorchFunctionMode):
         def forward_recorded(*args: Any, **kwargs: Any) -> Any:
             if self.paused or _thread_id() != thread:
                 return forward(*args, **kwargs)
-            with _no_torch_function():  # its own bookkeeping is not an op
-                if len(args) == 1 and not kwargs and isinstance(args[0], Tensor):
-                    self.read(args)  # the common one-tensor call, without the walk
-                else:
-                    self.read(_call_inputs(args, kwargs))
+            if len(args) == 1 and not kwargs and self._quiet(args[0]):
                 self._push_frame(id(module), address, type_name)
+            else:
+                with _no_torch_function():  # its own bookkeeping is not an op
+                    self.read(_call_inputs(args, kwargs))
+                    self._push_frame(id(module), address, type_name)
             try:
                 output = forward(*args, **kwargs)
             except BaseException:
                 self._pop_frame(None)
                 raise
+            if self.exits is None and self._quiet(output):
+                self._pop_frame(None)
+                return output
             with _no_torch_function():
                 new = self._pop_frame(output)
             return output if new is None else new
 
         return forward_recorded
+
+    def _quiet(self, value: Any) -> bool:
+        """Whether ``value`` is a tensor the latest counted call produced (or read), with
+        nothing counted since: no write the capture sees can have changed it, so a module
+        call's one input or output is read without asking its version (which, with this
+        mode on, costs a torch function call). A write no mode sees (a TorchScript
+        function's) right before the call is then a refresh at the next read instead."""
+        live = self.live
+        entry = live.entries.get(id(value))
+        return (
+            entry is not None
+            and entry[2] == live.calls
+            and entry[0]() is value
+            and type(value) is Tensor
+            and not live.slow
+        )
 
     def _enter(self, address: str, module: nn.Module, args: Any, kwargs: dict) -> None:
         """The pre-hook of a submodule with hooks of its own."""
