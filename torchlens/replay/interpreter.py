@@ -5,8 +5,9 @@ multi-output call are replayed together) and re-executes a call from values it i
 with one method per kind of op: ordinary calls, stochastic calls (the op's RNG snapshot is
 restored around them, including a generator the call was handed) and ``refresh`` ops
 (writes through other views, redone in order from the writers' recorded geometry). A call
-recorded inside an autocast region runs under it again; ``torch.autograd.grad`` calls are
-not re-executed (:data:`AUTOGRAD_REASON`). :class:`Checker` is the small variation that
+recorded inside an autocast region runs under it again; a ``torch.autograd.grad`` call is
+re-made by differentiating its recorded sub-graph (:mod:`~torchlens.replay.grad_replay`).
+:class:`Checker` is the small variation that
 validation runs:
 per-op replay from saved parent values, each call then handed to the perturbation arm
 (:mod:`torchlens.replay.edges`).
@@ -28,21 +29,14 @@ from torchlens.capture.special import SPECIAL_OUTPUTS
 from torchlens.capture.tree import ArgSlot, fill, flatten, is_atom, slots_in_order
 from torchlens.errors import PayloadUnavailableError
 from torchlens.replay.edges import EdgeProver
+from torchlens.replay.grad_replay import GRAD_FUNCS, differentiate
 from torchlens.replay.exemptions import MAY_BE_UNINITIALIZED, may_write_arguments, value_exempt
 from torchlens.replay.tolerances import mismatch
 from torchlens.replay.written_over import MadeRefreshes
 
-__all__ = ["Interpreter", "Checker", "Unreplayable", "calls", "AUTOGRAD_REASON"]
+__all__ = ["Interpreter", "Checker", "Unreplayable", "calls"]
 
 Tensor = torch.Tensor
-
-
-# Why a torch.autograd.grad call inside the forward is not replayed (see docs/validation.md).
-AUTOGRAD_REASON = (
-    "torch.autograd.grad differentiates the forward's live autograd graph, which replay "
-    "from saved values does not have; the ops it differentiated are replayed one by one "
-    "and the ground-truth rerun checks the outputs computed from it"
-)
 
 
 class Unreplayable(Exception):
@@ -100,8 +94,8 @@ class Interpreter:
             if op.func_name == "refresh":
                 return self.execute_refresh(op, values)
             raise Unreplayable(f"no function was recorded for {op.func_name!r}")
-        if op.func is torch.autograd.grad:
-            raise Unreplayable(AUTOGRAD_REASON)
+        if op.func in GRAD_FUNCS:  # re-made from its recorded sub-graph
+            return differentiate(self, op, values)
         if op.rng_state is not None:
             return self.execute_stochastic(op, values)
         return self.execute_call(op, values)
@@ -286,7 +280,7 @@ def _call_kind(op: Any) -> str:
         return "other"
     if op.is_inplace or op.func is None or may_write_arguments(op):
         return "copies"
-    special = op.func is torch.autograd.grad or op.rng_state is not None
+    special = op.func in GRAD_FUNCS or op.rng_state is not None
     return "other" if special or op.meta.get("autocast") is not None else "plain"
 
 

@@ -1,0 +1,112 @@
+"""``torch.autograd.grad`` called inside a forward: recorded as an op whose parents are the
+outputs it differentiates, the inputs and ``grad_outputs``, replayed by differentiating its
+recorded sub-graph, and its edges proven (``torchlens/replay/grad_replay.py``)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import torchlens as tl
+from torchlens.replay import check_trace
+
+
+class ForceField(nn.Module):
+    """A molecular force field: an energy, and forces = -dE/dx by autograd."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(3, 32)
+        self.energy = nn.Sequential(nn.SiLU(), nn.Linear(32, 32), nn.SiLU(), nn.Linear(32, 1))
+
+    def forward(self, positions):
+        with torch.enable_grad():
+            if not positions.requires_grad:
+                positions = positions.requires_grad_(True)
+            distances = torch.cdist(positions, positions)
+            features = self.embed(positions) + torch.exp(-distances).sum(-1, keepdim=True)
+            energy = self.energy(features).sum()
+            (grad,) = torch.autograd.grad(energy, positions, create_graph=True)
+        return energy, -grad
+
+
+class InnerStep(nn.Module):
+    """A meta-learning inner step on a functional copy of the weights
+    (``torch.func.functional_call``), then the query loss with the adapted weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.learner = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+
+    def forward(self, support, labels, query):
+        weights = dict(self.learner.named_parameters())
+        loss = nn.functional.mse_loss(torch.func.functional_call(self.learner, weights, support), labels)
+        grads = torch.autograd.grad(loss, list(weights.values()), create_graph=True)
+        adapted = {name: w - 0.1 * g for (name, w), g in zip(weights.items(), grads)}
+        return torch.func.functional_call(self.learner, adapted, query)
+
+
+class GradientPenalty(nn.Module):
+    """A WGAN-GP critic's loss: the gradient penalty on interpolates, with ``grad_outputs``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.critic = nn.Sequential(nn.Linear(6, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+
+    def forward(self, real, fake, alpha):
+        mixed = (alpha * real + (1 - alpha) * fake).requires_grad_(True)
+        score = self.critic(mixed)
+        (grad,) = torch.autograd.grad(
+            score, mixed, grad_outputs=torch.ones_like(score), create_graph=True
+        )
+        penalty = ((grad.norm(2, dim=1) - 1) ** 2).mean()
+        return self.critic(fake).mean() - self.critic(real).mean() + 10 * penalty
+
+
+def _status(model, *args):
+    return tl.replay(model, args)
+
+
+def test_a_force_field_validates_passed():
+    torch.manual_seed(0)
+    status = _status(ForceField(), torch.randn(5, 3))
+    assert status.state == "passed", str(status)
+    assert not status.unchecked
+
+
+def test_the_grad_op_has_its_outputs_and_inputs_as_parents_and_replays():
+    torch.manual_seed(0)
+    trace = tl.trace(ForceField(), torch.randn(5, 3))
+    (grad,) = [op for op in trace if op.func_name == "grad"]
+    energy, positions = grad.parents
+    assert trace[energy].func_name == "sum"
+    assert trace[positions].func_name == "requires_grad_"
+    assert trace[grad.children[0]].func_name == "neg"  # the forces
+
+
+def test_a_meta_learning_inner_step_validates_passed():
+    torch.manual_seed(0)
+    model = InnerStep()
+    status = _status(model, torch.randn(6, 4), torch.randn(6, 2), torch.randn(3, 4))
+    assert status.state == "passed", str(status)
+
+
+def test_a_gradient_penalty_with_grad_outputs_validates_passed():
+    torch.manual_seed(0)
+    real, fake, alpha = torch.randn(4, 6), torch.randn(4, 6), torch.rand(4, 1)
+    trace = tl.trace(GradientPenalty(), (real, fake, alpha))
+    (grad,) = [op for op in trace if op.func_name == "grad"]
+    assert trace[grad.parents[-1]].func_name == "ones_like"  # grad_outputs is a parent
+    status = _status(GradientPenalty(), real, fake, alpha)
+    assert status.state == "passed", str(status)
+
+
+def test_a_recorded_gradient_the_graph_does_not_imply_fails_replay():
+    torch.manual_seed(0)
+    trace = tl.trace(ForceField(), torch.randn(5, 3))
+    (grad,) = [op for op in trace if op.func_name == "grad"]
+    store = grad._store
+    store.set(grad.label, grad.out * 1.5, None)  # not what the recorded graph implies
+    status = check_trace(trace)
+    assert status.state == "failed"
+    assert (grad.label, "replay") in {(f.label, f.arm) for f in status.failures}
