@@ -751,16 +751,17 @@ class CallsAScriptedFunction(nn.Module):
         return self.head(_fused_activation(self.inner(x)))
 
 
-def test_a_value_computed_out_of_sight_during_the_forward_is_unverified_not_passed():
+def test_a_value_computed_out_of_sight_by_a_scripted_function_is_its_op_and_replays():
     torch.manual_seed(0)
     model, x = CallsAScriptedFunction().eval(), torch.randn(2, 4)
     trace = tl.trace(model, x)
-    # the TorchScript function's ops are invisible: its result enters as a constant
-    source = trace["linear_2"].parents[0]
-    assert trace[source].kind == "constant" and trace[source].path == "unseen computation"
+    # the TorchScript function's ops are invisible: its result is linked back to what
+    # its autograd graph came from, and the function (named on the line) is the op's
+    made = trace[trace["linear_2"].parents[0]]
+    assert made.func_name == "script__fused_activation" and made.parents == ("linear_1",)
+    assert made.func is _fused_activation
     status = tl.replay(model, (x,))
-    assert status.state == "unverified" and not status.failures, status
-    assert [(gap.label, gap.arm) for gap in status.unchecked] == [(source, "lint")]
+    assert status.state == "passed", status
 
 
 class _Tagged(torch.Tensor):

@@ -40,7 +40,9 @@ class InnerStep(nn.Module):
 
     def forward(self, support, labels, query):
         weights = dict(self.learner.named_parameters())
-        loss = nn.functional.mse_loss(torch.func.functional_call(self.learner, weights, support), labels)
+        loss = nn.functional.mse_loss(
+            torch.func.functional_call(self.learner, weights, support), labels
+        )
         grads = torch.autograd.grad(loss, list(weights.values()), create_graph=True)
         adapted = {name: w - 0.1 * g for (name, w), g in zip(weights.items(), grads)}
         return torch.func.functional_call(self.learner, adapted, query)

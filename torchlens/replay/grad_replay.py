@@ -26,10 +26,18 @@ from typing import Any
 import torch
 
 from torchlens.capture.tree import ArgSlot, fill, flatten
+from torchlens.capture.unseen import UNSEEN_META
 from torchlens.replay.exemptions import may_write_arguments
 from torchlens.replay.tolerances import mismatch
 
-__all__ = ["GRAD_FUNCS", "differentiate", "differentiated", "graph_edge", "is_grad_call"]
+__all__ = [
+    "GRAD_FUNCS",
+    "differentiate",
+    "differentiated",
+    "graph_edge",
+    "is_grad_call",
+    "unseen_verdicts",
+]
 
 Tensor = torch.Tensor
 GRAD_FUNCS = (torch.autograd.grad,)  # functions replayed by differentiate
@@ -166,3 +174,26 @@ def _moved(value: Tensor, op: Any, i: int) -> Tensor:
     generator = torch.Generator(device=value.device).manual_seed(i)
     noise = torch.randn(value.shape, generator=generator, device=value.device)
     return value.detach() + noise.to(value.dtype) * scale
+
+
+def unseen_verdicts(ops: list[Any], findings: Any) -> None:
+    """The verdicts on an op made out of the capture's sight by something that cannot be
+    re-run (:mod:`~torchlens.capture.unseen`): its replay is not checked, saying why, and
+    each edge is as autograd proved it at capture time."""
+    head = ops[0]
+    unseen = head.meta[UNSEEN_META]
+    verdicts = [
+        ("verified", label) if unseen["edges"].get(label) else (
+            "unchecked", f"{label}: the value made out of sight did not move with it "
+            "(a zero vector-Jacobian product at the recorded point)")
+        for label in head.parents
+    ]  # fmt: skip
+    for op in ops:
+        findings.unchecked(
+            op.label, "replay",
+            f"made out of the capture's sight by {unseen['made_by']}, which replay cannot "
+            "re-run (not a TorchScript function of tensors that the calling code names); "
+            "each of its edges was proven by autograd at capture time, and an argument "
+            "autograd does not track (one that does not require grad) has no edge",
+        )  # fmt: skip
+        findings.perturbed(op.label, verdicts)

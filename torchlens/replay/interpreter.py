@@ -29,7 +29,8 @@ from torchlens.capture.special import SPECIAL_OUTPUTS
 from torchlens.capture.tree import ArgSlot, fill, flatten, is_atom, slots_in_order
 from torchlens.errors import PayloadUnavailableError
 from torchlens.replay.edges import EdgeProver
-from torchlens.replay.grad_replay import GRAD_FUNCS, differentiate
+from torchlens.capture.unseen import UNSEEN_META
+from torchlens.replay.grad_replay import GRAD_FUNCS, differentiate, unseen_verdicts
 from torchlens.replay.exemptions import MAY_BE_UNINITIALIZED, may_write_arguments, value_exempt
 from torchlens.replay.tolerances import mismatch
 from torchlens.replay.written_over import MadeRefreshes
@@ -386,6 +387,8 @@ class Checker(Interpreter):
         head, record = ops[0], self.findings
         if head.func is None and head.func_name == "refresh" and self._made_as_recorded(head):
             return
+        if head.func is None and UNSEEN_META in head.meta:  # made out of sight, no function
+            return unseen_verdicts(ops, self.findings)
         try:
             values = self.parent_values(head)
             baseline = self.run_call(head, values)
