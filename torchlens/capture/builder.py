@@ -40,8 +40,8 @@ from torchlens.capture.composite import group_address
 from torchlens.capture.escapes import EscapeHook, type_name
 from torchlens.capture.sinks import PayloadSink
 from torchlens.capture.source import caller_line
-from torchlens.capture.unseen import record_unseen
 from torchlens.capture.tree import _POSITIONS, _SLOTS, ATOMS, flatten_call, plain_slice
+from torchlens.capture.unseen import record_unseen
 from torchlens.capture.walk import named_modules, owned_tensors
 from torchlens.trace import (
     ArgRef,

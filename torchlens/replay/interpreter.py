@@ -27,11 +27,11 @@ from torchlens.capture.autocast import autocast_applied
 from torchlens.capture.controls import reapply
 from torchlens.capture.special import SPECIAL_OUTPUTS
 from torchlens.capture.tree import ArgSlot, fill, flatten, is_atom, slots_in_order
+from torchlens.capture.unseen import UNSEEN_META
 from torchlens.errors import PayloadUnavailableError
 from torchlens.replay.edges import EdgeProver
-from torchlens.capture.unseen import UNSEEN_META
-from torchlens.replay.grad_replay import GRAD_FUNCS, differentiate, unseen_verdicts
 from torchlens.replay.exemptions import MAY_BE_UNINITIALIZED, may_write_arguments, value_exempt
+from torchlens.replay.grad_replay import GRAD_FUNCS, differentiate, unseen_verdicts
 from torchlens.replay.tolerances import mismatch
 from torchlens.replay.written_over import MadeRefreshes
 
