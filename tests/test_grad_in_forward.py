@@ -23,8 +23,8 @@ class ForceField(nn.Module):
         with torch.enable_grad():
             if not positions.requires_grad:
                 positions = positions.requires_grad_(True)
-            distances = torch.cdist(positions, positions)
-            features = self.embed(positions) + torch.exp(-distances).sum(-1, keepdim=True)
+            squared = (positions[:, None] - positions[None]).pow(2).sum(-1)  # pairwise
+            features = self.embed(positions) + torch.exp(-squared).sum(-1, keepdim=True)
             energy = self.energy(features).sum()
             (grad,) = torch.autograd.grad(energy, positions, create_graph=True)
         return energy, -grad
@@ -112,3 +112,83 @@ def test_a_recorded_gradient_the_graph_does_not_imply_fails_replay():
     status = check_trace(trace)
     assert status.state == "failed"
     assert (grad.label, "replay") in {(f.label, f.arm) for f in status.failures}
+
+
+def test_create_graph_results_feed_later_ops_that_stay_provable():
+    torch.manual_seed(0)
+    model, x = ForceField(), torch.randn(5, 3)
+    trace = tl.trace(model, x)
+    (grad,) = [op for op in trace if op.func_name == "grad"]
+    assert grad.requires_grad  # create_graph=True: the forces carry a graph
+    status = tl.replay(model, (x,))
+    later = [op.label for op in trace if op.index > grad.index]
+    assert later  # the forces, -grad
+    for label in [grad.label, *later]:
+        verdict = status.verdicts[label]
+        assert verdict.arms["replay"] == "passed", verdict
+        assert verdict.arms["perturbation"] == "passed", verdict
+
+
+def test_second_order_trace_backward_through_a_force_field_is_right():
+    torch.manual_seed(0)
+    model, x = ForceField(), torch.randn(5, 3)
+
+    def loss_fn(out):  # a force-matching loss: second order in the weights
+        energy, forces = out
+        return energy + forces.pow(2).sum()
+
+    plain = x.clone()
+    want = torch.autograd.grad(loss_fn(model(plain)), [*model.parameters(), plain])
+    trace = tl.trace(model, x.clone(), save_grads=True)
+    trace.backward(loss_fn)
+    names = [name for name, _ in model.named_parameters()]
+    for name, expected in zip(names, want):
+        torch.testing.assert_close(trace[name].grad, expected, msg=name)
+    torch.testing.assert_close(trace["requires_grad__1"].grad, want[-1])
+
+
+class Hamiltonian(nn.Module):
+    """A Hamiltonian network: dq/dt = dH/dp, dp/dt = -dH/dq, by ``Tensor.backward``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.h = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
+
+    def forward(self, state):
+        with torch.enable_grad():
+            state = state.detach().requires_grad_(True)
+            self.h(state).sum().backward(create_graph=True, inputs=[state])
+            dq, dp = state.grad.chunk(2, dim=-1)
+        return torch.cat([dp, -dq], dim=-1)
+
+
+def test_tensor_backward_with_create_graph_is_an_op_writing_the_grads():
+    torch.manual_seed(0)
+    model, x = Hamiltonian(), torch.randn(3, 4)
+    trace = tl.trace(model, x)
+    (backward,) = [op for op in trace if op.func_name == "backward"]
+    assert trace[backward.parents[0]].func_name == "sum"
+    assert trace[backward.parents[1]].func_name == "requires_grad_"
+    assert trace[backward.children[0]].func_name == "chunk"
+    status = tl.replay(model, (x,))
+    assert status.state == "passed", str(status)
+
+
+class LinearEnergy(nn.Module):
+    """A quadratic energy: the gradient is linear in the input, and the gradient of the
+    linear term a constant."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 1)
+
+    def forward(self, x):
+        x = x.detach().requires_grad_(True)
+        (grad,) = torch.autograd.grad(self.lin(x).sum(), x, create_graph=True)
+        return grad * 2
+
+
+def test_a_gradient_constant_in_its_input_still_has_every_edge_proven():
+    torch.manual_seed(0)
+    status = tl.replay(LinearEnergy(), (torch.randn(4, 3),))
+    assert status.state == "passed", str(status)

@@ -63,8 +63,10 @@ def record_unseen(builder: Any, tensor: Tensor) -> str | None:
     if script is not None:
         labels, values = [label for label, _ in chosen], [value for _, value in chosen]
         name, func = f"script_{script.name}", script
-    else:
-        name, func = type(tensor.grad_fn).__name__, None
+    else:  # the one TorchScript function the line names, else what autograd calls it
+        on_line = _scripts_in_frame(frame)[0]
+        name = f"script_{on_line[0].name}" if len(on_line) == 1 else None
+        name, func = name or type(tensor.grad_fn).__name__, None
     refs = [ArgRef(label, str(i)) for i, label in enumerate(labels)]
     slots = tuple(ArgSlot(i) for i in range(len(refs)))
     (op,) = builder.record_call(name, func, slots, {}, refs, [tensor], inplace=False)
@@ -142,7 +144,8 @@ def _scripted_maker(
     arguments, or ``(None, [])``."""
     extras = _untracked(builder, frame, {label for label, _ in parents})
     tries = 0
-    for script in _scripts_on_line(frame):
+    on_line, others = _scripts_in_frame(frame)
+    for script in _unique([*on_line, *others, *_scripts_of_modules(builder)]):
         arguments = script.schema.arguments
         missing = len(arguments) - len(parents)
         if missing < 0 or missing > len(extras):
@@ -160,14 +163,40 @@ def _scripted_maker(
 
 
 def _untracked(builder: Any, frame: Any, parents: set[str]) -> list[tuple[str, Tensor]]:
-    """Recorded values in the frame's variables that autograd does not track."""
+    """Recorded values autograd does not track: in the frame's variables, then the
+    forward's inputs (a value returned by the forward is seen after its frame is gone)."""
     found: dict[str, Tensor] = {}
-    for value in list(frame.f_locals.values()) if frame is not None else ():
+    inputs = set(builder.input_labels)
+    held = list(frame.f_locals.values()) if frame is not None else []
+    held += [entry[0]() for entry in builder._live.values() if entry[1] in inputs]
+    for value in held:
         if isinstance(value, Tensor) and not value.requires_grad:
             label = builder._current_label(value)
             if label is not None and label not in parents:
                 found.setdefault(label, value)
     return list(found.items())[:_MAX_EXTRAS]
+
+
+def _scripts_of_modules(builder: Any) -> list[Any]:
+    """TorchScript functions the model's ``forward`` methods name, as globals or as
+    attributes of their module (for a value first seen after its frame returned)."""
+    found = []
+    codes: set[Any] = set()
+    for _, module in getattr(builder, "named_modules", ()):
+        forward = getattr(type(module).forward, "__code__", None)
+        if forward is None:
+            continue
+        if forward not in codes:
+            codes.add(forward)
+            scope = type(module).forward.__globals__
+            found += [scope.get(name) for name in forward.co_names]
+        found += [module.__dict__.get(name) for name in forward.co_names]
+    return [value for value in found if isinstance(value, _SCRIPTED)]
+
+
+def _unique(scripts: list[Any]) -> list[Any]:
+    """``scripts`` without repeats, in order."""
+    return list({id(script): script for script in scripts}.values())
 
 
 def _gives(script: Any, values: list[Tensor], tensor: Tensor) -> bool:
@@ -196,24 +225,24 @@ def _caller_frame() -> Any:
     return frame
 
 
-def _scripts_on_line(frame: Any) -> list[Any]:
+def _scripts_in_frame(frame: Any) -> tuple[list[Any], list[Any]]:
     """TorchScript functions bound to names the ``frame``'s code uses: those its current
-    line names first (a value held in a variable was made on an earlier line)."""
+    line names (as globals, locals or attributes of ``self``), and the others (a value
+    held in a variable was made on an earlier line)."""
     if frame is None:
-        return []
+        return [], []
     code = frame.f_code
     line = linecache.getline(code.co_filename, frame.f_lineno)
-    on_line = set(re.findall(r"[A-Za-z_]\w*", line))
-    names = sorted({*code.co_names, *code.co_varnames}, key=lambda name: name not in on_line)
-    candidates = [frame.f_locals.get(name, frame.f_globals.get(name)) for name in names]
+    on_line = sorted(set(re.findall(r"[A-Za-z_]\w*", line)))
+    others = sorted({*code.co_names, *code.co_varnames}.difference(on_line))
+    scope = {**frame.f_globals, **frame.f_locals}
     owner = frame.f_locals.get(code.co_varnames[0]) if code.co_argcount else None
+    named = [scope.get(name) for name in on_line]
     if owner is not None:  # self.gate(...): a scripted attribute the line names
-        candidates += [getattr(owner, name, None) for name in sorted(on_line)]
-    found: list[Any] = []
-    for value in candidates:
-        if isinstance(value, _SCRIPTED) and all(value is not other for other in found):
-            found.append(value)
-    return found
+        named += [getattr(owner, name, None) for name in on_line]
+    scripts = _unique([value for value in named if isinstance(value, _SCRIPTED)])
+    rest = [scope.get(name) for name in others]
+    return scripts, [value for value in rest if isinstance(value, _SCRIPTED)]
 
 
 _SCRIPTED = torch.jit.ScriptFunction  # (a scripted submodule is refused: refusals.py)

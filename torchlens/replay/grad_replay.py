@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 Tensor = torch.Tensor
-GRAD_FUNCS = (torch.autograd.grad,)  # functions replayed by differentiate
+GRAD_FUNCS = (torch.autograd.grad, torch.Tensor.backward)  # replayed by differentiate
 
 
 def is_grad_call(op: Any) -> bool:
@@ -66,6 +66,8 @@ def _slots(template: Any) -> list[int]:
 def _roles(op: Any) -> tuple[list[int], list[int]]:
     """The argument slots of the differentiated outputs and of the inputs."""
     args, kwargs = op.args_template, op.kwargs_template
+    if op.func is torch.Tensor.backward:  # (self, gradient, ..., inputs): grad_calls.py
+        return _slots(args[0]), _slots(args[4])
     outputs = args[0] if args else kwargs.get("outputs")
     inputs = args[1] if len(args) > 1 else kwargs.get("inputs")
     return _slots(outputs), _slots(inputs)
@@ -137,7 +139,12 @@ def differentiate(interp: Any, op: Any, values: list[Tensor]) -> list[Tensor]:
             given[i] = made.get(op.parent_args[i].label, values[i])
         for i, leaf in zip(in_slots, leaves):
             given[i] = leaf
-        result = op.func(*fill(op.args_template, given), **fill(op.kwargs_template, given))
+        args, kwargs = fill(op.args_template, given), fill(op.kwargs_template, given)
+        if op.func is torch.Tensor.backward:  # the .grad it writes, as autograd.grad gives
+            output, gradient, _, create_graph, inputs = args
+            args, kwargs = (output, inputs, gradient), {"allow_unused": True}
+            kwargs["create_graph"] = bool(create_graph)
+        result = torch.autograd.grad(*args, **kwargs)
     return [tensor for _, tensor in flatten(result)[0]]
 
 
