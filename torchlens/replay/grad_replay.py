@@ -35,17 +35,11 @@ __all__ = [
     "differentiate",
     "differentiated",
     "graph_edge",
-    "is_grad_call",
     "unseen_verdicts",
 ]
 
 Tensor = torch.Tensor
 GRAD_FUNCS = (torch.autograd.grad, torch.Tensor.backward)  # replayed by differentiate
-
-
-def is_grad_call(op: Any) -> bool:
-    """Whether ``op`` is a ``torch.autograd.grad`` call recorded inside the forward."""
-    return op.func in GRAD_FUNCS
 
 
 def _slots(template: Any) -> list[int]:
