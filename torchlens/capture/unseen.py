@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import itertools
 import linecache
+import os
 import re
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -44,14 +46,26 @@ UNSEEN_META = "unseen"  # op.meta key: {"made_by", "edges": {label: proven}, "re
 MAX_WALK = 100_000  # autograd nodes walked back at most, per value
 _MAX_TRIES = 48  # calls tried to find a TorchScript function's arguments
 _MAX_EXTRAS = 4  # untracked values of the calling frame tried as its other arguments
-_OWN = ("/torch/", "/torchlens/")
+# the packages whose frames are not the model's code: torch's and torchlens' own
+_OWN = tuple(
+    str(path) + os.sep for path in {Path(torch.__file__).parent, Path(__file__).parents[1]}
+)
 _TENSOR_TYPES = ("Tensor", "Optional[Tensor]")
 
 
 def record_unseen(builder: Any, tensor: Tensor) -> str | None:
     """Record ``tensor`` (with autograd history, made by no recorded op) as an opaque op
     whose parents its autograd graph leads back to; returns the op's label, or None when
-    the graph reaches no recorded value (it then stays a constant)."""
+    the graph reaches no recorded value (it then stays a constant).
+
+    What it runs itself (the walk, a TorchScript function tried, the proof of its edges)
+    is not part of the forward: the capture mode does not see it, wherever it is asked
+    from (a module's exit hook runs with the mode on)."""
+    with torch._C.DisableTorchFunction():
+        return _record(builder, tensor)
+
+
+def _record(builder: Any, tensor: Tensor) -> str | None:
     frame = _caller_frame()
     parents = _parents(builder, tensor, _held(builder, frame, tensor))
     if not parents:
@@ -204,7 +218,7 @@ def _gives(script: Any, values: list[Tensor], tensor: Tensor) -> bool:
     state = rng.snapshot()
     try:
         with torch.no_grad():
-            result = script(*values)
+            result = script(*[value.clone() for value in values])  # (it may write)
     except Exception:  # noqa: BLE001 - not its arguments
         return False
     finally:
@@ -220,7 +234,7 @@ def _gives(script: Any, values: list[Tensor], tensor: Tensor) -> bool:
 def _caller_frame() -> Any:
     """The innermost frame of the model's code (outside torch and torchlens)."""
     frame = sys._getframe(1)
-    while frame is not None and any(part in frame.f_code.co_filename for part in _OWN):
+    while frame is not None and frame.f_code.co_filename.startswith(_OWN):
         frame = frame.f_back
     return frame
 

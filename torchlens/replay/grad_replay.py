@@ -15,8 +15,14 @@ argument (moving an input moves the gradient of a non-linear map). The edge from
 differentiated output is of another kind: the gradient reads that output's *graph*, not
 its value, so moving the value cannot show it. It is proven by the sub-graph: the output
 is made from the inputs by recorded ops (each replayed against its saved value), and
-re-made with the inputs moved, it moves (:func:`graph_edge`). The same proof serves an input whose gradient is the
-same at every probe (a linear map: the gradient is a constant, but of that input).
+re-made with the inputs moved, it moves (:func:`graph_edge`). The same proof serves an
+input whose gradient is the same at every probe (a linear map: the gradient is a
+constant, but of that input).
+
+Its sibling, :func:`unseen_verdicts`, gives the verdicts on the other op replay cannot
+re-make from one recorded function: a value made out of the capture's sight by something
+that cannot be re-run (:mod:`torchlens.capture.unseen`), whose edges autograd proved at
+capture time.
 """
 
 from __future__ import annotations
