@@ -192,3 +192,77 @@ def test_a_gradient_constant_in_its_input_still_has_every_edge_proven():
     torch.manual_seed(0)
     status = tl.replay(LinearEnergy(), (torch.randn(4, 3),))
     assert status.state == "passed", str(status)
+
+
+class TwoInnerSteps(nn.Module):
+    """MAML with manual functional weights: two inner steps, the second differentiating
+    through the first (a grad op inside another's sub-graph)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 2))
+        self.b = nn.Parameter(torch.zeros(2))
+
+    def forward(self, support, labels, query):
+        w, b = self.w, self.b
+        for _ in range(2):
+            loss = ((support @ w + b - labels) ** 2).mean()
+            gw, gb = torch.autograd.grad(loss, (w, b), create_graph=True)
+            w, b = w - 0.1 * gw, b - 0.1 * gb
+        return query @ w + b
+
+
+def test_nested_inner_steps_validate_and_their_second_order_grads_are_right():
+    torch.manual_seed(0)
+    model = TwoInnerSteps()
+    args = (torch.randn(6, 4), torch.randn(6, 2), torch.randn(3, 4))
+    trace = tl.trace(model, args, save_grads=True)
+    grads = [op for op in trace if op.func_name == "grad"]
+    assert len(grads) == 4 and {op.output_index for op in grads} == {0, 1}  # (gw, gb) x 2
+    second = {op.call_index for op in grads[2:]}
+    first = {op.label for op in grads[:2]}
+    assert len(second) == 1 and first & _ancestors(trace, grads[2].label)
+    status = tl.replay(model, args)
+    assert status.state == "passed", str(status)
+    trace.backward()
+    want = torch.autograd.grad(model(*args).sum(), [model.w, model.b])
+    torch.testing.assert_close(trace["w"].grad, want[0])
+    torch.testing.assert_close(trace["b"].grad, want[1])
+
+
+def _ancestors(trace, label: str) -> set[str]:
+    found, stack = set(), list(trace[label].parents)
+    while stack:
+        parent = stack.pop()
+        if parent not in found:
+            found.add(parent)
+            stack += list(getattr(trace[parent], "parents", ()))
+    return found
+
+
+class AccumulatesIntoWeights(nn.Module):
+    """``backward`` without ``inputs=``: it also accumulates into the weights' ``.grad``,
+    which the ground-truth rerun has set by the time the capture runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.h = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 1))
+
+    def forward(self, x):
+        x = x.detach().requires_grad_()
+        self.h(x).sum().backward(create_graph=True)
+        return x.grad * 2
+
+
+def test_a_backward_accumulating_into_set_grads_leaves_what_it_wrote_linked_not_replayed():
+    torch.manual_seed(0)
+    model, x = AccumulatesIntoWeights(), torch.randn(4, 3)
+    status = tl.replay(model, (x,))
+    assert status.state == "unverified" and not status.failures, str(status)
+    [gap] = status.unchecked  # x.grad: made out of sight, its edges proven by autograd
+    assert gap.arm == "replay" and "made out of the capture's sight" in gap.reason
+    trace = tl.trace(model, x)
+    made = trace[gap.label]
+    assert set(made.parents) == {"h.0.weight", "tanh_1", "h.2.weight"}  # what dE/dx reads
+    for p in model.parameters():
+        p.grad = None
