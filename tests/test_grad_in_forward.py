@@ -4,6 +4,7 @@ recorded sub-graph, and its edges proven (``torchlens/replay/grad_replay.py``)."
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -266,3 +267,22 @@ def test_a_backward_accumulating_into_set_grads_leaves_what_it_wrote_linked_not_
     assert set(made.parents) == {"h.0.weight", "tanh_1", "h.2.weight"}  # what dE/dx reads
     for p in model.parameters():
         p.grad = None
+
+
+def test_rerun_remakes_a_gradient_downstream_of_an_edit_and_refuses_one_inside_its_graph():
+    torch.manual_seed(0)
+    model = GradientPenalty()
+    real, fake, alpha = torch.randn(4, 6), torch.randn(4, 6), torch.rand(4, 1)
+    trace = tl.trace(model, (real, fake, alpha))
+    assert trace["mul_1"].parents == ("input_3", "input_1")  # alpha * real
+    edited = trace.rerun({tl.label("mul_1"): lambda value, op: value * 0.5})
+    mixed = (0.5 * alpha * real + (1 - alpha) * fake).requires_grad_(True)
+    score = model.critic(mixed)
+    (grad,) = torch.autograd.grad(score, mixed, torch.ones_like(score), create_graph=True)
+    penalty = ((grad.norm(2, dim=1) - 1) ** 2).mean()
+    want = model.critic(fake).mean() - model.critic(real).mean() + 10 * penalty
+    torch.testing.assert_close(edited.output, want.detach())
+    inside = next(op.label for op in trace if op.func_name == "leaky_relu")
+    with pytest.raises(tl.errors.InterventionError) as caught:
+        trace.rerun({tl.label(inside): lambda value, op: value * 2})
+    assert caught.value.code == "not_replayable" and inside in str(caught.value)

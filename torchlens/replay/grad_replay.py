@@ -116,9 +116,18 @@ def _remake(interp: Any, op: Any, values: list[Tensor]) -> tuple[dict[str, Tenso
         made.setdefault(op.parent_args[i].label, leaf)
         leaves.append(made[op.parent_args[i].label])
     outputs = {op.parent_args[i].label for i in out_slots}
-    for call in _subgraph(trace, op, set(made), outputs):
+    subgraph = _subgraph(trace, op, set(made), outputs)
+    edited = set(interp.edited).intersection(o.label for call in subgraph for o in call)
+    if edited:
+        from torchlens.replay.interpreter import Unreplayable  # (it imports this module)
+
+        raise Unreplayable(
+            f"an edit replaced {sorted(edited)[0]!r} inside the graph it differentiates, "
+            "which the recorded graph cannot differentiate"
+        )
+    for call in subgraph:
         head = call[0]
-        args = [made[label] if label in made else trace[label].out
+        args = [made[label] if label in made else interp.value(label)
                 for label, _ in head.parent_args]  # fmt: skip
         if head.is_inplace or may_write_arguments(head):
             args = [arg.clone() for arg in args]  # (never into a leaf or a saved value)

@@ -75,9 +75,18 @@ class Interpreter:
     def visit(self, ops: list[Any]) -> None:
         raise NotImplementedError
 
+    # labels of ops whose value an edit replaced (a what-if rerun): a gradient the forward
+    # took through one cannot be re-made from the recorded graph (grad_replay.py)
+    edited: list[str] | tuple[str, ...] = ()
+
     def parent_values(self, op: Any) -> list[Tensor]:
         """Saved values of the op's tensor arguments, slot order; raises if one is missing."""
         return [self.trace[ref.label].out for ref in op.parent_args]
+
+    def value(self, label: str) -> Tensor:
+        """The value this interpreter holds for ``label``: the saved one (a what-if rerun
+        holds the values its edits changed)."""
+        return self.trace[label].out
 
     def execute(self, op: Any, values: list[Tensor]) -> list[Tensor]:
         """Run the call that produced ``op`` on ``values``; returns all its output tensors.
