@@ -286,3 +286,59 @@ def test_rerun_remakes_a_gradient_downstream_of_an_edit_and_refuses_one_inside_i
     with pytest.raises(tl.errors.InterventionError) as caught:
         trace.rerun({tl.label(inside): lambda value, op: value * 2})
     assert caught.value.code == "not_replayable" and inside in str(caught.value)
+
+
+class ScalesWithoutGrad(nn.Module):
+    """A factor computed under ``no_grad`` inside the differentiated graph: the forward's
+    gradient does not flow through it, and neither does replay's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x):
+        x = x.detach().requires_grad_()
+        h = self.lin(x)
+        with torch.no_grad():
+            scale = h.norm()
+        (grad,) = torch.autograd.grad((h * scale).tanh().sum(), x, create_graph=True)
+        return grad
+
+
+def test_a_value_made_without_grad_inside_the_differentiated_graph_stays_without():
+    torch.manual_seed(0)
+    status = tl.replay(ScalesWithoutGrad(), (torch.randn(4, 3),))
+    assert status.state == "passed", str(status)
+
+
+class _StraightThrough(torch.autograd.Function):
+    """Rounding whose backward passes the gradient through unchanged."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return torch.round(x * 4) / 4
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class QuantizedEnergy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x):
+        x = x.detach().requires_grad_()
+        energy = _StraightThrough.apply(self.lin(x)).pow(2).sum()
+        (grad,) = torch.autograd.grad(energy, x, create_graph=True)
+        return grad
+
+
+def test_a_custom_autograd_function_inside_the_differentiated_graph_is_unverified_not_failed():
+    torch.manual_seed(0)
+    status = tl.replay(QuantizedEnergy(), (torch.randn(4, 3),))
+    assert status.state == "unverified" and not status.failures, str(status)
+    gaps = {(gap.label, gap.arm) for gap in status.unchecked}
+    assert gaps == {("grad_1", "replay"), ("grad_1", "perturbation")}
+    assert "custom autograd.Function" in status.unchecked[0].reason

@@ -117,14 +117,11 @@ def _remake(interp: Any, op: Any, values: list[Tensor]) -> tuple[dict[str, Tenso
         leaves.append(made[op.parent_args[i].label])
     outputs = {op.parent_args[i].label for i in out_slots}
     subgraph = _subgraph(trace, op, set(made), outputs)
-    edited = set(interp.edited).intersection(o.label for call in subgraph for o in call)
-    if edited:
+    problem = _not_remade(interp, subgraph)
+    if problem:
         from torchlens.replay.interpreter import Unreplayable  # (it imports this module)
 
-        raise Unreplayable(
-            f"an edit replaced {sorted(edited)[0]!r} inside the graph it differentiates, "
-            "which the recorded graph cannot differentiate"
-        )
+        raise Unreplayable(problem)
     for call in subgraph:
         head = call[0]
         args = [made[label] if label in made else interp.value(label)
@@ -132,9 +129,38 @@ def _remake(interp: Any, op: Any, values: list[Tensor]) -> tuple[dict[str, Tenso
         if head.is_inplace or may_write_arguments(head):
             args = [arg.clone() for arg in args]  # (never into a leaf or a saved value)
         results = interp.execute(head, args)
-        for member in call:
-            made[member.label] = results[member.output_index]
+        for member in call:  # (one made without grad in the forward stays so: no_grad)
+            value = results[member.output_index]
+            made[member.label] = value if member.requires_grad else value.detach()
     return made, leaves
+
+
+def _not_remade(interp: Any, subgraph: list[list[Any]]) -> str | None:
+    """Why the recorded ``subgraph`` does not differentiate as the forward's graph did, or
+    None: an edit replaced a value inside it (a what-if rerun), or an op gained a gradient
+    that none of its recorded arguments carried (the output of a custom
+    ``autograd.Function``, whose own backward replay cannot re-make)."""
+    edited = set(interp.edited)
+    trace = interp.trace
+    for call in subgraph:
+        head = call[0]
+        if edited.intersection(member.label for member in call):
+            label = next(member.label for member in call if member.label in edited)
+            return (
+                f"an edit replaced {label!r} inside the graph it differentiates, which "
+                "the recorded graph cannot differentiate"
+            )
+        if (
+            any(member.requires_grad for member in call)
+            and head.func_name != "requires_grad_"
+            and not any(trace[label].requires_grad for label in head.parents)
+        ):
+            return (
+                f"{head.label!r} carries a gradient none of its recorded arguments does "
+                "(the output of a custom autograd.Function, differentiated by its own "
+                "backward), inside the graph it differentiates"
+            )
+    return None
 
 
 def differentiate(interp: Any, op: Any, values: list[Tensor]) -> list[Tensor]:
