@@ -342,3 +342,31 @@ def test_a_custom_autograd_function_inside_the_differentiated_graph_is_unverifie
     gaps = {(gap.label, gap.arm) for gap in status.unchecked}
     assert gaps == {("grad_1", "replay"), ("grad_1", "perturbation")}
     assert "custom autograd.Function" in status.unchecked[0].reason
+
+
+class RetainsGrad(nn.Module):
+    """``backward()`` without ``inputs=`` while a non-leaf retains its grad: naming the
+    leaves would leave that ``.grad`` unwritten, so the call is left as the forward made it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x):
+        x = x.detach().requires_grad_()
+        h = self.lin(x)
+        h.retain_grad()
+        h.tanh().sum().backward(create_graph=True)
+        return h.grad * 2
+
+
+def test_a_backward_beside_a_retained_grad_runs_as_the_forward_made_it():
+    torch.manual_seed(0)
+    model, x = RetainsGrad(), torch.randn(4, 3)
+    want = model(x.clone())
+    model.zero_grad(set_to_none=True)
+    trace = tl.trace(model, x)
+    torch.testing.assert_close(trace.output, want)  # h.grad was written
+    assert not any(op.func_name == "backward" for op in trace)
+    status = tl.replay(model, (x,))
+    assert not status.failures, str(status)

@@ -9,7 +9,8 @@ so they are its parents; :func:`backward_outputs` (a
 :data:`~torchlens.capture.special.SPECIAL_OUTPUTS` entry) gives their ``.grad`` after it
 as its outputs. Replay re-makes them by differentiating the recorded sub-graph
 (:mod:`torchlens.replay.grad_replay`). A leaf whose ``.grad`` already holds a gradient
-would be accumulated into, so such a call is left as it is (unrecorded).
+would be accumulated into, so such a call is left as it is (unrecorded), as is one naming
+no ``inputs`` while a non-leaf retains its grad (naming the leaves would skip it).
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ BACKWARD = Tensor.backward
 _ORDER = ("gradient", "retain_graph", "create_graph", "inputs")  # after self
 
 
-def backward_call(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+def backward_call(args: tuple, kwargs: dict, builder: Any) -> tuple[tuple, dict]:
     """``Tensor.backward``'s arguments all by position, ``inputs`` the leaves it writes;
-    as given when a leaf's ``.grad`` is already set (it would accumulate)."""
+    as given when a leaf's ``.grad`` is already set (it would accumulate), or when it
+    names no ``inputs`` and a recorded non-leaf ``retain_grad()``-s (naming the leaves
+    would leave that one's ``.grad`` unwritten)."""
     given = dict(zip(_ORDER, args[1:]))
     given.update(kwargs)
     output = args[0]
@@ -35,6 +38,8 @@ def backward_call(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     if isinstance(inputs, Tensor):
         inputs = (inputs,)
     if inputs is None:
+        if _retaining(builder):
+            return args, kwargs
         inputs = _leaves(output)
     inputs = tuple(inputs)
     if any(leaf.grad is not None for leaf in inputs):
@@ -53,6 +58,15 @@ def backward_outputs(args: tuple, result: Any) -> list[tuple[str, Tensor]]:
         for k, leaf in enumerate(args[-1])
         if isinstance(leaf, Tensor) and leaf.grad is not None
     ]
+
+
+def _retaining(builder: Any) -> bool:
+    """Whether a tensor the capture recorded is a non-leaf that retains its grad."""
+    for entry in list(builder._live.values()):
+        tensor = entry[0]()
+        if tensor is not None and tensor.retains_grad:
+            return True
+    return False
 
 
 def _leaves(output: Tensor) -> tuple[Tensor, ...]:

@@ -68,7 +68,7 @@ class CaptureMode(TorchFunctionMode):
         if info.inplace and not args and kwargs:  # torch.nn.init passes tensor=...
             args, kwargs = _target_first(args, kwargs)
         elif func is _BACKWARD:  # the .grad it writes are its outputs
-            args, kwargs = backward_call(args, kwargs)
+            args, kwargs = backward_call(args, kwargs, self.builder)
         try:
             parent_args, args_template, kwargs_template = self.builder.arguments(
                 _read_arguments(func, args), kwargs
