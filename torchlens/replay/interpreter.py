@@ -5,12 +5,11 @@ multi-output call are replayed together) and re-executes a call from values it i
 with one method per kind of op: ordinary calls, stochastic calls (the op's RNG snapshot is
 restored around them, including a generator the call was handed) and ``refresh`` ops
 (writes through other views, redone in order from the writers' recorded geometry). A call
-recorded inside an autocast region runs under it again; a ``torch.autograd.grad`` call is
-re-made by differentiating its recorded sub-graph (:mod:`~torchlens.replay.grad_replay`).
-:class:`Checker` is the small variation that
-validation runs:
-per-op replay from saved parent values, each call then handed to the perturbation arm
-(:mod:`torchlens.replay.edges`).
+recorded inside an autocast region runs under it again; a ``torch.autograd.grad`` (or
+``Tensor.backward``) call is re-made by differentiating its recorded sub-graph
+(:mod:`~torchlens.replay.grad_replay`). :class:`Checker` is the small variation that
+validation runs: per-op replay from saved parent values, each call then handed to the
+perturbation arm (:mod:`torchlens.replay.edges`).
 """
 
 from __future__ import annotations
