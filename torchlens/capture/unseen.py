@@ -10,15 +10,20 @@ walked back to the nodes of recorded ops' values (a node and output number, as
 recorded as one opaque op with those parents (:func:`record_unseen`), named after what
 made it when that can be told:
 
-* a TorchScript function called on the caller's line (a name of the calling frame bound
-  to a ``torch.jit.ScriptFunction``) whose tensor arguments are the parents in some order:
-  the function is tried on them, and when it gives the value back it is the op's function,
-  so replay and perturbation re-run it like any call;
-* else the ``grad_fn`` of the value (``DifferentiableGraphBackward``, an extension's
-  ``Backward``): the op has no function to re-run, and its edges are proven at capture
-  time by autograd (a non-zero vector-Jacobian product with a random vector shows the value
-  moves with that parent), kept in ``op.meta["unseen"]`` for validation.
+* a TorchScript function the calling code names (its current line first, as a global, a
+  local or an attribute of ``self``; then the function's other names; then the names the
+  model's ``forward`` methods use) that gives the value back from the parents in some
+  order, with, when it takes more tensors, recorded values autograd does not track (an
+  input that does not require grad): it is the op's function, ``script_<name>``, and
+  replay and perturbation re-run it like any call;
+* else (an extension's kernel, a helper with a non-tensor argument) the op has no function
+  to re-run; it is named after the one TorchScript function its line names, else after
+  the value's ``grad_fn`` (``MulBackward0``, an extension's ``Backward``), and its edges
+  are proven at capture time by autograd (a non-zero vector-Jacobian product with a
+  random vector shows the value moves with that parent), kept in ``op.meta["unseen"]``.
 
+A value the calling frame holds in a variable that was made out of sight too (``g =
+fused_gate(a, b)`` before ``silu(g)``) stops the walk and is recorded first, as its own op.
 Under ``torch.no_grad`` such a value has no history, so nothing links it: it stays a
 constant, and validation says that it cannot tell.
 """
@@ -55,8 +60,15 @@ _TENSOR_TYPES = ("Tensor", "Optional[Tensor]")
 
 def record_unseen(builder: Any, tensor: Tensor) -> str | None:
     """Record ``tensor`` (with autograd history, made by no recorded op) as an opaque op
-    whose parents its autograd graph leads back to; returns the op's label, or None when
-    the graph reaches no recorded value (it then stays a constant).
+    whose parents its autograd graph leads back to (see the module docstring).
+
+    Args:
+        builder: the capture's :class:`~torchlens.capture.builder.TraceBuilder`.
+        tensor: the value, first seen as an argument or an output.
+
+    Returns:
+        The op's label, or None when the graph reaches no recorded value (it then stays
+        a constant, ``unseen computation``).
 
     What it runs itself (the walk, a TorchScript function tried, the proof of its edges)
     is not part of the forward: the capture mode does not see it, wherever it is asked
