@@ -370,3 +370,12 @@ def test_a_backward_beside_a_retained_grad_runs_as_the_forward_made_it():
     assert not any(op.func_name == "backward" for op in trace)
     status = tl.replay(model, (x,))
     assert not status.failures, str(status)
+
+
+def test_a_saved_and_loaded_trace_replays_its_gradient_op(tmp_path):
+    torch.manual_seed(0)
+    trace = tl.trace(ForceField(), torch.randn(5, 3))
+    trace.save(tmp_path / "force_field")
+    loaded = tl.load(tmp_path / "force_field")
+    assert next(op for op in loaded if op.func_name == "grad").func is torch.autograd.grad
+    assert check_trace(loaded).state == "passed"

@@ -9,6 +9,7 @@ from torch import nn
 
 import torchlens as tl
 from torchlens.capture.unseen import UNSEEN_META
+from torchlens.replay import check_trace
 
 
 @torch.jit.script
@@ -151,3 +152,19 @@ def test_under_no_grad_a_value_made_out_of_sight_is_a_constant_and_the_verdict_s
     assert any(
         note.startswith(source.label) and "grad was off" in note for note in status.decisions
     ), status.decisions
+
+
+def test_a_loaded_trace_keeps_the_proven_edges_and_names_what_it_cannot_rerun(tmp_path):
+    torch.manual_seed(0)
+    for model, path in [(ScalesOutOfSight(), "opaque"), (GatedBlock(), "scripted")]:
+        tl.trace(model, torch.randn(3, 4)).save(tmp_path / path)
+    opaque = check_trace(tl.load(tmp_path / "opaque"))  # edges kept from the capture
+    assert [(gap.label, gap.arm) for gap in opaque.unchecked] == [
+        ("script_scaled_silu_1", "replay")
+    ]
+    scripted = check_trace(tl.load(tmp_path / "scripted"))  # a TorchScript function: not saved
+    assert scripted.state == "unverified" and not scripted.failures
+    assert {gap.label for gap in scripted.unchecked} == {
+        "script_fused_gate_1",
+        "script_scripted_silu_1",
+    }

@@ -395,7 +395,8 @@ class Checker(Interpreter):
         head, record = ops[0], self.findings
         if head.func is None and head.func_name == "refresh" and self._made_as_recorded(head):
             return
-        if head.func is None and UNSEEN_META in head.meta:  # made out of sight, no function
+        unseen = head.meta.get(UNSEEN_META) if head.func is None else None
+        if unseen is not None and not unseen["rerun"]:  # made out of sight, no function
             return unseen_verdicts(ops, self.findings)
         try:
             values = self.parent_values(head)
