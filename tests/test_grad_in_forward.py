@@ -379,3 +379,28 @@ def test_a_saved_and_loaded_trace_replays_its_gradient_op(tmp_path):
     loaded = tl.load(tmp_path / "force_field")
     assert next(op for op in loaded if op.func_name == "grad").func is torch.autograd.grad
     assert check_trace(loaded).state == "passed"
+
+
+class FunctionalBackward(nn.Module):
+    """``torch.autograd.backward`` with ``grad_tensors``, then the ``.grad`` it wrote."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+
+    def forward(self, x, weights):
+        x = x.detach().requires_grad_()
+        out = torch.tanh(self.lin(x))
+        torch.autograd.backward(out, grad_tensors=weights, create_graph=True, inputs=[x])
+        return x.grad.pow(2).sum(-1)
+
+
+def test_torch_autograd_backward_is_an_op_too_with_its_grad_tensors_as_parents():
+    torch.manual_seed(0)
+    model, args = FunctionalBackward(), (torch.randn(4, 3), torch.rand(4, 2))
+    trace = tl.trace(model, args)
+    (backward,) = [op for op in trace if op.func_name == "backward"]
+    assert [trace[p].func_name for p in backward.parents[:1]] == ["tanh"]
+    assert "input_2" in backward.parents  # grad_tensors
+    status = tl.replay(model, args)
+    assert status.state == "passed", str(status)

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from torchlens.capture.grad_calls import BACKWARDS, backward_roles
 from torchlens.capture.tree import ArgSlot, fill, flatten
 from torchlens.capture.unseen import UNSEEN_META
 from torchlens.replay.exemptions import may_write_arguments
@@ -45,7 +46,7 @@ __all__ = [
 ]
 
 Tensor = torch.Tensor
-GRAD_FUNCS = (torch.autograd.grad, torch.Tensor.backward)  # replayed by differentiate
+GRAD_FUNCS = (torch.autograd.grad, *BACKWARDS)  # replayed by differentiate
 
 
 def _slots(template: Any) -> list[int]:
@@ -66,8 +67,9 @@ def _slots(template: Any) -> list[int]:
 def _roles(op: Any) -> tuple[list[int], list[int]]:
     """The argument slots of the differentiated outputs and of the inputs."""
     args, kwargs = op.args_template, op.kwargs_template
-    if op.func is torch.Tensor.backward:  # (self, gradient, ..., inputs): grad_calls.py
-        return _slots(args[0]), _slots(args[4])
+    if op.func in BACKWARDS:  # (tensors, gradients, ..., inputs): grad_calls.py
+        outputs, _, inputs = backward_roles(op.func)
+        return _slots(args[outputs]), _slots(args[inputs])
     outputs = args[0] if args else kwargs.get("outputs")
     inputs = args[1] if len(args) > 1 else kwargs.get("inputs")
     return _slots(outputs), _slots(inputs)
@@ -175,10 +177,10 @@ def differentiate(interp: Any, op: Any, values: list[Tensor]) -> list[Tensor]:
         for i, leaf in zip(in_slots, leaves):
             given[i] = leaf
         args, kwargs = fill(op.args_template, given), fill(op.kwargs_template, given)
-        if op.func is torch.Tensor.backward:  # the .grad it writes, as autograd.grad gives
-            output, gradient, _, create_graph, inputs = args
-            args, kwargs = (output, inputs, gradient), {"allow_unused": True}
-            kwargs["create_graph"] = bool(create_graph)
+        if op.func in BACKWARDS:  # the .grad it writes, as autograd.grad gives them
+            outputs, gradients, inputs = backward_roles(op.func)
+            kwargs = {"allow_unused": True, "create_graph": bool(args[3])}
+            args = (args[outputs], args[inputs], args[gradients])
         result = torch.autograd.grad(*args, **kwargs)
     return [tensor for _, tensor in flatten(result)[0]]
 
