@@ -529,6 +529,8 @@ class Trace:
         With the default ``depth="auto"``, a graph of more than ``max_nodes=150`` boxes or
         more than 40 boxes tall is folded to a readable size, with a warning saying so;
         ``depth=None`` (or ``max_nodes=None``) draws every op, an int draws to that depth.
+        ``rolled=True`` draws each layer (:attr:`layers`) once with its pass count, the
+        edges between passes labelled (``docs/loops.md``).
         """
         from torchlens.viz import draw
 
