@@ -537,14 +537,21 @@ class Trace:
         return draw(self, path, depth=depth, collapse_repeats=collapse_repeats, **options)
 
     def show(
-        self, path: Any = None, *, status: Any = None, open: bool = False, values: int = 0
+        self,
+        path: Any = None,
+        *,
+        status: Any = None,
+        open: bool = False,
+        values: int = 0,
+        rolled: bool = False,
     ) -> Any:
         """Write an interactive HTML page of the graph; see :func:`torchlens.viz.show`.
 
         Module calls unfold on click, a search box finds ops, clicking an op shows its
         fields and value statistics; ``status=tl.replay(...)`` colours ops by verdict.
+        ``rolled=True`` opens the rolled view (each layer once; a button switches back).
         Returns a :class:`~torchlens.viz.ViewerPage` (its ``.path``; inline in notebooks).
         """
         from torchlens.viz import show
 
-        return show(self, path, status=status, open=open, values=values)
+        return show(self, path, status=status, open=open, values=values, rolled=rolled)
