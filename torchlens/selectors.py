@@ -37,6 +37,7 @@ __all__ = [
     "module",
     "label",
     "layer",
+    "needs_trace",
     "where",
     "as_selector",
     "Candidates",
@@ -513,6 +514,20 @@ def layer(*names: str, passes: int | Iterable[int] | None = None) -> Selector:
             code="bad_selector",
         )
     return _Layer(frozenset(name for name, _ in split), numbers)
+
+
+def needs_trace(selector: Selector) -> bool:
+    """Whether ``selector`` asks what only a finished trace knows (``tl.layer``), so a
+    capture cannot answer it op by op: ``tl.extract`` then resolves it on a trace first.
+
+    Example:
+        >>> needs_trace(func("relu") | layer("linear_1")), needs_trace(func("relu"))
+        (True, False)
+    """
+    if isinstance(selector, _Layer):
+        return True
+    parts = (getattr(selector, name, None) for name in ("left", "right", "inner"))
+    return any(needs_trace(part) for part in parts if isinstance(part, Selector))
 
 
 def where(fn: Callable[[Any], bool]) -> Selector:
