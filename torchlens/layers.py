@@ -5,8 +5,10 @@ added to the capture's hot path, and the grouping is computed on first use
 (``trace.layers``, ``op.layer``, ``op.pass_index``), in O(ops), from what capture already
 records. The rule (``docs/loops.md``):
 
-1. Every op has a *token*: its function, which output of the call it is, the parameters and
-   buffers it reads, and its source line when ``tl.trace(source=True)`` noted one.
+1. Every op has a *token*: its function, which output of the call it is, and the parameters
+   and buffers it reads. With ``tl.trace(source=True)`` its source line is part of the token
+   when loops are looked for (step 2), not in the layer's key: an op inside ``nn.Linear``
+   has the line that called the module, and a module called from two lines is one code.
 2. Every op has a *scope*: the address of its innermost module call, without the call
    number (``None`` for code of the traced callable itself), and a *place* in that call's
    own body (its direct ops and nested calls, in order). The place is
@@ -17,7 +19,8 @@ records. The rule (``docs/loops.md``):
      stretch is one iteration (its start aligned with the ops before the first anchor and
      its end with those after the last), so the weight-free ops of a loop body line up;
    - otherwise its ordinal among the body's other ops with the same token (the 2nd
-     ``relu`` of the body), so the same code in two calls of one module lines up.
+     ``relu`` of the body), so the same code in two calls of one module lines up, and the
+     same function written twice in one body is two layers.
 3. A layer is every op with the same (scope, place, token); its ops in execution order are
    its passes, numbered from 1. Its label is the label of its first pass; ``"layer:pass"``
    (``"linear_1:2"``) names one pass.
@@ -127,7 +130,7 @@ def group_layers(trace: Any) -> Layers:
             if isinstance(item, tuple):
                 continue
             scope = item.module_stack[-1][0] if item.module_stack else None
-            groups.setdefault((scope, place, tokens[item.label]), []).append(item)
+            groups.setdefault((scope, place, tokens[item.label][:4]), []).append(item)
     ordered = sorted(groups.values(), key=lambda ops: ops[0].index)
     return Layers({ops[0].label: tuple(sorted(ops, key=_index)) for ops in ordered})
 
@@ -165,9 +168,9 @@ def _places(tokens: list[tuple]) -> list[tuple]:
         places[i] = ("loop", anchor, slot)
     seen: Counter = Counter()
     for i, token in enumerate(tokens):
-        if places[i] is None:
-            seen[token] += 1
-            places[i] = ("at", seen[token])
+        if places[i] is None:  # counted without the line: ops of a module called from two
+            seen[token[:4]] += 1  # lines are the same code (the line is the caller's)
+            places[i] = ("at", seen[token[:4]])
     return places  # type: ignore[return-value]
 
 

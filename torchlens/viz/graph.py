@@ -284,6 +284,8 @@ class _ViewBuilder:
             title = self._repeat_title(repeat) if repeat else self._call_title(call)
             cluster = Cluster(f"{call.address}:{call.call_index}", title, len(stack))
             cluster.repeat = repeat.count if repeat else 1
+            if self.rolled:  # drawn once for every call of the module
+                cluster.repeat = self.call_counts.get(call.address, 1)
             parent.children.append(cluster)
             self.clusters[stack] = cluster
         return cluster
