@@ -60,9 +60,12 @@ class Layers(Mapping[str, tuple[Any, ...]]):
 
     def __init__(self, groups: dict[str, tuple[Any, ...]]) -> None:
         self._groups = groups
-        self.of: dict[str, tuple[str, int]] = {
-            op.label: (name, i) for name, ops in groups.items() for i, op in enumerate(ops, 1)
-        }
+        self.of: dict[str, tuple[str, int]] = {}
+        for name, ops in groups.items():
+            if len(ops) == 1:
+                self.of[name] = (name, 1)
+            else:
+                self.of.update((op.label, (name, i)) for i, op in enumerate(ops, 1))
 
     def __getitem__(self, name: str) -> tuple[Any, ...]:
         ops = self._groups.get(name)
@@ -116,34 +119,41 @@ def group_layers(trace: Any) -> Layers:
         The :class:`Layers`, in order of each layer's first pass.
     """
     held = {s.label for s in trace.sources if s.kind in ("parameter", "buffer")}
-    tokens: dict[str, tuple] = {}
-    for op in trace.ops:
-        reads = tuple(p for p in op.parents if p in held)
-        where = op.meta.get("source")
-        line = (where[0], where[1]) if where is not None else None
-        tokens[op.label] = ("op", op.func_name, op.output_index, reads, line)
     groups: dict[tuple, list[Any]] = {}
-    for items in _bodies(trace.ops).values():
-        body_tokens = [tokens[i.label] if not isinstance(i, tuple) else ("call", i[0]) for i in items]
-        places = _places(body_tokens)
-        for item, place in zip(items, places):
-            if isinstance(item, tuple):
-                continue
-            scope = item.module_stack[-1][0] if item.module_stack else None
-            groups.setdefault((scope, place, tokens[item.label][:4]), []).append(item)
-    ordered = sorted(groups.values(), key=lambda ops: ops[0].index)
-    return Layers({ops[0].label: tuple(sorted(ops, key=_index)) for ops in ordered})
+    for stack, (items, tokens) in _bodies(trace.ops, held).items():
+        scope = stack[-1][0] if stack else None
+        places = _places(tokens) if len(tokens) > 1 else (("at", 1),)
+        for item, place, token in zip(items, places, tokens):
+            if item is not None:  # an op, not a nested call
+                key = (scope, place, token[:4])
+                group = groups.get(key)
+                if group is None:
+                    groups[key] = [item]
+                else:
+                    group.append(item)
+    ordered = sorted(groups.values(), key=_first_index)
+    return Layers({ops[0].label: _in_order(ops) for ops in ordered})
 
 
-def _index(op: Any) -> int:
-    return op.index
+def _first_index(ops: list[Any]) -> int:
+    return ops[0].index
 
 
-def _bodies(ops: Sequence[Any]) -> dict[tuple, list[Any]]:
-    """Each call's own body, by its module stack: its direct ops, and ``(address, call)``
-    for each nested call, in order."""
-    bodies: dict[tuple, list[Any]] = {}
+def _in_order(ops: list[Any]) -> tuple[Any, ...]:
+    if len(ops) == 1:
+        return (ops[0],)
+    if all(a.index < b.index for a, b in zip(ops, ops[1:])):
+        return tuple(ops)
+    return tuple(sorted(ops, key=lambda op: op.index))  # a module that calls itself
+
+
+def _bodies(ops: Sequence[Any], held: set[str]) -> dict[tuple, tuple[list, list]]:
+    """Each call's own body, by its module stack: ``(items, tokens)``, the items its direct
+    ops and ``None`` for each nested call, in order, with their tokens (a nested call's
+    token is ``("call", address)``)."""
+    bodies: dict[tuple, tuple[list, list]] = {}
     previous: tuple = ()
+    body = bodies[()] = ([], [])
     for op in ops:
         stack = op.module_stack
         if stack != previous:
@@ -153,9 +163,23 @@ def _bodies(ops: Sequence[Any]) -> dict[tuple, list[Any]]:
                     break
                 common += 1
             for depth in range(common, len(stack)):
-                bodies.setdefault(stack[:depth], []).append(stack[depth])
+                outer = bodies.get(stack[:depth])
+                if outer is None:
+                    outer = bodies[stack[:depth]] = ([], [])
+                outer[0].append(None)
+                outer[1].append(("call", stack[depth][0]))
             previous = stack
-        bodies.setdefault(stack, []).append(op)
+            body = bodies.get(stack)
+            if body is None:
+                body = bodies[stack] = ([], [])
+        parents = op.parents
+        reads = tuple([p for p in parents if p in held]) if parents else ()
+        token = ("op", op.func_name, op.output_index, reads)
+        where = op.meta.get("source") if op.meta else None
+        body[0].append(op)
+        body[1].append(token if where is None else (*token, (where[0], where[1])))
+    if not bodies[()][0]:
+        del bodies[()]
     return bodies
 
 
@@ -163,14 +187,15 @@ def _places(tokens: list[tuple]) -> list[tuple]:
     """The place of each item of one body: its slot in the body's loop, or its ordinal
     among the items of the same token."""
     places: list[tuple | None] = [None] * len(tokens)
-    anchor, slots = _find_loop(tokens)
+    anchor, slots = _find_loop(tokens) if len(set(tokens)) < len(tokens) else (None, {})
     for i, slot in slots.items():
         places[i] = ("loop", anchor, slot)
-    seen: Counter = Counter()
+    seen: dict[tuple, int] = {}
     for i, token in enumerate(tokens):
         if places[i] is None:  # counted without the line: ops of a module called from two
-            seen[token[:4]] += 1  # lines are the same code (the line is the caller's)
-            places[i] = ("at", seen[token[:4]])
+            key = token[:4]  # lines are the same code (the line is the caller's)
+            seen[key] = number = seen.get(key, 0) + 1
+            places[i] = ("at", number)
     return places  # type: ignore[return-value]
 
 
@@ -185,7 +210,7 @@ def _anchors(tokens: list[tuple]) -> list[tuple]:
     def kind(token: tuple) -> int:
         if token[0] == "call":
             return 0
-        return 1 if token[3] else 2 if token[4] is not None else 3
+        return 1 if token[3] else 2 if len(token) > 4 else 3
 
     found = [t for t, n in counts.items() if n > 1 and kind(t) < 3]
     return sorted(found, key=lambda t: (kind(t), -counts[t], first[t]))[:_CANDIDATES]
