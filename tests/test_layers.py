@@ -350,7 +350,11 @@ def test_rerun_edits_one_pass():
 def test_summary_shows_layers_with_pass_counts():
     text = str(tl.trace(LoopRNN(3), torch.randn(2, 3, 4)))
     assert "layers: 6, 4 run more than once (passes): getitem_1 x3, rnn_tanh_cell_1 x3" in text
-    assert "layer:pass" in text.splitlines()[2]
+    assert "layer:pass" in text.splitlines()[1]
+    assert text.splitlines()[-1].startswith("layers: 6, 4 run more than once")
+    trace = tl.trace(LoopRNN(3), torch.randn(2, 3, 4))
+    filtered = trace.summary(tl.func("mul"))
+    assert "run more than once" not in filtered and "mul_1:3/3" in filtered
     row = next(line for line in text.splitlines() if line.startswith("mul_2 "))
     assert row.rstrip().endswith("mul_1:2/3")
     plain = str(tl.trace(nn.Sequential(nn.Linear(4, 3), nn.ReLU()), torch.randn(2, 4)))

@@ -177,8 +177,6 @@ def summary_text(
     if notes:
         heading += f"; showing {len(ops)} ops ({', '.join(notes)})"
     lines = [heading]
-    if repeated:
-        lines.append(_layers_line(trace, repeated))
     trap = train_mode_note(trace)
     if trap:
         lines.append(trap)
@@ -186,6 +184,8 @@ def summary_text(
     if hidden:
         lines.append(f"({hidden} ops not shown: {more_hint})")
     lines.append(f"outputs: {', '.join(trace.output_labels) or '-'}")
+    if repeated and not notes:
+        lines.append(_layers_line(trace, repeated))
     fallbacks = trace.meta.get("fallback_modules")
     if fallbacks:
         named = ", ".join(fallbacks[:3]) + (", ..." if len(fallbacks) > 3 else "")
