@@ -20,6 +20,7 @@ import argparse
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -85,11 +86,11 @@ def cases() -> dict[str, tuple[nn.Module, torch.Tensor]]:
     }
 
 
-def _median(fn, repeats: int) -> float:
+def _median(fn, repeats: int, *args) -> float:
     times = []
     for _ in range(repeats):
         start = time.process_time()
-        fn()
+        fn(*args)
         times.append(time.process_time() - start)
     return statistics.median(times)
 
@@ -103,10 +104,10 @@ def main() -> None:
           f"{'group ms':>9} {'group/struct':>12} {'group/trace':>11}")  # fmt: skip
     for name, (model, x) in cases().items():
         with torch.no_grad():
-            struct = _median(lambda: tl.trace(model, x, structure_only=True), args.repeats)
-            traced = _median(lambda: tl.trace(model, x), args.repeats)
+            struct = _median(partial(tl.trace, structure_only=True), args.repeats, model, x)
+            traced = _median(tl.trace, args.repeats, model, x)
             trace = tl.trace(model, x, structure_only=True)
-        group = _median(lambda: group_layers(trace), args.repeats)
+        group = _median(group_layers, args.repeats, trace)
         layers = group_layers(trace)
         print(f"{name:<13} {len(trace):>6} {len(layers):>7} {struct * 1e3:>10.0f} "
               f"{traced * 1e3:>9.0f} {group * 1e3:>9.1f} {group / struct:>11.1%} "

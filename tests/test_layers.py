@@ -190,8 +190,8 @@ def test_albert_shares_one_layer_across_depth():
 
 def test_generate_steps_are_passes():
     model = llms.gpt2_lm()
-    trace = tl.trace(model.generate, llms.ids(1, 5), kwargs={"max_new_tokens": 3, "do_sample": False,
-                                                   "pad_token_id": 0})  # fmt: skip
+    options = {"max_new_tokens": 3, "do_sample": False, "pad_token_id": 0}
+    trace = tl.trace(model.generate, llms.ids(1, 5), kwargs=options)
     steps = [op for op in trace if op.module_stack and op.module_stack[0][0] == ""]
     assert steps
     prefill_only = 0
@@ -436,7 +436,9 @@ def test_viewer_data_marks_passes_for_the_rolled_view():
     nodes = {n["id"]: n for n in data["nodes"]}
     assert data["repeated"] == 4
     assert nodes["mul_1"]["np"] == 3 and "L" not in nodes["mul_1"]
-    assert nodes["mul_3"]["lp"] == "mul_1:3/3" and data["nodes"][nodes["mul_3"]["L"]]["id"] == "mul_1"
+    assert (
+        nodes["mul_3"]["lp"] == "mul_1:3/3" and data["nodes"][nodes["mul_3"]["L"]]["id"] == "mul_1"
+    )
     assert "lp" not in nodes["linear_1"]
     html = tl.viz.viewer_html(trace, rolled=True)
     assert '"start_rolled":true' in html and 'id="roll"' in html

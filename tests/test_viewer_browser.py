@@ -302,7 +302,9 @@ def test_rolled_switch_draws_each_layer_once(open_page):
     page = viewer.page
     button = page.locator("#roll")
     assert button.is_visible() and button.inner_text() == "Unrolled"
-    assert page.locator("g.box[data-n]").count() == 7  # input, zeros, getitem, cell, mul, linear, output
+    assert (
+        page.locator("g.box[data-n]").count() == 7
+    )  # input, zeros, getitem, cell, mul, linear, output
     cell = viewer.node("rnn_tanh_cell_1")
     assert "×20 passes" in cell.text_content() and "passes" in cell.get_attribute("class")
     assert page.locator("#edges text.pass").all_text_contents() == ["1→2 … 19→20"]

@@ -261,8 +261,7 @@ def _layers_line(trace: Any, repeated: Mapping[str, int], limit: int = 8) -> str
     named = ", ".join(f"{name} x{n}" for name, n in list(repeated.items())[:limit])
     more = f", ... and {len(repeated) - limit} more" if len(repeated) > limit else ""
     return (
-        f"layers: {len(trace.layers)}, {len(repeated)} run more than once "
-        f"(passes): {named}{more}"
+        f"layers: {len(trace.layers)}, {len(repeated)} run more than once (passes): {named}{more}"
     )
 
 

@@ -21,7 +21,6 @@ from typing import Any
 import torch
 
 from torchlens.capture.record import record
-from torchlens.extract._layers import resolve_layers
 from torchlens.errors import ExtractionError, InvalidArgumentError, TorchLensError
 from torchlens.extract import _store
 from torchlens.extract._batches import (
@@ -33,6 +32,7 @@ from torchlens.extract._batches import (
     pick,
     to_device,
 )
+from torchlens.extract._layers import resolve_layers
 
 __all__ = ["BatchRunner", "dtype_name"]
 

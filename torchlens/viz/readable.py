@@ -97,7 +97,8 @@ def readable_options(
     warnings.warn(
         f"the full graph has {size[0]} boxes in {size[1]} rows (readable: at most "
         f"max_nodes={max_nodes} boxes and {MAX_ROWS} rows), so it was drawn with "
-        f"{'rolled=True' if rolled else 'collapse_repeats=True'}{depth_text} ({smaller[0]} boxes in {smaller[1]} rows); pass "
+        f"{'rolled=True' if rolled else 'collapse_repeats=True'}{depth_text} "
+        f"({smaller[0]} boxes in {smaller[1]} rows); pass "
         "depth=None (or max_nodes=None) to draw every op",
         DrawingSizeWarning,
         stacklevel=_caller_level(),

@@ -107,9 +107,7 @@ def show(
     return ViewerPage(target)
 
 
-def viewer_html(
-    trace: Trace, *, status: Any = None, values: int = 0, rolled: bool = False
-) -> str:
+def viewer_html(trace: Trace, *, status: Any = None, values: int = 0, rolled: bool = False) -> str:
     """The viewer page as a string; see :func:`show` for the arguments.
 
     Returns:
