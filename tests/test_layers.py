@@ -442,3 +442,16 @@ def test_viewer_data_marks_passes_for_the_rolled_view():
     assert "lp" not in nodes["linear_1"]
     html = tl.viz.viewer_html(trace, rolled=True)
     assert '"start_rolled":true' in html and 'id="roll"' in html
+
+
+def test_a_rolled_drawing_fits_where_the_unrolled_one_is_folded():
+    import warnings
+
+    from torchlens.viz.readable import DrawingSizeWarning, readable_options
+
+    trace = tl.trace(LoopRNN(60), torch.randn(2, 60, 4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DrawingSizeWarning)
+        assert readable_options(trace, "auto", False, "fold", 150, rolled=True) == (None, False)
+    with pytest.warns(DrawingSizeWarning, match="collapse_repeats=True"):
+        readable_options(trace, "auto", False, "fold", 150)
