@@ -455,3 +455,28 @@ def test_a_rolled_drawing_fits_where_the_unrolled_one_is_folded():
         assert readable_options(trace, "auto", False, "fold", 150, rolled=True) == (None, False)
     with pytest.warns(DrawingSizeWarning, match="collapse_repeats=True"):
         readable_options(trace, "auto", False, "fold", 150)
+
+
+class InnerSteps(nn.Module):
+    """An outer loop over time steps, an inner one calling the same cell three times."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.zeros(2, 8)
+        for t in range(x.shape[1]):
+            h = h + x[:, t]
+            for _ in range(3):
+                h = self.cell(h)
+            h = torch.tanh(h)
+        return h.sum()
+
+
+def test_a_cell_called_several_times_per_step_lines_up_by_phase():
+    trace = tl.trace(InnerSteps(), torch.randn(2, 5, 8))
+    assert passes_of(trace) == {
+        "zeros_1": 1, "getitem_1": 5, "add_1": 5, "linear_1": 15, "tanh_1": 5, "sum_1": 1,
+    }  # fmt: skip
+    assert [op.label for op in trace.layers["tanh_1"]] == [f"tanh_{k}" for k in range(1, 6)]

@@ -228,20 +228,43 @@ def _find_loop(tokens: list[tuple]) -> tuple[tuple | None, dict[int, object]]:
 
 
 def _align(tokens: list[tuple], anchor: tuple) -> dict[int, object]:
-    """Slots of the items that line up across the iterations that ``anchor`` marks."""
+    """Slots of the items that line up across the iterations that ``anchor`` marks.
+
+    An iteration may hold the anchor several times (a loop over steps calling one cell
+    three times a step): the stretches between anchors then repeat with a period, and an
+    item's slot is its stretch's phase in that period and its place in the stretch.
+    """
     at = [i for i, token in enumerate(tokens) if token == anchor]
     gaps = [tuple(tokens[a + 1 : b]) for a, b in zip(at, at[1:])]
-    template = Counter(gaps).most_common(1)[0][0]
-    slots: dict[int, object] = {i: "anchor" for i in at}
-    for (a, _), gap in zip(zip(at, at[1:]), gaps):
-        if gap == template:
-            slots.update({a + 1 + j: j for j in range(len(gap))})
-    before, after = tokens[: at[0]], tokens[at[-1] + 1 :]
-    tail, _, head = _cut(template, before, after)
-    m = len(template)
-    slots.update({at[-1] + 1 + j: j for j in range(tail)})  # the last iteration's tail
-    slots.update({at[0] - (m - j): j for j in range(m - head, m)})  # the first one's head
+    period = _period(gaps)
+    if period:
+        wrap, complete = gaps[period - 1], len(at) % period == 0
+        same = [True] * len(gaps)
+    else:  # irregular: line up the stretches like the most common one
+        period, wrap, complete = 1, Counter(gaps).most_common(1)[0][0], True
+        same = [gap == wrap for gap in gaps]
+    slots: dict[int, object] = {i: ("anchor", n % period) for n, i in enumerate(at)}
+    for n, (a, gap) in enumerate(zip(at, gaps)):
+        if same[n]:
+            slots.update({a + 1 + j: (n % period, j) for j in range(len(gap))})
+    before, after = tokens[: at[0]], tokens[at[-1] + 1 :] if complete else []
+    tail, _, head = _cut(wrap, before, after)
+    m, last = len(wrap), period - 1
+    slots.update({at[-1] + 1 + j: (last, j) for j in range(tail)})  # the last iteration's tail
+    slots.update({at[0] - (m - j): (last, j) for j in range(m - head, m)})  # the first's head
     return slots
+
+
+_PERIODS = 8  # anchors per iteration looked for
+
+
+def _period(gaps: list[tuple]) -> int:
+    """The fewest anchors per iteration such that the stretches repeat exactly (``1``: all
+    alike); ``0`` when they do not repeat with any period up to :data:`_PERIODS`."""
+    for period in range(1, min(_PERIODS, len(gaps) // 2) + 1):
+        if all(gaps[i] == gaps[i + period] for i in range(len(gaps) - period)):
+            return period
+    return 1 if len(gaps) == 1 else 0
 
 
 def _cut(template: tuple, before: list[tuple], after: list[tuple]) -> tuple[int, int, int]:
