@@ -15,9 +15,10 @@ records. The rule (``docs/loops.md``):
    - the op's slot in the loop of that body, when the body repeats: an *anchor* occurs two
      or more times in it (a nested module called again, an op reading the same parameter
      again, or, with source lines, the same line run again), and the stretches between
-     consecutive anchors are the same sequence of tokens (nested calls by address). Each
-     stretch is one iteration (its start aligned with the ops before the first anchor and
-     its end with those after the last), so the weight-free ops of a loop body line up;
+     consecutive anchors are the same sequence of tokens (nested calls by address), or
+     repeat with a period (an iteration that runs the anchor several times). The stretches
+     of one iteration are its body (its start aligned with the ops before the first anchor
+     and its end with those after the last), so the weight-free ops of a loop body line up;
    - otherwise its ordinal among the body's other ops with the same token (the 2nd
      ``relu`` of the body), so the same code in two calls of one module lines up, and the
      same function written twice in one body is two layers.
