@@ -61,12 +61,22 @@ class Layers(Mapping[str, tuple[Any, ...]]):
 
     def __init__(self, groups: dict[str, tuple[Any, ...]]) -> None:
         self._groups = groups
-        self.of: dict[str, tuple[str, int]] = {}
+        # op label -> layer label, and -> pass for ops of later passes (strs and ints: no
+        # per-op object for the garbage collector to walk)
+        self._layer: dict[str, str] = {}
+        self._pass: dict[str, int] = {}
         for name, ops in groups.items():
             if len(ops) == 1:
-                self.of[name] = (name, 1)
+                self._layer[name] = name
             else:
-                self.of.update((op.label, (name, i)) for i, op in enumerate(ops, 1))
+                for i, op in enumerate(ops, 1):
+                    self._layer[op.label] = name
+                    if i > 1:
+                        self._pass[op.label] = i
+
+    def of(self, label: str) -> tuple[str, int]:
+        """``(layer label, pass)`` of the op ``label``."""
+        return self._layer[label], self._pass.get(label, 1)
 
     def __getitem__(self, name: str) -> tuple[Any, ...]:
         ops = self._groups.get(name)
@@ -123,7 +133,7 @@ def group_layers(trace: Any) -> Layers:
     groups: dict[tuple, list[Any]] = {}
     for stack, (items, tokens) in _bodies(trace.ops, held).items():
         scope = stack[-1][0] if stack else None
-        places = _places(tokens) if len(tokens) > 1 else (("at", 1),)
+        places = _places(tokens) if len(tokens) > 1 else _ONE
         for item, place, token in zip(items, places, tokens):
             if item is not None:  # an op, not a nested call
                 key = (scope, place, token[:4])
@@ -153,6 +163,7 @@ def _bodies(ops: Sequence[Any], held: set[str]) -> dict[tuple, tuple[list, list]
     ops and ``None`` for each nested call, in order, with their tokens (a nested call's
     token is ``("call", address)``)."""
     bodies: dict[tuple, tuple[list, list]] = {}
+    interned: dict[tuple, tuple] = {}
     previous: tuple = ()
     body = bodies[()] = ([], [])
     for op in ops:
@@ -168,17 +179,20 @@ def _bodies(ops: Sequence[Any], held: set[str]) -> dict[tuple, tuple[list, list]
                 if outer is None:
                     outer = bodies[stack[:depth]] = ([], [])
                 outer[0].append(None)
-                outer[1].append(("call", stack[depth][0]))
+                call = ("call", stack[depth][0])
+                outer[1].append(interned.setdefault(call, call))
             previous = stack
             body = bodies.get(stack)
             if body is None:
                 body = bodies[stack] = ([], [])
         parents = op.parents
-        reads = tuple([p for p in parents if p in held]) if parents else ()
+        reads = () if held.isdisjoint(parents) else tuple([p for p in parents if p in held])
         token = ("op", op.func_name, op.output_index, reads)
         where = op.meta.get("source") if op.meta else None
+        if where is not None:
+            token = (*token, (where[0], where[1]))
         body[0].append(op)
-        body[1].append(token if where is None else (*token, (where[0], where[1])))
+        body[1].append(interned.setdefault(token, token))  # one object per distinct token
     if not bodies[()][0]:
         del bodies[()]
     return bodies
@@ -196,8 +210,17 @@ def _places(tokens: list[tuple]) -> list[tuple]:
         if places[i] is None:  # counted without the line: ops of a module called from two
             key = token[:4]  # lines are the same code (the line is the caller's)
             seen[key] = number = seen.get(key, 0) + 1
-            places[i] = ("at", number)
+            places[i] = _at(number)
     return places  # type: ignore[return-value]
+
+
+_ATS = [("at", n) for n in range(64)]
+_ONE = (_ATS[1],)
+
+
+def _at(number: int) -> tuple[str, int]:
+    """``("at", number)``, one object for the small numbers most ops have."""
+    return _ATS[number] if number < 64 else ("at", number)
 
 
 def _anchors(tokens: list[tuple]) -> list[tuple]:

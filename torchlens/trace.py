@@ -190,7 +190,7 @@ def _layer_of(op: Op) -> tuple[str, int]:
             f"{op.label!r} belongs to no live trace, so it has no layer; read op.layer "
             "while its Trace exists"
         )
-    return trace.layers.of[op.label]
+    return trace.layers.of(op.label)
 
 
 def _payload(store: PayloadStore | None, label: str) -> torch.Tensor:
