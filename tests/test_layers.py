@@ -480,3 +480,36 @@ def test_a_cell_called_several_times_per_step_lines_up_by_phase():
         "zeros_1": 1, "getitem_1": 5, "add_1": 5, "linear_1": 15, "tanh_1": 5, "sum_1": 1,
     }  # fmt: skip
     assert [op.label for op in trace.layers["tanh_1"]] == [f"tanh_{k}" for k in range(1, 6)]
+
+
+class CORblock(nn.Module):
+    """CORnet-S style: shared convs run for T steps, a norm of its own at each step."""
+
+    def __init__(self, times: int = 3) -> None:
+        super().__init__()
+        self.times = times
+        self.conv_input = nn.Conv2d(3, 8, 1)
+        self.conv1, self.conv2 = nn.Conv2d(8, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)
+        self.nonlin = nn.ReLU()
+        for t in range(times):
+            setattr(self, f"norm1_{t}", nn.BatchNorm2d(8))
+            setattr(self, f"norm2_{t}", nn.BatchNorm2d(8))
+
+    def forward(self, inp: torch.Tensor) -> torch.Tensor:
+        x = self.conv_input(inp)
+        for t in range(self.times):
+            skip = x
+            x = self.nonlin(getattr(self, f"norm1_{t}")(self.conv1(x)))
+            x = getattr(self, f"norm2_{t}")(self.conv2(x))
+            x = x + skip
+            x = torch.relu(x) * 0.5
+        return x.mean()
+
+
+def test_corblock_steps_with_their_own_norms():
+    trace = tl.trace(CORblock().eval(), torch.randn(1, 3, 6, 6))
+    passes = passes_of(trace)
+    assert passes["conv2d_2"] == 3 and passes["conv2d_3"] == 3  # the shared convs
+    assert passes["add_1"] == 3 and passes["relu_2"] == 3 and passes["mul_1"] == 3
+    norms = [op for op in trace if op.func_name == "batch_norm"]
+    assert len(norms) == 6 and all(len(trace.layers[op.layer]) == 1 for op in norms)

@@ -15,7 +15,7 @@ records. The rule (``docs/loops.md``):
    - the op's slot in the loop of that body, when the body repeats: an *anchor* occurs two
      or more times in it (a nested module called again, an op reading the same parameter
      again, or, with source lines, the same line run again), and the stretches between
-     consecutive anchors are the same sequence of tokens (nested calls by address), or
+     consecutive anchors are the same sequence of tokens (nested calls by class), or
      repeat with a period (an iteration that runs the anchor several times). The stretches
      of one iteration are its body (its start aligned with the ops before the first anchor
      and its end with those after the last), so the weight-free ops of a loop body line up;
@@ -131,7 +131,8 @@ def group_layers(trace: Any) -> Layers:
     """
     held = {s.label for s in trace.sources if s.kind in ("parameter", "buffer")}
     groups: dict[tuple, list[Any]] = {}
-    for stack, (items, tokens) in _bodies(trace.ops, held).items():
+    types = {m.address: m.module_type for m in trace.modules}
+    for stack, (items, tokens) in _bodies(trace.ops, held, types).items():
         scope = stack[-1][0] if stack else None
         places = _places(tokens) if len(tokens) > 1 else _ONE
         for item, place, token in zip(items, places, tokens):
@@ -158,10 +159,12 @@ def _in_order(ops: list[Any]) -> tuple[Any, ...]:
     return tuple(sorted(ops, key=lambda op: op.index))  # a module that calls itself
 
 
-def _bodies(ops: Sequence[Any], held: set[str]) -> dict[tuple, tuple[list, list]]:
+def _bodies(
+    ops: Sequence[Any], held: set[str], types: Mapping[str, str]
+) -> dict[tuple, tuple[list, list]]:
     """Each call's own body, by its module stack: ``(items, tokens)``, the items its direct
     ops and ``None`` for each nested call, in order, with their tokens (a nested call's
-    token is ``("call", address)``)."""
+    token is ``("call", address, class name)``)."""
     bodies: dict[tuple, tuple[list, list]] = {}
     interned: dict[tuple, tuple] = {}
     previous: tuple = ()
@@ -179,7 +182,8 @@ def _bodies(ops: Sequence[Any], held: set[str]) -> dict[tuple, tuple[list, list]
                 if outer is None:
                     outer = bodies[stack[:depth]] = ([], [])
                 outer[0].append(None)
-                call = ("call", stack[depth][0])
+                address = stack[depth][0]
+                call = ("call", address, types.get(address, ""))
                 outer[1].append(interned.setdefault(call, call))
             previous = stack
             body = bodies.get(stack)
@@ -259,6 +263,10 @@ def _align(tokens: list[tuple], anchor: tuple) -> dict[int, object]:
     item's slot is its stretch's phase in that period and its place in the stretch.
     """
     at = [i for i, token in enumerate(tokens) if token == anchor]
+    # stretches compare nested calls by class: a step may call its own norm (norm1_0,
+    # norm1_1, ...) around shared code, whose ops still line up; the calls' own ops are
+    # keyed by address, so those modules never merge
+    tokens = [(t[0], t[2]) if t[0] == "call" else t for t in tokens]
     gaps = [tuple(tokens[a + 1 : b]) for a, b in zip(at, at[1:])]
     period = _period(gaps)
     if period:
