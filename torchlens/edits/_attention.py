@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from torchlens._calls import with_second
 from torchlens.attention import attend, attention_inputs, attention_pattern
 from torchlens.errors import InterventionError, InvalidArgumentError
 
@@ -54,7 +54,13 @@ def edit_pattern(fn: Callable[..., Tensor]) -> Callable[[Tensor, Any], Tensor]:
             f"edit_pattern takes a function fn(pattern, op) -> pattern, got {type(fn).__name__}",
             code="bad_edit",
         )
-    takes_op = _arity(fn) != 1
+    call = with_second(fn, "op")  # the op only when fn asks for it: the one rule
+    if call is None:
+        raise InvalidArgumentError(
+            "edit_pattern's function takes neither (pattern) nor (pattern, op); write it as "
+            "fn(pattern) -> pattern or fn(pattern, op) -> pattern",
+            code="bad_edit",
+        )
 
     def edit(t: Tensor, op: Any) -> Tensor:
         try:
@@ -65,7 +71,7 @@ def edit_pattern(fn: Callable[..., Tensor]) -> Callable[[Tensor, Any], Tensor]:
                 code="bad_edit",
             ) from None
         pattern = attention_pattern(op)
-        new = fn(pattern, op) if takes_op else fn(pattern)
+        new = call(pattern, op)
         if not isinstance(new, Tensor) or tuple(new.shape) != tuple(pattern.shape):
             got = tuple(new.shape) if isinstance(new, Tensor) else type(new).__name__
             raise InterventionError(
@@ -76,15 +82,3 @@ def edit_pattern(fn: Callable[..., Tensor]) -> Callable[[Tensor, Any], Tensor]:
         return attend(new, inputs).to(t.dtype)
 
     return edit
-
-
-def _arity(fn: Callable[..., Any]) -> int:
-    """How many positional arguments ``fn`` takes (2 when it cannot be told)."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return 2
-    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
-        return 2
-    return sum(1 for p in params if p.kind in kinds)
