@@ -22,6 +22,7 @@ LAYERS = {
     "_escapes": 0.5,  # Escape and HiddenEdge records, re-exported by trace
     "capabilities": 1, "trace": 1, "selectors": 1,
     "recording": 2,
+    "llm_sites": 2,  # TransformerLens's names as selectors
     "capture": 3,
     "replay": 4, "io": 4, "viz": 4,
     "attention": 4.5,  # reads recorded attention calls; edits builds on it
@@ -71,8 +72,8 @@ def test_public_names():
     assert sorted(tl.__all__) == [
         "Intervention", "ModuleCall", "Op", "Recording", "Selector", "Source", "Trace",
         "__version__", "attention_pattern", "backends", "diff", "errors", "extract",
-        "find_nonfinite", "func", "label", "load", "load_extraction", "module", "record",
-        "replay", "report", "save", "summary", "trace", "validate", "viz", "where",
+        "find_nonfinite", "func", "label", "llm_sites", "load", "load_extraction", "module",
+        "record", "replay", "report", "save", "summary", "trace", "validate", "viz", "where",
     ]  # fmt: skip
     for name in tl.__all__:
         if name != "__version__":

@@ -275,7 +275,8 @@ class _And(Selector):
         object.__setattr__(self, "at_exit", self.left.at_exit or self.right.at_exit)
 
     def matches(self, op: Any) -> bool:
-        return self.left.matches(op) and self.right.matches(op)
+        left = self.left.matches(op)  # both asked: a selector may count the ops it sees
+        return self.right.matches(op) and left
 
     def output_calls(self, op: Any) -> tuple[tuple[str, int, str], ...]:
         if not self.matches(op):
@@ -303,7 +304,8 @@ class _Or(Selector):
         object.__setattr__(self, "at_exit", self.left.at_exit or self.right.at_exit)
 
     def matches(self, op: Any) -> bool:
-        return self.left.matches(op) or self.right.matches(op)
+        left = self.left.matches(op)  # both asked: a selector may count the ops it sees
+        return self.right.matches(op) or left
 
     @property
     def output(self) -> Selector:

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from torchlens._calls import with_second
 from torchlens.attention import attend, attention_inputs, attention_pattern
+from torchlens.edits._helpers import _on_axis, _on_heads
 from torchlens.errors import InterventionError, InvalidArgumentError
 
-__all__ = ["edit_pattern"]
+__all__ = ["edit_pattern", "patch_pattern"]
 
 Tensor = torch.Tensor
 
@@ -82,3 +83,40 @@ def edit_pattern(fn: Callable[..., Tensor]) -> Callable[[Tensor, Any], Tensor]:
         return attend(new, inputs).to(t.dtype)
 
     return edit
+
+
+def patch_pattern(
+    source: Any, *, heads: Sequence[int] | None = None, positions: Sequence[int] | None = None
+) -> Callable[[Tensor, Any], Tensor]:
+    """Attention-pattern patching: an ``intervene=`` (or ``rerun``) edit of a
+    ``scaled_dot_product_attention`` op that attends with ``source``'s pattern of the same
+    op (another run of the model, e.g. the clean prompt), on the picked heads and query
+    positions only.
+
+    Args:
+        source: a trace of the same model, with the values the pattern is rebuilt from.
+        heads: head indices (axis 1 of ``(batch, heads, queries, keys)``); None: all.
+        positions: query positions (axis 2); None: all.
+
+    Returns:
+        ``fn(t, op)`` for ``intervene=``, made by :func:`edit_pattern`.
+
+    Raises:
+        InterventionError: ``not_comparable`` (when applied) when ``source`` has no such op
+            or its pattern has another shape; ``bad_edit`` for a head or position out of range.
+    """
+
+    def fn(pattern: Tensor, op: Any) -> Tensor:
+        other = source.get(op.label)
+        new = None if other is None else attention_pattern(other)
+        if new is None or tuple(new.shape) != tuple(pattern.shape):
+            have = "no such op" if new is None else f"a pattern of shape {tuple(new.shape)}"
+            raise InterventionError(
+                f"cannot patch the pattern of {op.label!r} ({tuple(pattern.shape)}) from the "
+                f"source trace ({have}); trace the same model on an input of the same shape",
+                code="not_comparable",
+            )
+        new = _on_axis(pattern, op, positions, -2, new.to(pattern), ("positions", "seq_dim"))
+        return _on_heads(pattern, op, heads, 1, new)
+
+    return edit_pattern(fn)

@@ -19,10 +19,11 @@ import torch
 
 from torchlens.capture.controls import trace_candidates
 from torchlens.capture.tree import flatten
+from torchlens.edits._attention import patch_pattern
 from torchlens.edits._helpers import _axis, check_head_axis, resample, split_heads
 from torchlens.edits.labelled import LabelledTensor
 from torchlens.edits.rerun import check_comparable, rerun_output
-from torchlens.errors import GradUnavailableError, InterventionError
+from torchlens.errors import GradUnavailableError, InterventionError, InvalidArgumentError
 from torchlens.selectors import as_selector, label, require_match
 from torchlens.trace import Trace
 
@@ -100,6 +101,7 @@ def sweep(
     seq_dim: int = -2,
     progress: bool | None = None,
     n_heads: int | None = None,
+    patch: str = "value",
 ) -> LabelledTensor:
     """Activation patching over sites x positions (x heads): each cell is
     ``metric(trace.rerun(patch(trace, source, site, positions=[p], heads=[h])).output)``,
@@ -120,6 +122,9 @@ def sweep(
             patching of a ``(batch, tokens, d)`` site (the attention output projection's
             input). Without it, ``heads=`` on a site whose ``head_dim`` is its position
             axis is refused (``bad_edit``).
+        patch: ``"value"`` patches each site's value; ``"pattern"`` patches the attention
+            pattern of ``scaled_dot_product_attention`` sites (:func:`patch_pattern`),
+            ``positions`` then being query positions and ``heads`` axis 1 of the pattern.
 
     Returns:
         A :class:`LabelledTensor` of axes ``site`` (``position``, ``head``), ``meta``
@@ -142,6 +147,12 @@ def sweep(
         (('site', 'position'), (1, 3))
     """
     check_comparable(trace, source)
+    if patch not in ("value", "pattern"):
+        raise InvalidArgumentError(
+            f"sweep(patch={patch!r}): pass 'value' (activation patching) or 'pattern' "
+            "(attention-pattern patching)",
+            code="bad_edit",
+        )
     found = _sites(trace, sites)
     positions, heads = _listed(positions), _listed(heads)  # a generator is read once
     cells = list(itertools.product(*([None] if p is None else p for p in (positions, heads))))
@@ -149,14 +160,13 @@ def sweep(
     flat = flatten(trace.output)
     with _bar(len(values), progress, "tl.edits.sweep") as bar:
         for i, ((_, labels), (pos, head)) in enumerate(itertools.product(found, cells)):
-            edit = resample(
-                source,
-                positions=None if pos is None else [pos],
-                heads=None if head is None else [head],
-                head_dim=head_dim,
-                seq_dim=seq_dim,
-                n_heads=n_heads,
-            )
+            pick = {"positions": None if pos is None else [pos],
+                    "heads": None if head is None else [head]}  # fmt: skip
+            if patch == "pattern":
+                edit = patch_pattern(source, **pick)
+            else:
+                edit = resample(source, head_dim=head_dim, seq_dim=seq_dim, n_heads=n_heads,
+                                **pick)  # fmt: skip
             values[i] = _number(metric(rerun_output(trace, {label(*labels): edit}, flat)))
             bar.update()
     dims, coords = _axes(found, positions, heads)
