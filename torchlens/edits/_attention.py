@@ -9,7 +9,7 @@ import torch
 
 from torchlens._calls import with_second
 from torchlens.attention import attend, attention_inputs, attention_pattern
-from torchlens.edits._helpers import _on_axis, _on_heads
+from torchlens.edits._helpers import _on_axis, _on_heads, not_comparable
 from torchlens.errors import InterventionError, InvalidArgumentError
 
 __all__ = ["edit_pattern", "patch_pattern"]
@@ -110,12 +110,8 @@ def patch_pattern(
         other = source.get(op.label)
         new = None if other is None else attention_pattern(other)
         if new is None or tuple(new.shape) != tuple(pattern.shape):
-            have = "no such op" if new is None else f"a pattern of shape {tuple(new.shape)}"
-            raise InterventionError(
-                f"cannot patch the pattern of {op.label!r} ({tuple(pattern.shape)}) from the "
-                f"source trace ({have}); trace the same model on an input of the same shape",
-                code="not_comparable",
-            )
+            have = None if new is None else tuple(new.shape)
+            raise not_comparable(f"patch the pattern of {op.label!r}", tuple(pattern.shape), have)
         new = _on_axis(pattern, op, positions, -2, new.to(pattern), ("positions", "seq_dim"))
         return _on_heads(pattern, op, heads, 1, new)
 

@@ -94,6 +94,16 @@ def _on_axis(
     return t.index_copy(axis, index, new.expand_as(t).index_select(axis, index))
 
 
+def not_comparable(what: str, shape: tuple, have: tuple | None) -> InterventionError:
+    """The source trace has no such op (``have`` None) or it has another shape."""
+    found = "no such op" if have is None else f"shape {have}"
+    return InterventionError(
+        f"cannot {what} {shape} from the source trace ({found}); trace the same model on an "
+        "input of the same shape",
+        code="not_comparable",
+    )
+
+
 def _broadcast(t: Tensor, op: Any, value: Tensor, what: str) -> Tensor:
     value = torch.as_tensor(value, device=t.device).to(t.dtype)
     try:
@@ -342,12 +352,8 @@ def resample(
     def fn(t: Tensor, op: Any) -> Tensor:
         other = source.get(op.label)
         if other is None or tuple(other.shape) != tuple(t.shape):
-            have = "no such op" if other is None else f"shape {tuple(other.shape)}"
-            raise InterventionError(
-                f"cannot resample {op.label!r} of shape {tuple(t.shape)} from the source "
-                f"trace ({have}); trace the same model on an input of the same shape",
-                code="not_comparable",
-            )
+            have = None if other is None else tuple(other.shape)
+            raise not_comparable(f"resample {op.label!r} of shape", tuple(t.shape), have)
         check_head_axis(t, op, heads, head_dim, seq_dim, n_heads)
         value = other.out.to(t.device, t.dtype)
         new = _on_axis(t, op, positions, seq_dim, value, ("positions", "seq_dim"))
