@@ -148,3 +148,16 @@ def test_a_site_whose_label_now_names_another_op_names_it(tmp_path):
     act = _hook_rows(model, model.block.act, data)
     expected = torch.relu(torch.relu(act * 2 - 1) - 0.1)
     torch.testing.assert_close(torch.as_tensor(ex["relu_3"][:]), expected)
+
+
+def test_a_resumed_run_follows_the_ops_of_the_first_run(tmp_path):
+    """The first run stops at batch 1 (a bad batch); the run resumed starts at batch 1,
+    where relu_1 is the extra relu: it must follow batch 0's op, noted in the shards."""
+    model = _Wrapped().eval()
+    broken = [BATCHES[0], torch.randn(3, 5), *BATCHES[2:]]
+    with pytest.raises(ExtractionError) as info:
+        tl.extract(model, broken, save=tl.label("relu_1"), to=tmp_path / "run", progress=False)
+    assert info.value.code == "bad_batch"
+    ex = tl.extract(model, BATCHES, save=tl.label("relu_1"), to=tmp_path / "run", progress=False)
+    expected = _hook_rows(model, model.block.act, BATCHES)
+    torch.testing.assert_close(torch.as_tensor(ex["relu_1"][:]), expected, rtol=0, atol=0)

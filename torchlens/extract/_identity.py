@@ -25,7 +25,7 @@ from torchlens.selectors import Candidates, Selector
 
 __all__ = ["Key", "KeyedSave", "describe_key"]
 
-# (func_name, module_stack, output_index, file, line, k-th on that line in that call)
+# (func_name, module_stack, output_index, file name, line, k-th on that line in that call)
 Key = tuple[str, tuple[tuple[str, int], ...], int, str, int, int]
 
 
@@ -63,7 +63,8 @@ class KeyedSave(Selector):
         key = self.keys.get(op.label)
         if key is None:
             where = caller_line(2) or ("", 0, "")
-            group = (op.func_name, op.module_stack, op.output_index, where[0], where[1])
+            file = os.path.basename(where[0])  # the same when a resumed run moved
+            group = (op.func_name, op.module_stack, op.output_index, file, where[1])
             self._seen[group] += 1
             key = self.keys[op.label] = (*group, self._seen[group])
         return self.inner.matches(op) or key in self.wanted
@@ -86,5 +87,5 @@ def describe_key(label: str, key: Key | None) -> str:
     where = f"{stack[-1][0] or '(model)'}:{stack[-1][1]}" if stack else "(model)"
     output_part = f" output {output}" if output else ""
     pass_part = f", pass {nth}" if nth > 1 else ""
-    at = f", {os.path.basename(file)}:{line}{pass_part}" if file else pass_part
+    at = f", {file}:{line}{pass_part}" if file else pass_part
     return f"{label} ({func}{output_part} in {where!r}{at})"

@@ -54,6 +54,7 @@ class BatchRunner:
         self.sources: dict[str, str] = {}
         self.keyed = KeyedSave(selector)  # what record is given: notes each op's key
         self.identity: dict[str, Key] | None = None  # site named by label -> its op's key
+        self.noted: dict[str, Key] = {}  # the same, for the shard writer (filled once)
 
     def sites(self, batch: Batch, inputs: Any) -> dict[str, torch.Tensor]:
         args, kwargs = call_args(to_device(pick(batch.data, inputs), self.device))
@@ -66,7 +67,7 @@ class BatchRunner:
             if not self.identity:  # the first batch: save= matches nothing at all
                 raise
             missing = ", ".join(describe_key(n, k) for n, k in self.identity.items())
-            raise self._changed(batch, f"ran none of the sites of batch {self.first}: "
+            raise self._changed(batch, f"ran none of the sites of {self._where}: "
                                 f"{missing}") from None  # fmt: skip
         except TorchLensError:
             raise
@@ -120,8 +121,7 @@ class BatchRunner:
         ``sites_changed`` naming the batch and both ops."""
         keyed = self.keyed
         if self.identity is None:
-            self.identity = {n: keyed.key(v) for v, n in named if n == v.label}
-            keyed.wanted = frozenset(k for k in self.identity.values() if k is not None)
+            self.resume({n: keyed.key(v) for v, n in named if n == v.label})
             return named
         by_key = {keyed.key(v): v for v in views}
         by_label = {v.label: v for v in views}
@@ -134,7 +134,7 @@ class BatchRunner:
             raise self._changed(
                 batch,
                 f"ran {describe_key(view.label, keyed.key(view))}, which save= selects but "
-                f"batch {self.first} did not run",
+                f"{self._where} did not run",
             )
         for name, key in self.identity.items():
             view = by_key.get(key)
@@ -143,11 +143,24 @@ class BatchRunner:
                 there = describe_key(name, keyed.key(now)) if now else "no op of that label"
                 raise self._changed(
                     batch,
-                    f"did not run site {describe_key(name, key)} of batch {self.first} "
+                    f"did not run site {describe_key(name, key)} of {self._where} "
                     f"(its label now names {there})",
                 )
             out.append((view, name))
         return sorted(out, key=lambda pair: pair[0].index)  # the order computed
+
+    @property
+    def _where(self) -> str:
+        """Where the sites were first seen: a batch of this run, or the shards on disk."""
+        return "the shards on disk" if self.first is None else f"batch {self.first}"
+
+    def resume(self, identity: dict[str, Key] | None) -> None:
+        """Take the sites' keys (from the first batch, or the shards of an earlier run)."""
+        if identity is None:
+            return
+        self.identity = identity
+        self.noted.update(identity)
+        self.keyed.wanted = frozenset(k for k in identity.values() if k is not None)
 
     def _picked_by_label_only(self, view: Any) -> bool:
         """Whether save= picks ``view`` only for its label (``tl.label(...)``)."""
