@@ -17,10 +17,11 @@ batch's sites had, so that a site whose label moved is followed to its op.
 from __future__ import annotations
 
 import os
+import sys
 from collections import Counter
 from typing import Any
 
-from torchlens.capture.source import caller_line
+from torchlens.capture.source import is_library_file
 from torchlens.selectors import Candidates, Selector
 
 __all__ = ["Key", "KeyedSave", "describe_key"]
@@ -47,10 +48,17 @@ class KeyedSave(Selector):
         self.wanted: frozenset[Key] = frozenset()
         self.keys: dict[str, Key] = {}  # label -> key, this batch
         self._seen: Counter = Counter()
+        self._outer: Any = None  # the frame that ran the batch: the search stops there
 
     def start(self) -> None:
-        """Forget the keys of the previous batch."""
+        """Forget the keys of the previous batch; the caller's frame bounds the search for
+        the model's line (the line of ``tl.extract`` itself is no part of the model)."""
         self.keys, self._seen = {}, Counter()
+        self._outer = sys._getframe(1)
+
+    def finish(self) -> None:
+        """Let go of the caller's frame (and the batch it holds)."""
+        self._outer = None
 
     def key(self, op: Any) -> Key | None:
         """The key of ``op`` (an op this selector was asked about in this batch)."""
@@ -62,12 +70,23 @@ class KeyedSave(Selector):
             return self.inner.matches(op)
         key = self.keys.get(op.label)
         if key is None:
-            where = caller_line(2) or ("", 0, "")
-            file = os.path.basename(where[0])  # the same when a resumed run moved
-            group = (op.func_name, op.module_stack, op.output_index, file, where[1])
+            file, line = self._model_line()
+            group = (op.func_name, op.module_stack, op.output_index, file, line)
             self._seen[group] += 1
             key = self.keys[op.label] = (*group, self._seen[group])
         return self.inner.matches(op) or key in self.wanted
+
+    def _model_line(self) -> tuple[str, int]:
+        """(file name, line) of the model's code that called the op: the first frame out of
+        torch and torchlens below the batch's call; ("", 0) when there is none (a model
+        made of torch's modules only, whose module calls then tell ops apart)."""
+        frame, outer = sys._getframe(2), self._outer
+        while frame is not None and frame is not outer:
+            code = frame.f_code
+            if not is_library_file(code.co_filename):
+                return os.path.basename(code.co_filename), frame.f_lineno
+            frame = frame.f_back
+        return "", 0
 
     def output_calls(self, op: Any) -> tuple[tuple[str, int, str], ...]:
         return self.inner.output_calls(op)

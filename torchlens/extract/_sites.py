@@ -73,6 +73,8 @@ class BatchRunner:
             raise
         except Exception as err:
             raise batch_error(err, batch) from err
+        finally:
+            self.keyed.finish()
         values = {}
         for view, name in self._same_ops(self._named(rec.ops), rec.ops, batch):
             reduced = self.reducer(view, view.out, batch.data, name)
