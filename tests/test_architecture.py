@@ -22,7 +22,7 @@ LAYERS = {
     "_escapes": 0.5,  # Escape and HiddenEdge records, re-exported by trace
     "capabilities": 1, "trace": 1, "selectors": 1,
     "recording": 2,
-    "llm_sites": 2,  # TransformerLens's names as selectors
+    "_llm_sites": 2,  # TransformerLens's names as selectors
     "capture": 3,
     "replay": 4, "io": 4, "viz": 4,
     "attention": 4.5,  # reads recorded attention calls; edits builds on it

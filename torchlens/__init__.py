@@ -41,7 +41,7 @@ from torchlens.capture.record import record
 from torchlens.debug import diff, find_nonfinite, summary
 from torchlens.extract import extract, load_extraction
 from torchlens.io import load, save
-from torchlens.llm_sites import llm_sites
+from torchlens._llm_sites import llm_sites
 from torchlens.recording import Recording
 from torchlens.replay import replay, validate
 from torchlens.selectors import Selector, func, label, module, where

@@ -139,7 +139,7 @@ class BatchRunner:
                 f"{self._where} did not run",
             )
         for name, key in self.identity.items():
-            view = by_key.get(key)
+            view = by_label.get(name) if key is None else by_key.get(key)  # None: not keyed
             if view is None:
                 now = by_label.get(name)
                 there = describe_key(name, keyed.key(now)) if now else "no op of that label"
