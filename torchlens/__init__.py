@@ -33,6 +33,7 @@ Importing torchlens changes nothing in torch: interception exists only while a c
 """
 
 from torchlens import backends, errors, report, viz
+from torchlens._llm_sites import llm_sites
 from torchlens._version import __version__
 from torchlens.attention import attention_pattern
 from torchlens.capture import trace
@@ -41,7 +42,6 @@ from torchlens.capture.record import record
 from torchlens.debug import diff, find_nonfinite, summary
 from torchlens.extract import extract, load_extraction
 from torchlens.io import load, save
-from torchlens._llm_sites import llm_sites
 from torchlens.recording import Recording
 from torchlens.replay import replay, validate
 from torchlens.selectors import Selector, func, label, module, where
