@@ -47,7 +47,7 @@ def test_call_takes_a_range_or_an_iterable():
     assert _picked(trace, tl.module("a", call=(1,)).output) == ["linear_1"]
     rec = tl.record(_Twice(), torch.randn(2, 4), save=tl.module("a", call={1, 2}).output)
     assert rec.labels == ["linear_1", "linear_3"]
-    for bad in (0, [], [1, "2"], "1", True):
+    for bad in (-1, [], [1, "2"], "1", True):
         with pytest.raises(InvalidArgumentError) as info:
             tl.module("a", call=bad)
         assert info.value.code == "bad_selector"
@@ -88,3 +88,15 @@ def test_refresh_labels_are_not_offered_as_edit_targets():
         assert info.value.code == "no_match"
         assert "close names: refresh_1" not in message  # never itself as its close name
         assert "refresh_1 is a refresh op" in message and "not an edit target" in message
+
+
+def test_the_root_calls_of_a_traced_method_as_they_print():
+    from .test_generation import _kwargs, _llama
+
+    trace = tl.trace(_llama().generate, kwargs=_kwargs(do_sample=False))
+    calls = {c.name: c for c in trace.modules if c.address == ""}
+    assert list(calls)[:3] == ["<root>:0", "<root>:1", "<root>:2"]
+    assert (
+        _picked(trace, tl.module("<root>", call=0)) == trace.labels == list(calls["<root>:0"].ops)
+    )
+    assert _picked(trace, tl.module("<root>", call=2)) == list(calls["<root>:2"].ops)

@@ -142,8 +142,8 @@ class _Module(Selector):
     def matches(self, op: Any) -> bool:
         if self.type_name is not None and op.module_type != self.type_name:
             return False
-        if self.pattern == "":  # the root, "<root>:1": called once, around every op
-            return self.call is None or 1 in self.call
+        if self.pattern == "":
+            return self.call is None or self._root_call(op)
         if self.pattern == "*" and self.type_name is not None:  # type only: any call
             return bool(op.module_stack)
         regex, pattern, call = self._regex, self.pattern, self.call
@@ -152,6 +152,15 @@ class _Module(Selector):
             if hit and (call is None or index in call):
                 return True
         return False
+
+    def _root_call(self, op: Any) -> bool:
+        """Whether ``op`` ran in a picked call of the root, numbered as module calls print
+        them: ``<root>:0`` is the whole capture of a traced method (``model.generate``),
+        whose forward calls, ``<root>:1``..., are on the op's module stack as ``("", k)``;
+        a traced module's one call, ``<root>:1``, is around every op and on no stack (an op
+        of a traced method outside its forward calls counts as in call 1 too)."""
+        calls = [index for address, index in op.module_stack if address == ""]
+        return 0 in self.call or any(c in self.call for c in calls or (1,))
 
     @property
     def output(self) -> Selector:
@@ -406,8 +415,10 @@ def module(
             ``""`` (or ``"<root>"``) is the whole model. May be left out when ``type=`` is
             given (any address).
         call: only this call of the module (1 for the first), for modules called
-            repeatedly, or several: ``range(2, 5)``, ``[1, 3]``. The root, ``""`` or
-            ``"<root>"`` as module calls print it, is called once: ``call=1``.
+            repeatedly, or several: ``range(2, 5)``, ``[1, 3]``. For the root, ``""`` or
+            ``"<root>"``, the numbers are those module calls print: ``<root>:1`` of a traced
+            module, ``<root>:0`` (the whole capture) and ``<root>:1``... (its forward calls)
+            of a traced method such as ``model.generate``.
         type: only modules of this class (``nn.Linear`` or ``"Linear"``). An op matches when
             its innermost module is of that class; ``.output`` matches what every call of
             such a module returned, containers included.
@@ -458,11 +469,12 @@ def _calls(call: Any) -> frozenset[int] | None:
     picks = [call] if isinstance(call, int) else None
     if picks is None and isinstance(call, Iterable) and not isinstance(call, (str, bytes)):
         picks = list(call)
-    if not picks or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1
+    if not picks or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0
                             for c in picks):  # fmt: skip
         raise InvalidArgumentError(
-            f"tl.module(call=...) takes a call number (1 for the first call), or a range or "
-            f"iterable of them, got {call!r}",
+            f"tl.module(call=...) takes a call number (1 for the first call; 0 for the whole "
+            f"capture of a traced method, <root>:0), or a range or iterable of them, got "
+            f"{call!r}",
             code="bad_selector",
         )
     return frozenset(picks)
