@@ -97,8 +97,12 @@ def _reference(model, ids) -> dict[tuple[str, int], torch.Tensor]:
     return got
 
 
-@pytest.mark.parametrize("build", [tiny.gpt2_lm, tiny.llama_lm, tiny.gpt2, tiny.mistral],
-                         ids=["gpt2", "llama", "gpt2-4-heads", "mistral"])  # fmt: skip
+def _qwen2():
+    return tiny.build("Qwen2ForCausalLM", "Qwen2Config", frozen=True, **tiny._LLAMA_LIKE)
+
+
+@pytest.mark.parametrize("build", [tiny.gpt2_lm, tiny.llama_lm, tiny.gpt2, tiny.mistral, _qwen2],
+                         ids=["gpt2", "llama", "gpt2-4-heads", "mistral", "qwen2"])  # fmt: skip
 def test_each_site_equals_transformer_lens_definition(build):
     model = build() if build is not tiny.mistral else tiny.mistral(sliding_window=64)
     ids = tiny.ids(5, n=7)
