@@ -33,6 +33,7 @@ Importing torchlens changes nothing in torch: interception exists only while a c
 """
 
 from torchlens import backends, errors, report, viz
+from torchlens._llm_sites import llm_sites
 from torchlens._version import __version__
 from torchlens.attention import attention_pattern
 from torchlens.capture import trace
@@ -76,4 +77,5 @@ __all__ = [
     "Source",
     "ModuleCall",
     "attention_pattern",
+    "llm_sites",
 ]
