@@ -33,6 +33,7 @@ Importing torchlens changes nothing in torch: interception exists only while a c
 """
 
 from torchlens import backends, errors, report, viz
+from torchlens._llm_sites import llm_sites
 from torchlens._version import __version__
 from torchlens.attention import attention_pattern
 from torchlens.capture import trace
@@ -43,7 +44,7 @@ from torchlens.extract import extract, load_extraction
 from torchlens.io import load, save
 from torchlens.recording import Recording
 from torchlens.replay import replay, validate
-from torchlens.selectors import Selector, func, label, module, where
+from torchlens.selectors import Selector, func, label, layer, module, where
 from torchlens.trace import ModuleCall, Op, Source, Trace
 
 __all__ = [
@@ -62,6 +63,7 @@ __all__ = [
     "module",
     "label",
     "where",
+    "layer",
     "Intervention",
     "save",
     "load",
@@ -75,4 +77,5 @@ __all__ = [
     "Source",
     "ModuleCall",
     "attention_pattern",
+    "llm_sites",
 ]

@@ -197,9 +197,10 @@ class ExtractionError(TorchLensError, RuntimeError):
     (the run did not finish: rerun ``tl.extract`` with the same arguments), ``corrupt``
     (a manifest or shard is unreadable), ``bad_batch`` (the model rejected a batch),
     ``shape_changed`` (a site's per-example shape differs between batches),
-    ``sites_changed`` (a batch produced other sites than the first; the message names the
-    missing ones), ``interrupted`` (SIGTERM stopped the run and a handler of the script's
-    own returned; the rows it held are on disk), ``not_batched`` (a
+    ``sites_changed`` (a batch produced other sites than the first, or did not run the op
+    a site named by label is in the first batch; the message names the batch and the
+    ops), ``interrupted`` (SIGTERM stopped the run and a handler of the script's own
+    returned; the rows it held are on disk), ``not_batched`` (a
     site's first dimension is not the batch size), ``write_failed`` (the disk refused a
     shard, e.g. it is full), ``distributed`` (the process group is not usable, or another
     process of the run stopped), ``ranks_differ`` (the processes of a distributed run were

@@ -124,12 +124,14 @@ def extract(
         # what earlier runs left on disk, read before check_shared's gather, which no rank
         # leaves (to write shards of its own) before every rank has read it
         done, disk_schema = _store.done_sizes(root), _store.disk_schema(root)
+        disk_keys = _store.disk_site_keys(root)
         _distributed.check_shared(world, root)
         plan.skip(set(done))
         run = BatchRunner(model, selector, reducer, stop_after, targets, _device(model, device))
         run.schema = disk_schema
+        run.resume(disk_keys)
         writer = _store.ShardWriter(root, int(shard_mb * 2**20), flush_s, guard.writing)
-        writer.sources = run.sources
+        writer.sources, writer.site_keys = run.sources, run.noted
         bar = _bar(tqdm, plan, done, rank, world, progress)
         failure = _run_batches(plan, run, inputs, writer, bar)
         _distributed.settle(world, rank, failure)  # every rank raises if one failed
