@@ -23,6 +23,7 @@ __all__ = [
     "SelectorMatchError",
     "InterventionError",
     "ExtractionError",
+    "DistributedError",
     "MissingDependencyError",
     "MixedShapesWarning",
 ]
@@ -208,6 +209,22 @@ class ExtractionError(TorchLensError, RuntimeError):
     """
 
     code = "extraction_failed"
+
+
+class DistributedError(TorchLensError, RuntimeError):
+    """The processes of a ``torch.distributed`` run disagree, or one of them is gone, where
+    torchlens needs them together: replaying a collective in lockstep, or merging the
+    per-rank traces of one run. Every rank raises it instead of waiting on a peer.
+
+    Codes: ``ranks_differ`` (the ranks reached different collectives at the same point of a
+    replay, or saved traces of different forwards; the message names the rank and the op),
+    ``rank_timeout`` (a rank did not reach a collective of the replay within the timeout;
+    the message names it), ``not_a_rank`` (a directory given to ``load_ranks`` holds no
+    trace saved by ``save_rank``), ``no_process_group`` (``torch.distributed`` is not
+    initialized where a rank is needed).
+    """
+
+    code = "distributed"
 
 
 class MissingDependencyError(TorchLensError, ImportError):

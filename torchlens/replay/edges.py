@@ -35,6 +35,7 @@ from torchlens.replay.exemptions import (
     exempt_reason,
     maybe_exempt,
     parent_kind_reason,
+    proven_by_rule,
     unchanged_reason,
     unread_reason,
 )
@@ -141,6 +142,8 @@ class EdgeProver:
         """The verdict when no call is needed: an exemption, nothing in the output to move
         (``unmovable``, the reason), or an output that is the parent's own memory, reordered at
         most."""
+        if proven_by_rule(head) is not None:  # (a collective: docs/distributed.md)
+            return "verified", label
         parent = values[indices[0]]
         reason = parent_kind_reason(parent)
         if reason is None and maybe_exempt(head, head.parent_args[indices[0]][1]):
