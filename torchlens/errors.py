@@ -57,7 +57,8 @@ class UnsupportedModelError(TorchLensError, TypeError):
     """The callable cannot be traced eagerly (compiled, scripted or exported artifacts).
 
     Codes: ``compiled_module``, ``torchscript_module``, ``exported_program``,
-    ``not_callable``, ``module_class`` (an ``nn.Module`` class was passed, not an instance).
+    ``not_callable``, ``module_class`` (an ``nn.Module`` class was passed, not an instance),
+    ``pipeline_parallel`` (a ``torch.distributed.pipelining`` pipe, stage or schedule).
     """
 
     code = "unsupported_model"
