@@ -38,8 +38,9 @@ needs_gloo = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def launch(tmp_path_factory):
     out = tmp_path_factory.mktemp("ranks")
+    cases = [*CASES, "diverge", "disagree"]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc_per_node=2", str(WORKER), str(out), *CASES, "diverge", "disagree"]  # fmt: skip
+               "--nproc_per_node=2", str(WORKER), str(out), *cases]  # fmt: skip
     done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=300)
     results = {}
     for rank in (0, 1):
