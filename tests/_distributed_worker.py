@@ -66,18 +66,27 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
+class NormMLP(MLP):
+    """A layer norm, then the MLP (sequence parallel: the norm runs on a slice of the tokens)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(D)
+
+    def forward(self, x):
+        return super().forward(self.norm(x))
+
+
 def build(name: str) -> nn.Module:
     torch.manual_seed(0)
-    return {"mlp": MLP, "transformer": Block}[name]()
+    return {"mlp": MLP, "transformer": Block, "normmlp": NormMLP}[name]()
 
 
 def inputs(name: str, rank: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(1 + rank)
-    return (
-        torch.randn(B, T, D, generator=g)
-        if name == "transformer"
-        else torch.randn(3, D, generator=g)
-    )
+    if name == "mlp":
+        return torch.randn(3, D, generator=g)
+    return torch.randn(B, T, D, generator=g)
 
 
 def tp_plan(name: str) -> dict:
@@ -103,6 +112,21 @@ def shard(kind: str, name: str, model: nn.Module, mesh) -> nn.Module:
         from torch.distributed.tensor.parallel import parallelize_module
 
         return parallelize_module(model, mesh, tp_plan(name))
+    if kind == "sp":  # the norm on this rank's tokens, gathered for fc1, scattered after fc2
+        from torch.distributed.tensor import Shard
+        from torch.distributed.tensor.parallel import (
+            ColwiseParallel,
+            RowwiseParallel,
+            SequenceParallel,
+            parallelize_module,
+        )
+
+        plan = {
+            "norm": SequenceParallel(),
+            "fc1": ColwiseParallel(input_layouts=Shard(1)),
+            "fc2": RowwiseParallel(output_layouts=Shard(1)),
+        }
+        return parallelize_module(model, mesh, plan)
     if kind == "ddp":
         return nn.parallel.DistributedDataParallel(model)
     raise ValueError(kind)
@@ -120,9 +144,12 @@ def run_case(kind: str, name: str, out: Path, mesh) -> dict:
     rank = dist.get_rank()
     plain = build(name)
     model = shard(kind, name, copy.deepcopy(plain), mesh)
-    # data parallel (fsdp, ddp): each rank its own batch; tensor parallel: the same on every rank
+    # data parallel (fsdp, ddp): each rank its own batch; tensor parallel: the same on every
+    # rank; sequence parallel: each rank its slice of the tokens
     x = inputs(name, rank if kind in ("fsdp", "ddp") else 0)
     expected = plain(x)
+    if kind == "sp":
+        x, expected = (t[:, rank * T // 2 : (rank + 1) * T // 2] for t in (x, expected))
     trace = tl.trace(model, x)
     output = trace.output.full_tensor() if hasattr(trace.output, "full_tensor") else trace.output
     status = tl.replay(model, x)

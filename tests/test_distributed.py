@@ -27,7 +27,7 @@ from torchlens.errors import DistributedError, UnsupportedModelError
 WORKER = Path(__file__).resolve().parent / "_distributed_worker.py"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 KINDS, MODELS = ("fsdp", "tp", "ddp"), ("mlp", "transformer")
-CASES = [f"{k}-{m}" for k in KINDS for m in MODELS]
+CASES = [f"{k}-{m}" for k in KINDS for m in MODELS] + ["sp-normmlp"]
 
 needs_gloo = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()),
@@ -108,6 +108,18 @@ def test_tensor_parallel_records_shards_placements_and_all_reduces(launch, model
     assert merged["world_size"] == 2
     assert merged["colwise_global_equal"]  # shards reassembled into the unsharded output
     assert merged["colwise_placement"] == [{"shard": 1 if model == "mlp" else 2}]
+
+
+@needs_gloo
+def test_sequence_parallel_records_its_gather_and_scatter(launch):
+    _, results, _ = launch
+    for rank in (0, 1):
+        result = results["sp-normmlp", rank]
+        # the norm's tokens gathered before fc1, fc2's partial sums reduce-scattered after
+        funcs = [c["func"] for c in result["collectives"]]
+        assert funcs == ["all_gather_into_tensor", "reduce_scatter_tensor"]
+        assert result["params"]["norm.weight"]["local_shape"] == [8]  # replicated
+        assert result["params"]["fc1.weight"]["local_shape"] == [16, 8]
 
 
 @needs_gloo
