@@ -215,6 +215,16 @@ def diverge(out: Path, mesh) -> dict:
     return result
 
 
+def extract_tp(out: Path, mesh) -> dict:
+    """tl.extract refuses a tensor-parallel model on several ranks, before any forward."""
+    model = shard("tp", "mlp", build("mlp"), mesh)
+    try:
+        tl.extract(model, [inputs("mlp")] * 2, save=tl.func("relu"), to=out, progress=False)
+    except TorchLensError as err:
+        return {"code": err.code, "message": str(err)}
+    return {"code": None}
+
+
 def disagree(out: Path, mesh) -> dict:
     """Replays whose collectives disagree raise a typed error naming the rank on every rank
     that waits, instead of hanging: rank 0 checks a tensor-parallel trace of 3 rows, rank 1
@@ -256,6 +266,8 @@ def main() -> None:
                 result = diverge(out / case, mesh)
             elif case == "disagree":
                 result = disagree(out / case, mesh)
+            elif case == "extract_tp":
+                result = extract_tp(out / case, mesh)
             else:
                 kind, name = case.split("-")
                 result = run_case(kind, name, out / case, mesh)

@@ -38,7 +38,7 @@ needs_gloo = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def launch(tmp_path_factory):
     out = tmp_path_factory.mktemp("ranks")
-    cases = [*CASES, "diverge", "disagree"]
+    cases = [*CASES, "diverge", "extract_tp", "disagree"]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc_per_node=2", str(WORKER), str(out), *cases]  # fmt: skip
     done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=300)
@@ -155,6 +155,14 @@ def test_replays_that_disagree_raise_naming_the_rank(launch):
     missing = results["disagree", 0]["missing"]
     assert missing["code"] == "rank_timeout" and "for ranks [1]" in missing["message"]
     assert results["disagree", 1]["missing"] == {"state": "passed"}  # (it had nothing to wait for)
+
+
+@needs_gloo
+def test_extract_refuses_tensor_parallel_on_every_rank(launch):
+    _, results, _ = launch
+    for rank in (0, 1):
+        refused = results["extract_tp", rank]
+        assert refused["code"] == "tensor_parallel" and "'fc1.weight'" in refused["message"]
 
 
 def test_assemble_shards_partials_and_replicas():
