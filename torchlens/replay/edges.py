@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 import torch
 
+from torchlens._tensors import inner_of
 from torchlens.capture.tree import fill
 from torchlens.replay.cut_rules import cut_points
 from torchlens.replay.exemptions import (
@@ -288,6 +289,8 @@ class _Points:
         head = self._head
         if head.func is None or any(value.is_nested for value in self.values):
             return ()  # (a jagged tensor's sizes are symbolic: no slicing plan)
+        if any(type(value) is not Tensor and inner_of(value) is not None for value in self.values):
+            return ()  # a DTensor: slicing a sharded dimension would communicate
         if not large_enough(self.values, self._shapes):
             return ()
         points = cut_points(head.func, head.func_name, self.values)
