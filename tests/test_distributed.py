@@ -247,3 +247,28 @@ def test_pipeline_parallel_is_refused():
     with pytest.raises(UnsupportedModelError) as err:  # a bound method of one too
         tl.trace(pipe.forward, x)
     assert err.value.code == "pipeline_parallel"
+
+
+def test_collectives_are_described_to_capture_and_replay():
+    from torchlens.capture.naming import func_info
+    from torchlens.capture.special import SETTLES, SPECIAL_OUTPUTS
+    from torchlens.replay.exemptions import PROVEN_BY_RULE
+    from torchlens.replay.interpreter import LOCKSTEP
+
+    info = func_info(dist.all_gather_into_tensor)  # a c10d call: writes its first argument
+    assert (info.name, info.inplace, info.settles) == ("c10d_all_gather_into_tensor", (0,), True)
+    out, x = torch.zeros(2), torch.ones(2)
+    assert [t for _, t in SPECIAL_OUTPUTS[info.name]((out, x), None)] == [out]
+    reduce = torch.ops._c10d_functional.all_reduce.default  # functional: a new tensor
+    assert func_info(reduce).name == "all_reduce" and func_info(reduce).settles
+    for func in (dist.all_gather_into_tensor, reduce):
+        assert func in SETTLES and func in PROVEN_BY_RULE and func in LOCKSTEP
+    assert func_info(torch.add).settles is False
+
+
+def test_lockstep_check_is_a_no_op_without_a_process_group():
+    from torchlens.distributed.lockstep import check_lockstep
+
+    assert not dist.is_initialized()
+    trace = tl.trace(torch.nn.Linear(2, 2), torch.randn(1, 2))
+    assert check_lockstep(trace.ops[0]) is None
