@@ -19,6 +19,7 @@ LAYERS = {
     "_source": 0.5,  # op.source: the model line behind an op (tl.trace(source=True))
     "_patterns": 0.25,  # module address globs, shared by selectors and the views
     "_escapes": 0.5,  # Escape and HiddenEdge records, re-exported by trace
+    "layers": 0.5,  # layers and passes: a pass over a finished trace (trace.layers)
     "capabilities": 1, "trace": 1, "selectors": 1,
     "recording": 2,
     "capture": 3,
@@ -70,8 +71,9 @@ def test_layers_import_only_downward():
 def test_public_names():
     assert sorted(tl.__all__) == [
         "Intervention", "ModuleCall", "Op", "Recording", "Selector", "Source", "Trace",
-        "__version__", "attention_pattern", "backends", "diff", "distributed", "errors", "extract",
-        "find_nonfinite", "func", "label", "load", "load_extraction", "module", "record",
+        "__version__", "attention_pattern", "backends", "diff", "distributed", "errors",
+        "extract", "find_nonfinite", "func", "label", "layer", "load", "load_extraction",
+        "module", "record",
         "replay", "report", "save", "summary", "trace", "validate", "viz", "where",
     ]  # fmt: skip
     for name in tl.__all__:

@@ -43,7 +43,7 @@ from torchlens.extract import extract, load_extraction
 from torchlens.io import load, save
 from torchlens.recording import Recording
 from torchlens.replay import replay, validate
-from torchlens.selectors import Selector, func, label, module, where
+from torchlens.selectors import Selector, func, label, layer, module, where
 from torchlens.trace import ModuleCall, Op, Source, Trace
 
 __all__ = [
@@ -63,6 +63,7 @@ __all__ = [
     "module",
     "label",
     "where",
+    "layer",
     "Intervention",
     "save",
     "load",

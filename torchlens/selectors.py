@@ -36,6 +36,8 @@ __all__ = [
     "func",
     "module",
     "label",
+    "layer",
+    "needs_trace",
     "where",
     "as_selector",
     "Candidates",
@@ -246,6 +248,36 @@ class _Label(Selector):
 
 
 @dataclass(frozen=True, eq=False)
+class _Layer(Selector):
+    """``tl.layer(...)``: ops by their layer (``op.layer``) and pass (``op.pass_index``)."""
+
+    names: frozenset[str]
+    passes: frozenset[int] | None = None  # None: every pass
+
+    def matches(self, op: Any) -> bool:
+        if getattr(op, "_trace_ref", None) is None:
+            raise InvalidArgumentError(
+                f"{self!r} selects ops of a finished trace (layers are grouped after "
+                "capture), not while one runs; use it with trace.summary(select), "
+                "trace.rerun, tl.extract or [op for op in trace if sel(op)], or select the "
+                "ops by tl.label(...) during capture",
+                code="layer_needs_trace",
+            )
+        if op.layer not in self.names:
+            return False
+        return self.passes is None or op.pass_index in self.passes
+
+    def suggestions(self, seen: Candidates) -> list[str]:
+        return [c for name in sorted(self.names) for c in _close(name, seen.labels)]
+
+    def __repr__(self) -> str:
+        names = ", ".join(map(repr, sorted(self.names)))
+        if self.passes is None:
+            return f"layer({names})"
+        return f"layer({names}, passes={sorted(self.passes)})"
+
+
+@dataclass(frozen=True, eq=False)
 class _Where(Selector):
     fn: Callable[[Any], bool]
 
@@ -429,6 +461,73 @@ def label(*labels: str) -> Selector:
         label('linear_2', 'split_1')
     """
     return _Label(_strings(labels, "label"))
+
+
+def layer(*names: str, passes: int | Iterable[int] | None = None) -> Selector:
+    """Select the ops of layers (``op.layer``: the ops that are the same code run again,
+    ``docs/loops.md``), every pass or some; ``"linear_1:2"`` names one pass.
+
+    Layers are grouped once a trace is finished, so this selects ops of a trace
+    (``trace.summary(select)``, ``trace.rerun``, ``tl.extract``), not during a capture.
+
+    Args:
+        names: layer labels (``"linear_1"``, the label of the layer's first op), or
+            ``"layer:pass"`` for one pass of it.
+        passes: only these passes, numbered from 1: one number, or several (``range(2, 5)``
+            for passes 2 to 4); every pass when left out.
+
+    Returns:
+        A :class:`Selector`.
+
+    Raises:
+        InvalidArgumentError: ``bad_selector`` for no name, a non-string, a pass below 1,
+            or ``"layer:pass"`` together with ``passes=``; ``layer_needs_trace`` (when
+            matched) during a capture.
+
+    Example:
+        >>> layer("linear_1", passes=range(2, 4))
+        layer('linear_1', passes=[2, 3])
+        >>> layer("linear_1:2")
+        layer('linear_1', passes=[2])
+    """
+    from torchlens.layers import split_pass_key  # layers sit beside the data model
+
+    chosen = _strings(names, "layer")
+    split = [split_pass_key(name) for name in chosen]
+    pinned = {number for _, number in split if number is not None}
+    if pinned and (passes is not None or len(chosen) > 1):
+        raise InvalidArgumentError(
+            f"tl.layer({', '.join(map(repr, sorted(chosen)))}) names a pass in the label; "
+            "give one 'layer:pass', or layer names with passes=",
+            code="bad_selector",
+        )
+    if pinned:
+        passes = pinned
+    if isinstance(passes, int):
+        passes = (passes,)
+    numbers = None if passes is None else frozenset(passes)
+    if numbers is not None and (
+        not numbers or not all(isinstance(n, int) and n >= 1 for n in numbers)
+    ):
+        raise InvalidArgumentError(
+            f"tl.layer(passes=...) takes pass numbers from 1, got {passes!r}",
+            code="bad_selector",
+        )
+    return _Layer(frozenset(name for name, _ in split), numbers)
+
+
+def needs_trace(selector: Selector) -> bool:
+    """Whether ``selector`` asks what only a finished trace knows (``tl.layer``), so a
+    capture cannot answer it op by op: ``tl.extract`` then resolves it on a trace first.
+
+    Example:
+        >>> needs_trace(func("relu") | layer("linear_1")), needs_trace(func("relu"))
+        (True, False)
+    """
+    if isinstance(selector, _Layer):
+        return True
+    parts = (getattr(selector, name, None) for name in ("left", "right", "inner"))
+    return any(needs_trace(part) for part in parts if isinstance(part, Selector))
 
 
 def where(fn: Callable[[Any], bool]) -> Selector:

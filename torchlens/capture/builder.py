@@ -41,6 +41,7 @@ from torchlens.capture.escapes import EscapeHook, type_name
 from torchlens.capture.sinks import PayloadSink
 from torchlens.capture.source import caller_line
 from torchlens.capture.tree import _POSITIONS, _SLOTS, ATOMS, flatten_call, plain_slice
+from torchlens.capture.unseen import record_unseen
 from torchlens.capture.walk import named_modules, owned_tensors
 from torchlens.capture.wrappers import Wrappers
 from torchlens.trace import (
@@ -53,13 +54,20 @@ from torchlens.trace import (
     Trace,
 )
 
-__all__ = ["TraceBuilder", "REFRESH_FUNC_NAME", "TRANSFORM_RESULT", "UNSEEN_COMPUTATION"]
+__all__ = [
+    "TraceBuilder",
+    "REFRESH_FUNC_NAME",
+    "TRANSFORM_RESULT",
+    "UNSEEN_COMPUTATION",
+    "WITHOUT_GRAD",
+]
 
 Tensor = torch.Tensor
 REFRESH_FUNC_NAME = "refresh"  # a value changed by a write the capture could not attribute
 UNSEEN_COMPUTATION = "unseen computation"  # the path of a constant with autograd history
 # the path of a constant first seen after calls inside a torch.func transform
 TRANSFORM_RESULT = "after a torch.func transform"
+WITHOUT_GRAD = "constants_seen_without_grad"  # trace.meta key: their labels
 _KEPT_AS_IS = frozenset({Tensor, nn.Parameter})  # saved undetached; see _save
 _ASK: Any = object()  # an argument the callee reads itself (a version counter not read yet)
 # the version noted for an op's output (not in place) that is an nn.Parameter the capture
@@ -116,6 +124,9 @@ class TraceBuilder:
     # the escapes recorded (record_escape), and the hook that may replace escaped values:
     # class defaults too, set on the instance only when used, for the same reason
     escapes: Sequence[Escape] = ()
+    # constants first seen while grad was off: without autograd history, a value computed
+    # out of sight cannot be told from one the forward closes over (capture/unseen.py)
+    without_grad: tuple[str, ...] = ()
     escape_hook: EscapeHook | None = None
     # refresh label -> how to make its value from saved ones (_keep_as_writes), until
     # protect keeps it so: a class default too, set on the instance at the first
@@ -295,10 +306,15 @@ class TraceBuilder:
             return linked
         label = self._new_label("constant")
         unseen = tensor.grad_fn is not None and self._made_during_forward(tensor)
-        if unseen:
+        if unseen:  # made out of sight: an opaque op linked to what it came from
+            made = record_unseen(self, tensor)
+            if made is not None:
+                return made
             path = UNSEEN_COMPUTATION
         else:
             path = TRANSFORM_RESULT if self._transformed else "closure"
+            if not torch.is_grad_enabled():  # no history: cannot be told from unseen
+                self.without_grad = (*self.without_grad, label)
         self._add_source(label, "constant", path, tensor)
         return label
 
@@ -886,6 +902,8 @@ class TraceBuilder:
         and may edit) are cloned so later edits cannot reach the trace.
         """
         output_labels = [self.label_of(t) for t in output_tensors]
+        if self.without_grad:
+            meta = {**meta, WITHOUT_GRAD: list(self.without_grad)}
         for tensor in keep_safe:
             self.protect(tensor)
         # the root module's own calls inside a traced method are calls 1, 2, ... of "":

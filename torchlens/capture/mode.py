@@ -20,6 +20,7 @@ from torchlens.capture.builder import TraceBuilder
 from torchlens.capture.composite import opened_body
 from torchlens.capture.escapes import escape_call
 from torchlens.capture.failures import note_model_error
+from torchlens.capture.grad_calls import backward_call
 from torchlens.capture.hooks import run_exit_hooks
 from torchlens.capture.naming import FUNC_INFOS, func_info
 from torchlens.capture.special import SETTLES, SPECIAL_OUTPUTS, written_arguments
@@ -67,6 +68,8 @@ class CaptureMode(TorchFunctionMode):
             return self._open(info.name, func, args, kwargs)
         if info.inplace and not args and kwargs:  # torch.nn.init passes tensor=...
             args, kwargs = _target_first(args, kwargs)
+        elif info.name == "backward":  # the .grad it writes are its outputs
+            args, kwargs = backward_call(func, args, kwargs, self.builder)
         try:
             parent_args, args_template, kwargs_template = self.builder.arguments(
                 _read_arguments(func, args), kwargs

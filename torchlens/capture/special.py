@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from torchlens.capture.grad_calls import backward_outputs
+
 __all__ = ["SETTLES", "SPECIAL_OUTPUTS", "SIDE_WRITES", "side_writes", "written_arguments"]
 
 Outputs = list[tuple[str, torch.Tensor]]
@@ -60,6 +62,7 @@ def side_writes(positions: tuple[int, ...]) -> Callable[[tuple, Any], Outputs]:
 SPECIAL_OUTPUTS: dict[str, Callable[[tuple, Any], Outputs]] = {
     "setitem": _written_first_argument,
     "set_data": _written_first_argument,  # x.data = value (the setter returns nothing)
+    "backward": backward_outputs,  # the .grad it wrote (capture/grad_calls.py)
     **{name: side_writes(positions) for name, positions in SIDE_WRITES.items()},
 }
 

@@ -32,6 +32,7 @@ from torchlens.extract._batches import (
     pick,
     to_device,
 )
+from torchlens.extract._layers import resolve_layers
 
 __all__ = ["BatchRunner", "dtype_name"]
 
@@ -46,9 +47,13 @@ class BatchRunner:
         self.schema: dict[str, tuple[tuple[int, ...], str]] | None = None
         self.first: int | None = None  # the batch the schema was taken from
         self.sources: dict[str, str] = {}
+        self.pass_names: dict[str, str] | None = None  # tl.layer sites: label -> "layer:pass"
 
     def sites(self, batch: Batch, inputs: Any) -> dict[str, torch.Tensor]:
         args, kwargs = call_args(to_device(pick(batch.data, inputs), self.device))
+        if self.pass_names is None:  # tl.layer(...) is answered on a trace of the first batch
+            self.selector, self.pass_names = resolve_layers(self.model, args, kwargs,
+                                                            self.selector)  # fmt: skip
         try:
             with torch.no_grad():
                 rec = record(self.model, args, kwargs, save=self.selector,
@@ -89,7 +94,7 @@ class BatchRunner:
                 named.append((view, name))
                 self.sources.setdefault(name, view.label)
             if by_op:
-                named.append((view, view.label))
+                named.append((view, self.pass_names.get(view.label, view.label)))
         clash = [name for name, n in Counter(name for _, name in named).items() if n > 1]
         if clash:
             raise InvalidArgumentError(

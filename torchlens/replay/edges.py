@@ -40,6 +40,7 @@ from torchlens.replay.exemptions import (
     unchanged_reason,
     unread_reason,
 )
+from torchlens.replay.grad_replay import GRAD_FUNCS, differentiated, graph_edge
 from torchlens.replay.memory import part_of, surviving_parents
 from torchlens.replay.perturb import (
     BATTERY,
@@ -153,6 +154,8 @@ class EdgeProver:
             return "exempt", f"{label}: {reason}"
         if unmovable:
             return "exempt", f"{label}: {unmovable}"
+        if head.func in GRAD_FUNCS and label in differentiated(head):  # its graph, not value
+            return graph_edge(self.runner, head, label, values)
         for out in outputs:
             if same_elements(out, parent) or part_of(out, parent):
                 return "verified", label
@@ -193,6 +196,8 @@ class EdgeProver:
         reason = unread_reason(head, positions, args, kwargs) or unchanged_reason(head, positions)
         if reason:
             return "unread", f"{label}: output unchanged under every probe; {reason}"
+        if head.func in GRAD_FUNCS and trial.ran:  # a gradient constant in the input: its graph
+            return graph_edge(self.runner, head, label, points.values)
         if not trial.ran:
             return "unchecked", f"perturbing {label!r} made the call raise {trial.errors[-1]}"
         return "failed", (

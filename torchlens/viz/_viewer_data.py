@@ -51,6 +51,7 @@ def viewer_data(
         nodes.append({"id": f"output {i}", "k": "output", "t": "output", "s": label, "g": -1})
         if label in index:
             edges.append([index[label], len(nodes) - 1])
+    repeated = _note_passes(trace, nodes, index)
     hints = _dot_order(nodes, edges) if use_dot else None
     if hints:
         for node, x in zip(nodes, hints):
@@ -63,7 +64,26 @@ def viewer_data(
         "edges": edges,
         "status": getattr(status, "state", None),
         "layout": "graphviz" if hints else "page",
+        "repeated": repeated,  # layers run more than once: the page offers a rolled view
     }
+
+
+def _note_passes(trace: Trace, nodes: list[dict[str, Any]], index: dict[str, int]) -> int:
+    """Mark each op of a layer of several passes (``trace.layers``) for the rolled view:
+    ``lp`` its ``"layer:pass/passes"``, ``np`` the pass count on the first pass, ``L`` the
+    node of the first pass on later passes. Returns how many layers repeat."""
+    repeated = trace.layers.repeated
+    for name, count in repeated.items():
+        ops = trace.layers[name]
+        first = index[ops[0].label]
+        nodes[first]["np"] = count
+        for number, op in enumerate(ops, 1):
+            node = nodes[index[op.label]]
+            node["lp"] = f"{name}:{number}/{count}"
+            node["P"] = number
+            if number > 1:
+                node["L"] = first
+    return len(repeated)
 
 
 def op_verdicts(trace: Trace, status: Any) -> tuple[dict[str, str], dict[str, list[str]]]:
