@@ -51,6 +51,11 @@ def launch(tmp_path_factory):
     return done, results, out
 
 
+def _result(launch, case: str, rank: int = 0) -> dict:
+    """What rank ``rank`` wrote for ``case``."""
+    return launch[1][case, rank]
+
+
 @needs_gloo
 def test_every_process_exits_cleanly(launch):
     done, _, _ = launch
@@ -73,8 +78,7 @@ def test_validates_passed_on_every_rank(launch, case):
 @needs_gloo
 @pytest.mark.parametrize("model", MODELS)
 def test_fsdp2_records_unsharded_parameters_and_its_all_gathers(launch, model):
-    _, results, _ = launch
-    result = results[f"fsdp-{model}", 0]
+    result = _result(launch, f"fsdp-{model}")
     params = result["params"]
     weight = "fc1.weight" if model == "mlp" else "mlp.fc1.weight"
     assert params[weight]["shape"] == params[weight]["local_shape"] == [32, 8]  # unsharded
@@ -89,8 +93,7 @@ def test_fsdp2_records_unsharded_parameters_and_its_all_gathers(launch, model):
 @needs_gloo
 @pytest.mark.parametrize("model", MODELS)
 def test_tensor_parallel_records_shards_placements_and_all_reduces(launch, model):
-    _, results, _ = launch
-    result = results[f"tp-{model}", 0]
+    result = _result(launch, f"tp-{model}")
     params = result["params"]
     fc1, fc2 = ("fc1", "fc2") if model == "mlp" else ("mlp.fc1", "mlp.fc2")
     assert params[f"{fc1}.weight"] == {
