@@ -12,6 +12,7 @@ exit code.
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import sys
 import traceback
@@ -275,6 +276,7 @@ def main() -> None:
             result = {"error": traceback.format_exc()}
         with results.open("a") as f:
             f.write(json.dumps({"case": case, "rank": rank, **result}) + "\n")
+    gc.collect()  # traces (and their autograd graphs) go before the group (docs/distributed.md)
     dist.destroy_process_group()
 
 
