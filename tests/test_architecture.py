@@ -28,6 +28,7 @@ LAYERS = {
     "replay": 4, "io": 4, "viz": 4,
     "attention": 4.5,  # reads recorded attention calls; edits builds on it
     "report": 5, "extract": 5, "edits": 5, "debug": 5,
+    "distributed": 5,  # sharded models: collectives, DTensor layouts, per-rank files
     "backends": 6,
     "demo": 7, "cli": 7,
     "__main__": 8, "__init__": 9,
@@ -72,10 +73,10 @@ def test_layers_import_only_downward():
 def test_public_names():
     assert sorted(tl.__all__) == [
         "Intervention", "ModuleCall", "Op", "Recording", "Selector", "Source", "Trace",
-        "__version__", "attention_pattern", "backends", "diff", "errors", "extract",
-        "find_nonfinite", "func", "label", "layer", "llm_sites", "load", "load_extraction",
-        "module", "record", "replay", "report", "save", "summary", "trace", "validate", "viz",
-        "where",
+        "__version__", "attention_pattern", "backends", "diff", "distributed", "errors",
+        "extract", "find_nonfinite", "func", "label", "layer", "llm_sites", "load",
+        "load_extraction", "module", "record", "replay", "report", "save", "summary", "trace",
+        "validate", "viz", "where",
     ]  # fmt: skip
     for name in tl.__all__:
         if name != "__version__":

@@ -32,7 +32,7 @@ Example:
 Importing torchlens changes nothing in torch: interception exists only while a capture runs.
 """
 
-from torchlens import backends, errors, report, viz
+from torchlens import backends, distributed, errors, report, viz
 from torchlens._llm_sites import llm_sites
 from torchlens._version import __version__
 from torchlens.attention import attention_pattern
@@ -53,6 +53,7 @@ __all__ = [
     "backends",
     "report",
     "viz",
+    "distributed",
     "trace",
     "record",
     "validate",

@@ -44,6 +44,7 @@ from torchlens.capture.source import caller_line
 from torchlens.capture.tree import _POSITIONS, _SLOTS, ATOMS, flatten_call, plain_slice
 from torchlens.capture.unseen import record_unseen
 from torchlens.capture.walk import named_modules, owned_tensors
+from torchlens.capture.wrappers import Wrappers
 from torchlens.trace import (
     ArgRef,
     Escape,
@@ -181,6 +182,7 @@ class TraceBuilder:
         # call count at that time: writes into its storage after it are what a refresh redoes)
         self._live: dict[int, tuple] = {}
         self._owned: dict[int, tuple[str, str, Tensor]] = {}  # id -> (kind, address, tensor)
+        self._wrappers = Wrappers()  # recorded wrapper subclass values (wrappers.py)
         self.labeler = Labeler(self._records)  # op labels, as every capture counts them
         # storage -> the labels of the saved values aliasing it: one label, or a list of them
         self._aliases: dict[int, str | list[str]] = {}
@@ -245,7 +247,9 @@ class TraceBuilder:
         self.input_labels.append(label)
         return label
 
-    def _add_source(self, label: str, kind: str, path: str, tensor: Tensor) -> Source:
+    def _add_source(
+        self, label: str, kind: str, path: str, tensor: Tensor, copy: bool = False
+    ) -> Source:
         source = Source(  # positional, in field order, as Op below
             label, kind, path, tuple(tensor.shape), tensor.dtype, tensor.device,
             tensor.requires_grad, [], self.store,
@@ -255,7 +259,7 @@ class TraceBuilder:
         if self.save_payloads:
             # buffers are often updated in place by C++ kernels (batch norm statistics),
             # out of the capture's sight: copy them now rather than alias them
-            self._save(label, tensor, copy=kind == "buffer")
+            self._save(label, tensor, copy=copy or kind == "buffer")
         self._remember(tensor, label)
         return source
 
@@ -300,6 +304,9 @@ class TraceBuilder:
         if same is not None:  # a recorded value under another object (as_subclass)
             self._remember(tensor, same)
             return same
+        linked = self._wrappers.link(self, tensor)
+        if linked is not None:  # what a recorded DTensor holds, or a DTensor holding one
+            return linked
         label = self.labeler.new("constant")
         unseen = tensor.grad_fn is not None and self._made_during_forward(tensor)
         if unseen:  # made out of sight: an opaque op linked to what it came from
@@ -368,7 +375,9 @@ class TraceBuilder:
                 self._remember(tensor, address)
                 return address
         label = address if address not in self._records else self.labeler.new(address)
-        self._add_source(label, kind, address, tensor)
+        # copied now: the hook that put it in place may release its memory after the call
+        # (FSDP frees the parameters it gathered when the module's forward ends)
+        self._add_source(label, kind, address, tensor, copy=True)
         return label
 
     def _same_memory(self, tensor: Tensor) -> str | None:
@@ -688,6 +697,8 @@ class TraceBuilder:
         records = self._records
         for parent in parents:
             records[parent].children.append(label)
+        if type(tensor) is not Tensor:  # (a wrapper subclass: a DTensor)
+            self._wrappers.note(tensor)
         self.ops.append(op)
         records[label] = op
         if self._inference and tensor.is_inference():  # no version counter: no raise

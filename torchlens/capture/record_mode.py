@@ -38,7 +38,7 @@ from torchlens.capture.mode import _inplace_targets, _read_arguments, functorch_
 from torchlens.capture.naming import FUNC_INFOS, func_info
 from torchlens.capture.record_exit import ExitTracker
 from torchlens.capture.roots import Root, resolve_root
-from torchlens.capture.special import SPECIAL_OUTPUTS
+from torchlens.capture.special import SETTLES, SPECIAL_OUTPUTS
 from torchlens.capture.tree import ATOMS, fill, flatten, flatten_call
 from torchlens.recording import OpView
 from torchlens.selectors import Selector
@@ -175,6 +175,8 @@ class RecordMode(TorchFunctionMode):
         except Exception as err:  # the model's own error: noted, never wrapped
             note_model_error(err, self, info.name)
             raise
+        if info.settles:  # (a collective in flight: see special.SETTLES)
+            SETTLES[func](result)
         name = info.name
         if isinstance(result, Tensor) and name not in SPECIAL_OUTPUTS:
             tensors = [result]

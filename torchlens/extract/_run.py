@@ -92,7 +92,7 @@ def extract(
     Raises:
         ExtractionError: ``exists``, ``args_changed``, ``not_an_extraction``, ``bad_batch``,
             ``shape_changed``, ``sites_changed``, ``not_batched``, ``write_failed``,
-            ``distributed``, ``ranks_differ``, ``interrupted`` (see
+            ``distributed``, ``ranks_differ``, ``interrupted``, ``tensor_parallel`` (see
             :class:`~torchlens.errors.ExtractionError`).
             Under torchrun every rank raises it when one rank fails.
         SelectorMatchError: ``no_match`` when ``save=`` matches nothing in the first batch.
@@ -117,6 +117,7 @@ def extract(
     selector, reducer = as_selector(save), Reducer(reduce)
     root = Path(to)
     with _signals.guarded() as guard, _process_group() as (rank, world):
+        _distributed.refuse_tensor_parallel(world, model)
         args = _run_args(model, data, selector, stop_after, inputs, targets, reduce)
         plan = BatchPlan(data, inputs, rank, world)
         _distributed.agree(world, root, args, overwrite, plan.order)

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 import torch
 
+from torchlens._tensors import inner_of
 from torchlens.capture.tree import fill
 from torchlens.replay.cut_rules import cut_points
 from torchlens.replay.exemptions import (
@@ -35,6 +36,7 @@ from torchlens.replay.exemptions import (
     exempt_reason,
     maybe_exempt,
     parent_kind_reason,
+    proven_by_rule,
     unchanged_reason,
     unread_reason,
 )
@@ -142,6 +144,8 @@ class EdgeProver:
         """The verdict when no call is needed: an exemption, nothing in the output to move
         (``unmovable``, the reason), or an output that is the parent's own memory, reordered at
         most."""
+        if proven_by_rule(head) is not None:  # (a collective: docs/distributed.md)
+            return "verified", label
         parent = values[indices[0]]
         reason = parent_kind_reason(parent)
         if reason is None and maybe_exempt(head, head.parent_args[indices[0]][1]):
@@ -290,6 +294,8 @@ class _Points:
         head = self._head
         if head.func is None or any(value.is_nested for value in self.values):
             return ()  # (a jagged tensor's sizes are symbolic: no slicing plan)
+        if any(type(value) is not Tensor and inner_of(value) is not None for value in self.values):
+            return ()  # a DTensor: slicing a sharded dimension would communicate
         if not large_enough(self.values, self._shapes):
             return ()
         points = cut_points(head.func, head.func_name, self.values)

@@ -22,7 +22,7 @@ from torch.overrides import TorchFunctionMode
 from torchlens.capture.composite import opened_body
 from torchlens.capture.mode import functorch_level
 from torchlens.capture.naming import FUNC_INFOS, func_info
-from torchlens.capture.special import SPECIAL_OUTPUTS
+from torchlens.capture.special import SETTLES, SPECIAL_OUTPUTS
 
 __all__ = [
     "UNCHANGED",
@@ -226,6 +226,8 @@ class PerturbingMode(TorchFunctionMode):
             finally:
                 torch._C._pop_torch_function_stack()
         result = func(*args, **kwargs)
+        if info.settles:  # (a collective in flight: see special.SETTLES)
+            SETTLES[func](result)
         if (not self.vias and info.escape is None) or self.diverged is not None:
             return result  # (before the first escape: nothing to note)
         if functorch_level() != self._level:

@@ -24,17 +24,23 @@ from torchlens._tensors import write_through
 from torchlens.capture import rng
 from torchlens.capture.autocast import autocast_applied
 from torchlens.capture.controls import reapply
-from torchlens.capture.special import SPECIAL_OUTPUTS
+from torchlens.capture.special import SETTLES, SPECIAL_OUTPUTS
 from torchlens.capture.tree import ArgSlot, fill, flatten, is_atom, slots_in_order
 from torchlens.capture.unseen import UNSEEN_META
-from torchlens.errors import PayloadUnavailableError
+from torchlens.errors import DistributedError, PayloadUnavailableError
 from torchlens.replay.edges import EdgeProver
 from torchlens.replay.exemptions import MAY_BE_UNINITIALIZED, may_write_arguments, value_exempt
 from torchlens.replay.grad_replay import GRAD_FUNCS, differentiate, unseen_verdicts
 from torchlens.replay.tolerances import mismatch
 from torchlens.replay.written_over import MadeRefreshes
 
-__all__ = ["Interpreter", "Checker", "Unreplayable", "calls"]
+__all__ = ["Interpreter", "Checker", "Unreplayable", "calls", "LOCKSTEP"]
+
+# Calls that every process of a distributed run must rerun together (collectives):
+# function -> ``check(op)``, run before each rerun of ``op``; it raises a typed error when
+# the processes are not at the same call, instead of letting one wait on the others.
+# Filled by ``torchlens.distributed``.
+LOCKSTEP: dict[Any, Callable[[Any], None]] = {}
 
 Tensor = torch.Tensor
 
@@ -133,6 +139,9 @@ class Interpreter:
         func, special = op.func, SPECIAL_OUTPUTS.get(op.func_name)
         args_template, kwargs_template = op.args_template, op.kwargs_template
         n = len(op.parent_args)
+        settle = _settle_of(func)
+        if settle is not None:  # (a collective: each rerun waits for what it writes)
+            func = _settled(func, settle, LOCKSTEP.get(func), op)
         if special is None and slots_in_order(args_template, kwargs_template, n):
             return _flat_runner(func, args_template[n:], kwargs_template)
         fill_args, fill_kwargs = _filler(args_template), _filler(kwargs_template)
@@ -163,6 +172,29 @@ class Interpreter:
         if any(value.dtype != stale.dtype for value in written):
             raise Unreplayable("the write reinterpreted the storage as another dtype")
         return [write_through(stale, list(zip(written, regions)), base)]
+
+
+def _settle_of(func: Any) -> Callable[[Any], None] | None:
+    try:
+        return SETTLES.get(func)
+    except TypeError:  # unhashable
+        return None
+
+
+def _settled(
+    func: Callable[..., Any], settle: Callable[[Any], None], check: Callable | None, op: Any
+) -> Callable[..., Any]:
+    """``func`` that first checks that every process reruns it too (``LOCKSTEP``), and
+    returns once what it writes is written (``SETTLES``)."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if check is not None:
+            check(op)
+        result = func(*args, **kwargs)
+        settle(result)
+        return result
+
+    return call
 
 
 def _flat_runner(func: Callable[..., Any], rest: tuple, kwargs: dict) -> Callable:
@@ -408,6 +440,8 @@ class Checker(Interpreter):
                 record.unchecked(op.label, "replay", f"could not replay: {err}")
                 record.unchecked(op.label, "perturbation", "needs a replayable call")
             return
+        except DistributedError:  # the ranks are out of step: every one must stop
+            raise
         except Exception as err:  # the recorded call does not run on its recorded inputs
             for op in ops:
                 record.fail(op.label, "replay", f"replaying raised {type(err).__name__}: {err}")
