@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import numbers
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,6 +18,7 @@ from torchlens.capture.session import refuse_reentry, suspended
 from torchlens.errors import InvalidArgumentError
 from torchlens.replay.backward import validate_backward
 from torchlens.replay.completeness import check_completeness, look_first
+from torchlens.replay.escape_values import Budget
 from torchlens.replay.findings import Findings
 from torchlens.replay.ground_truth import (
     ModelState,
@@ -46,10 +48,12 @@ def validate(
     rtol: float | None = None,
     intervene: Mapping[Any, Any] | None = None,
     random_seed: int | None = None,
+    accept_hidden_edges: bool = False,
 ) -> bool:
     """Capture ``model(*args, **kwargs)`` and prove by replay that the record is right.
 
-    Same checks as :func:`replay`; True only when its status is ``passed``.
+    Same checks as :func:`replay`; True only when its status is ``passed`` (or, with
+    ``accept_hidden_edges``, ``incomplete``).
 
     Args:
         model: an ``nn.Module`` or a function of tensors.
@@ -63,9 +67,13 @@ def validate(
         random_seed: when given, ``torch.manual_seed(random_seed)`` runs first, as a user
             seeding before a forward would; the RNG is then left as that seeded forward
             leaves it. Without it the current RNG state is used (and put back the same way).
+        accept_hidden_edges: also return True when the state is ``incomplete``: every
+            recorded op and edge is proven and the only findings are dependencies that pass
+            through Python values (``.item()``, ``.tolist()``), which the caller knows of.
 
     Returns:
-        True only when every op was replayed and every edge proved (or exempt).
+        True only when every op was replayed and every edge proved (or exempt), and no
+        hidden dependency was found unless ``accept_hidden_edges``.
 
     Raises:
         InvalidArgumentError: ``bad_scope`` for an unknown scope, ``bad_random_seed`` for a
@@ -81,7 +89,7 @@ def validate(
         model, args, kwargs,
         scope=scope, atol=atol, rtol=rtol, intervene=intervene, random_seed=random_seed,
     )  # fmt: skip
-    return bool(status)
+    return status.accepted(accept_hidden_edges)
 
 
 def replay(
@@ -133,7 +141,9 @@ def replay(
     pristine = copy_inputs(args, kwargs, uncopied)  # a forward may modify its inputs
     aliased: set[int] = set()  # tensors whose .data the forward took
     # watched: the rerun's escape calls (if any, the completeness arm will run) and its path
+    began = time.perf_counter()
     output, watched = rerun(model, *pristine, start, intervene, aliased, True)
+    budget = _budget(watched, time.perf_counter() - began)
     reference = detached(output)
     del output
     rng.restore(host)  # (torch's generators the rerun puts back itself)
@@ -154,8 +164,10 @@ def replay(
     spare = copy_inputs(args, kwargs)  # for the completeness arm, if the forward has escapes
     first = None
     if watched is not None and watched.vias and not uncopied and not moved_parameters:
-        first = look_first(model, spare, (start, host), state, watched)  # (see look_first)
+        first = look_first(model, spare, (start, host), state, watched, budget)  # (look_first)
+    began = time.perf_counter()
     trace = trace_for_check(model, args, kwargs, intervene=intervene)
+    budget.timed_capture(time.perf_counter() - began)
     after_capture = rng.snapshot()  # the checks touch torch's generators only
     trace.output = detached(trace.output)  # private to this check: its graph is not needed
     findings = Findings(trace)
@@ -181,10 +193,17 @@ def replay(
                 "perturbed from the state the capture started in",
             )  # fmt: skip
         else:
-            check_completeness(
-                model, trace, spare, (start, host), state, findings, atol, rtol, intervene,
-                first, watched,
-            )  # fmt: skip
+            try:
+                check_completeness(
+                    model, trace, spare, (start, host), state, findings, atol, rtol,
+                    intervene, first, watched, budget,
+                )  # fmt: skip
+            except Exception as err:  # noqa: BLE001 - validation returns, whatever the arm met
+                findings.unchecked(
+                    trace.escapes[0].label, "completeness",
+                    f"the completeness arm stopped on {type(err).__name__} ({err}); the escapes "
+                    "were not all checked for hidden dependencies",
+                )  # fmt: skip
             rng.restore(after_capture)
     del spare
     # weights written at every call go back to what one plain forward left (the trace,
@@ -256,6 +275,13 @@ def _check_payloads(trace: Any, findings: Findings, atol, rtol) -> tuple[str, ..
     with suspended(), torch.no_grad():
         Checker(trace, findings, atol, rtol).run()
     return ("lint", "replay", "perturbation")
+
+
+def _budget(watched: Any, seconds: float) -> Budget:
+    """What each of the completeness arm's forwards may spend: a small multiple of the
+    ground-truth rerun's calls and time (``watched``: its mode, when it counted them)."""
+    ops = getattr(watched, "ops", 0) or 1 << 20  # (not counted: the time bounds it)
+    return Budget.of(ops, len(getattr(watched, "vias", ())), seconds)
 
 
 def _blame_uncopied(outcome: Findings, findings: Findings, uncopied: list[str]) -> None:

@@ -26,6 +26,7 @@ values perturbed (``replay/escape_values.py``) and watches what moves:
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +37,9 @@ from torchlens.capture.api import trace_for_check
 from torchlens.capture.tree import flatten
 from torchlens.errors import PayloadUnavailableError
 from torchlens.replay.escape_values import (
+    Budget,
     Diverged,
+    OverBudget,
     PerturbingMode,
     Plan,
     fingerprint,
@@ -74,11 +77,13 @@ def look_first(
     rngs: tuple[Any, Any],
     state: ModelState,
     expected: PerturbingMode | None = None,
+    budget: Budget | None = None,
 ) -> FirstLook:
     """Run the arm's first forward now, with every escape perturbed, from ``inputs`` (a
     pristine copy), the RNG states ``rngs`` (torch's; Python's and NumPy's) and the model
     state ``state`` rewinds to (it is rewound after, and Python's RNGs put back). With
-    ``expected`` (the ground-truth rerun's mode), it stops where it leaves that path.
+    ``expected`` (the ground-truth rerun's mode), it stops where it leaves that path;
+    with ``budget``, where it runs past it.
 
     Validation calls it right after the ground-truth rerun, when that rerun made escapes:
     on a heap not yet holding the capture's values it costs what a plain forward costs,
@@ -86,7 +91,8 @@ def look_first(
     values have pushed the model's out of the caches)."""
     args, kwargs = copy_inputs(*inputs)
     try:
-        return FirstLook(*_light_forward(model, args, kwargs, rngs[0], Plan(None), expected))
+        plan = Plan(None).start(budget, captured=False)
+        return FirstLook(*_light_forward(model, args, kwargs, rngs[0], plan, expected))
     finally:
         rng.restore(rngs[1])
         state.rewind()
@@ -101,10 +107,13 @@ def _light_forward(
     freed, or None when it stopped; the mode; the error it raised)."""
     mode = PerturbingMode(plan, expected, fingerprints=True)
     try:
-        with rng.restored(start), mode:
+        with rng.restored(start), mode, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (the ground-truth run showed the model's own)
             output = model(*args, **kwargs)
     except Diverged:
         return None, mode, None
+    except OverBudget as err:  # a perturbed value made the run longer (a loop)
+        return None, mode, err
     except Exception as err:  # the model's own error: a guard tripped
         return None, mode, None if mode.diverged else err
     if mode.diverged:  # (the model caught Diverged, and went on)
@@ -118,8 +127,10 @@ class _Runner:
 
     def __init__(self, model: Any, trace: Trace, inputs: tuple, start: Any, host: Any,
                  state: ModelState | None, intervene: Any,
-                 expected: PerturbingMode | None = None) -> None:  # fmt: skip
+                 expected: PerturbingMode | None = None,
+                 budget: Budget | None = None) -> None:  # fmt: skip
         self.model, self.trace, self.inputs, self.expected = model, trace, inputs, expected
+        self.budget = budget
         self.start, self.host, self.state, self.intervene = start, host, state, intervene
         self.forwards = 0
         self._left: tuple[ModelState, Any] | None = None  # the capture's state, its RNGs
@@ -142,16 +153,19 @@ class _Runner:
     def light(self, plan: Plan) -> tuple[list | None, PerturbingMode, BaseException | None]:
         """A plain forward: (its output tensors, the mode that ran it, the error it raised)."""
         args, kwargs = self._fresh()
+        plan.start(self.budget, captured=False)
         return _light_forward(self.model, args, kwargs, self.start, plan, self.expected)
 
     def captured(self, plan: Plan) -> tuple[Trace | None, BaseException | None]:
         args, kwargs = self._fresh()
+        plan.start(self.budget, captured=True)
         try:
-            with rng.restored(self.start):
+            with rng.restored(self.start), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # (the ground-truth run showed the model's own)
                 return trace_for_check(
                     self.model, args, kwargs, intervene=self.intervene, escape_hook=plan
                 ), None  # fmt: skip
-        except Exception as err:
+        except (Exception, OverBudget) as err:
             return getattr(err, "partial_trace", None), err
 
 
@@ -167,19 +181,21 @@ def check_completeness(
     intervene: Any = None,
     first: FirstLook | None = None,
     expected: PerturbingMode | None = None,
+    budget: Budget | None = None,
 ) -> tuple[list[HiddenEdge], list[str], int]:
     """Run the arm (see the module docstring) on ``trace``, captured from ``inputs`` (a
     pristine copy), the RNG states ``rngs`` (torch's, Python's and NumPy's) and the model
     state ``state`` holds; the model is left as the capture left it. ``first`` is the
     first forward, when :func:`look_first` ran it already; ``expected``, the mode of the
-    unperturbed rerun, whose path the plain forwards stop at leaving.
+    unperturbed rerun, whose path the plain forwards stop at leaving; ``budget``, what each
+    forward may spend (past it, the forward stops and the escape is a decision).
 
     Hidden edges are failures in ``findings`` and are added to ``trace.hidden_edges``.
 
     Returns:
         The hidden edges, the branch decisions (as text), and the forwards it ran here.
     """
-    runner = _Runner(model, trace, inputs, rngs[0], rngs[1], state, intervene, expected)
+    runner = _Runner(model, trace, inputs, rngs[0], rngs[1], state, intervene, expected, budget)
     try:
         edges, decisions = _Arm(runner, trace, findings, atol, rtol, first).run()
     finally:
@@ -243,7 +259,7 @@ class _Arm:
             if mode.diverged is not None:  # it stopped where it left the unperturbed path
                 return self._left_path(plan, mode)
             if err is not None:
-                return self._decided(self._last_before(plan, len(vias)), f"raised {_short(err)}")
+                return self._decided(self._last_before(plan, len(vias)), _what(err))
             k = _divergence(vias, self.vias)
             if not self._outputs_moved(output):
                 if k is not None:
@@ -266,7 +282,8 @@ class _Arm:
         moved, err = self.runner.captured(plan)
         if moved is None or err is not None:
             seen = len({e.call for e in moved.escapes}) if moved is not None else 0
-            return self._decided(self._last_before(plan, seen), f"raised {_short(err)}")
+            seen = err.call if isinstance(err, OverBudget) else seen
+            return self._decided(self._last_before(plan, seen), _what(err))
         d = _structure_divergence(self.trace, moved)
         targets = self._without_drift(self._targets(moved, d))
         if d is None:
@@ -476,7 +493,7 @@ class _Arm:
         if edge in self.edges:
             return
         self.edges.append(edge)
-        self.findings.fail(
+        self.findings.incomplete(
             target, ARM,
             f"hidden dependency {edge}: perturbing the escaped value moved {target!r}, "
             "but the graph has no edge for it (see trace.hidden_edges)",
@@ -572,6 +589,13 @@ def _descendants(trace: Trace, label: str) -> set[str]:
             seen.add(child)
             stack += trace[child].children
     return seen
+
+
+def _what(err: BaseException | None) -> str:
+    """What a perturbed forward that stopped did, in words."""
+    if isinstance(err, OverBudget):
+        return f"changed how long the run is (it was stopped past {err.what})"
+    return f"raised {_short(err)}"
 
 
 def _short(err: BaseException | None) -> str:
