@@ -219,13 +219,26 @@ class _Arm:
         self.edges: list[HiddenEdge] = []
         self._saved_prints: dict[int, list[tuple | None]] = {}  # see _capture_prints
         self._drifting: set[str] | None = None  # see _without_drift, made on first need
+        self.direction = 1  # which way the escaped values move (see run)
 
     def run(self) -> tuple[list[HiddenEdge], list[str]]:
-        pending = set(self.calls)
+        """Rounds with the escaped values moved one way, then, for the numbers that can
+        move the other way (a float down, an int up), once more that way: a threshold
+        equal to an escaped value (``x > x.min().item()``) is crossed by one of the two."""
+        pending = self._rounds(set(self.calls))
+        self.direction = -1
+        pending = {c for c in pending if _two_way(self.calls[c][0])}
+        if pending:
+            self._rounds(pending)
+        return self._direct(), self.decisions
+
+    def _rounds(self, pending: set[int]) -> set[int]:
+        """Rounds until every escape of ``pending`` is settled or held as a branch
+        decision; returns those settled (perturbed without deciding a branch)."""
         for _ in range(MAX_ROUNDS):
-            blame = self._round(Plan(pending)) if pending else None
+            blame = self._round(Plan(pending, self.direction)) if pending else None
             if blame is None:
-                return self.edges, self.decisions
+                return pending
             # the same code read again (a loop's test, per-image sizes) decides alike:
             # every read at the blamed escape's line is held with it
             decided = self.calls[blame][0]
@@ -241,14 +254,14 @@ class _Arm:
                     "were perturbed only together with the branch decision above"
                 )
         if not pending:
-            return self.edges, self.decisions
+            return pending
         first = self.calls[min(pending)][0]
         self.findings.unchecked(
             first.label, ARM,
             f"{len(pending)} escape(s) from {first} on were not checked for hidden "
             f"dependencies: {MAX_ROUNDS} rounds went to telling branch decisions apart",
         )  # fmt: skip
-        return self.edges, self.decisions
+        return set()
 
     def _round(self, plan: Plan) -> int | None:
         """One round with ``plan``: None when it settled every escape it perturbed, else
@@ -325,7 +338,7 @@ class _Arm:
         (every escape) and it ran, else a forward now. The first look perturbed every call
         it made; ``plan.moved`` keeps those the capture numbered."""
         first, self.first = self.first, None
-        if first is None or plan.calls != frozenset(self.calls):
+        if first is None or plan.calls != frozenset(self.calls) or plan.direction != 1:
             return self.runner.light(plan)
         plan.moved = first.mode.plan.moved & plan.calls
         return first.output, first.mode, first.error
@@ -472,7 +485,7 @@ class _Arm:
             found[moved[0]] = targets
         else:
             for call in moved[:MAX_ATTRIBUTION_RUNS]:
-                alone, err = self.runner.captured(Plan({call}))
+                alone, err = self.runner.captured(Plan({call}, self.direction))
                 if alone is not None and err is None:
                     end = _structure_divergence(self.trace, alone)
                     found[call] = self._without_drift(self._targets(alone, end))
@@ -490,14 +503,44 @@ class _Arm:
         if target == escape.label or target in _descendants(self.trace, escape.label):
             return  # the graph has a path already: lineage is complete
         edge = HiddenEdge(escape.label, target, escape.via, escape.source)
-        if edge in self.edges:
-            return
-        self.edges.append(edge)
-        self.findings.incomplete(
-            target, ARM,
-            f"hidden dependency {edge}: perturbing the escaped value moved {target!r}, "
-            "but the graph has no edge for it (see trace.hidden_edges)",
-        )  # fmt: skip
+        if edge not in self.edges:
+            self.edges.append(edge)
+
+    def _direct(self) -> list[HiddenEdge]:
+        """The edges found, less those a chain of others carries: a value that escapes,
+        comes back into a recorded op and escapes again further on moves the end through
+        the second escape, so the edge from the first to the end is dropped (its two
+        direct edges stay). Each edge kept makes its child ``incomplete``."""
+        kept = [edge for edge in self.edges if not self._carried(edge)]
+        for edge in kept:
+            self.findings.incomplete(
+                edge.child, ARM,
+                f"hidden dependency {edge}: perturbing the escaped value moved "
+                f"{edge.child!r}, but the graph has no edge for it (see trace.hidden_edges)",
+            )  # fmt: skip
+        return kept
+
+    def _carried(self, edge: HiddenEdge) -> bool:
+        """Whether another edge into ``edge.child`` starts at a record that ``edge.parent``
+        reaches through recorded edges and the other hidden edges."""
+        others = [e for e in self.edges if e.child == edge.child and e.parent != edge.parent]
+        if not others:
+            return False
+        hidden: dict[str, list[str]] = {}
+        for e in self.edges:
+            if e != edge:
+                hidden.setdefault(e.parent, []).append(e.child)
+        seen: set[str] = set()
+        stack = [edge.parent]
+        while stack:
+            label = stack.pop()
+            if label in seen:
+                continue
+            seen.add(label)
+            stack += hidden.get(label, ())
+            if label in self.trace:
+                stack += self.trace[label].children
+        return any(e.parent in seen and e.parent != edge.parent for e in others)
 
     # -- branch decisions -----------------------------------------------------------------
     def _decided(self, call: int | None, what: str) -> int | None:
@@ -518,6 +561,15 @@ class _Arm:
     def _prefer_control(self, calls: list[int]) -> int:
         control = [c for c in calls if self.calls[c][0].control]
         return (control or calls)[-1]
+
+
+def _two_way(escape: Escape) -> bool:
+    """Whether the escaped value can be moved the other way too (see
+    :func:`~torchlens.replay.escape_values.perturbed_down`): a number or an array or list
+    of them, not a bool, not an int 0."""
+    if escape.type in ("float", "ndarray", "list", "tuple", "complex"):
+        return True
+    return escape.type == "int" and escape.value != "0"
 
 
 def _saved_print(op: Any) -> tuple | None:

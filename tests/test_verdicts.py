@@ -1,0 +1,134 @@
+"""Verdicts a user can act on (issue 50): hidden dependencies are ``incomplete``, not
+``failed``; validation always returns (its extra forwards run under a budget); escaped
+numbers are probed both ways; hidden edges are direct ones."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import torchlens as tl
+from torchlens.replay.escape_values import UNCHANGED, Budget, perturbed_down
+from torchlens.replay.status import ReplayStatus
+from torchlens.trace import HiddenEdge
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _validated_in_a_child(name: str, timeout: float = 240) -> list[str]:
+    """Validate ``tests._hangs.<name>`` in a child process, killed past ``timeout``
+    seconds (the regression these tests guard against is a validation that never ends)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "tests._hangs", name],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "Warning" not in done.stderr, done.stderr  # (item 7: nothing printed of its own)
+    return done.stdout.splitlines()
+
+
+@pytest.mark.parametrize(
+    "name, why",
+    [("Converge", "changed how long the run is (it was stopped past"),
+     ("LongerByValue", "changed how long the run is (it was stopped past"),
+     ("ValueAssert", "raised AssertionError (negative activation)"),
+     ("CountDown", "changed which ops ran")],
+)  # fmt: skip
+def test_validation_returns_on_loops_and_asserts_a_perturbed_value_changes(name, why):
+    state, *decisions = _validated_in_a_child(name)
+    assert state == "passed"
+    assert any(why in decision for decision in decisions), decisions
+
+
+def test_the_budget_is_a_small_multiple_of_the_ground_truth_run():
+    budget = Budget.of(ops=100, escapes=3, seconds=0.5)
+    assert (budget.ops, budget.escapes) == (1_400, 76)
+    assert budget.light == pytest.approx(6.0)
+    budget.timed_capture(2.0)
+    assert budget.captured == pytest.approx(10.0)
+
+
+def _min_threshold(x):
+    return (x > x.min().item()).float() * x
+
+
+def _median_mask(x):
+    return x * (x > x.median().item())
+
+
+@pytest.mark.parametrize(
+    "fn, edge",
+    [(_min_threshold, "min_1 -> gt_1 via .item()"),
+     (_median_mask, "median_1 -> gt_1 via .item()")],
+)  # fmt: skip
+def test_a_threshold_equal_to_an_escaped_value_is_found_by_probing_both_ways(fn, edge):
+    torch.manual_seed(0)
+    status = tl.replay(fn, torch.randn(6))
+    assert status.state == "incomplete", str(status)
+    assert [str(e).split(" at ")[0] for e in status.hidden_edges] == [edge]
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [(1.0, 0.989), (3, 4), (-3, -4), (0, UNCHANGED), (True, UNCHANGED), ([3, 5], UNCHANGED),
+     ([2.0], [1.979]), ("text", UNCHANGED)],
+)  # fmt: skip
+def test_values_moved_the_other_way(value, expected):
+    got = perturbed_down(value)
+    if expected is UNCHANGED or isinstance(expected, int):
+        assert got == expected or got is expected
+    else:
+        assert got == pytest.approx(expected)
+
+
+def _escapes_twice(x):
+    a = x.sum().item()
+    b = torch.tensor(a) * 2
+    c = b.exp().item()
+    return x * c
+
+
+def test_hidden_edges_are_direct_ones_only():
+    torch.manual_seed(0)
+    status = tl.replay(_escapes_twice, torch.randn(6))
+    assert status.state == "incomplete"
+    # not sum_1 -> mul_2: the graph carries it, through tensor_1, mul_1, exp_1 and an escape
+    assert [str(e).split(" at ")[0] for e in status.hidden_edges] == [
+        "sum_1 -> tensor_1 via .item()", "exp_1 -> mul_2 via .item()"
+    ]  # fmt: skip
+    assert {label for label, v in status.verdicts.items() if v.state == "incomplete"} == {
+        "tensor_1", "mul_2"
+    }  # fmt: skip
+
+
+def test_incomplete_status_reads_as_such_and_can_be_accepted():
+    edge = HiddenEdge("mean_1", "mul_1", "item", ("model.py", 12, "forward"))
+    status = ReplayStatus("incomplete", ops=3, replayed=3, hidden_edges=[edge, edge])
+    assert not status and not status.accepted() and status.accepted(accept_hidden_edges=True)
+    text = str(status)
+    assert text.startswith(
+        "ReplayStatus: incomplete: 2 dependencies pass through Python values; every "
+        "recorded op and edge is proven"
+    )
+    assert "  mean_1 -> mul_1 via .item() at model.py:12" in text
+    assert ReplayStatus("passed").accepted() and not ReplayStatus("failed").accepted(True)
+
+
+def test_validation_prints_no_warning_of_its_own():
+    lin = torch.nn.Linear(4, 4)
+
+    def fn(x):
+        y = lin(x)  # requires grad: float() of it makes torch warn, once per process
+        return y * float(y.sum())
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tl.replay(fn, torch.randn(2, 4))
+    assert [str(w.message) for w in caught if "torchlens" in w.filename] == []
