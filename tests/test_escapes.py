@@ -330,11 +330,12 @@ class ModeLog(nn.Module):
 
 def test_first_look_runs_before_the_capture_and_settles_a_harmless_escape():
     # the ground-truth rerun counts the escapes, the first look runs next (warm, before
-    # the capture), and nothing runs after the capture when the outputs did not move
+    # the capture), and when nothing moved, the float escape is moved the other way once
+    # (issue 50: a threshold equal to the value is crossed one way only); no capture more
     model = ModeLog(scale_by_escape=False)
     status = _status(model, torch.randn(2, 4))
     assert status.state == "passed" and "completeness" in status.arms
-    assert model.modes == ["_Unrecorded", "PerturbingMode", "CaptureMode"]
+    assert model.modes == ["_Unrecorded", "PerturbingMode", "CaptureMode", "PerturbingMode"]
     assert not status.decisions and not status.hidden_edges
 
 
@@ -548,7 +549,10 @@ def test_a_model_that_differs_from_itself_is_not_blamed_on_its_escapes():
     mask = torch.ones(2, 4)
     mask[1, 3] = 0
     status = tl.replay(_reseeds_from_the_os, (torch.randn(2, 4), mask))
-    assert status.state == "failed"
-    assert {f.arm for f in status.failures} == {"ground_truth"}, str(status)
+    # (issue 50: a model that differs from itself is "unverified" with that reason, not
+    # "failed": one more plain forward shows it)
+    assert status.state == "unverified" and not status.failures, str(status)
+    assert {f.arm for f in status.unchecked} == {"ground_truth"}
+    assert all("differs between two plain calls" in f.reason for f in status.unchecked)
     assert not status.hidden_edges
     assert any("nothing perturbed" in decision for decision in status.decisions)

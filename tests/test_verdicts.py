@@ -132,3 +132,67 @@ def test_validation_prints_no_warning_of_its_own():
         warnings.simplefilter("always")
         tl.replay(fn, torch.randn(2, 4))
     assert [str(w.message) for w in caught if "torchlens" in w.filename] == []
+
+
+class StepCounter(torch.nn.Module):
+    """Advances a Python step counter at each call, which scales its output: two plain
+    calls differ, and no capture is to blame."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.step = 0
+
+    def forward(self, x):
+        self.step += 1
+        y = self.lin(x).relu()
+        return y * self.step
+
+
+def test_a_model_that_differs_from_itself_is_unverified_every_time_never_failed():
+    model, x = StepCounter(), torch.randn(3, 4)
+    states = []
+    for _ in range(3):
+        status = tl.replay(model, x)
+        states.append(status.state)
+        assert not status.failures
+        [gap] = status.unchecked
+        assert gap.arm == "ground_truth" and gap.label == "mul_1"
+        assert gap.reason.startswith("the model's output differs between two plain calls")
+        assert "the first op whose value differs from the capture's: mul_1" in gap.reason
+        # the rerun, the capture and the one more plain call that tells the two apart
+        assert status.model_calls == 3 and "model calls: 3" in str(status)
+    assert states == ["unverified"] * 3
+    assert model.step == 9
+
+
+class ActNorm(torch.nn.Module):
+    """Glow's ActNorm: its first forward initialises the parameters from the data and sets
+    a buffer flag (data-dependent initialisation)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.loc = torch.nn.Parameter(torch.zeros(1, channels))
+        self.logs = torch.nn.Parameter(torch.zeros(1, channels))
+        self.register_buffer("initialized", torch.tensor(0, dtype=torch.uint8))
+
+    def forward(self, x):
+        if self.initialized.item() == 0:
+            with torch.no_grad():
+                self.loc.data.copy_(-x.mean(0, keepdim=True))
+                self.logs.data.copy_(torch.log(1 / (x.std(0, keepdim=True) + 1e-6)))
+                self.initialized.fill_(1)
+        return (x + self.loc) * torch.exp(self.logs)
+
+
+def test_validation_leaves_the_model_as_one_plain_forward_does_and_repeats_its_verdict():
+    torch.manual_seed(0)
+    flow = torch.nn.Sequential(ActNorm(4), torch.nn.Linear(4, 4), ActNorm(4))
+    twin = torch.nn.Sequential(ActNorm(4), torch.nn.Linear(4, 4), ActNorm(4))
+    twin.load_state_dict(flow.state_dict())
+    x = torch.randn(8, 4)
+    states = [tl.replay(flow, x).state for _ in range(4)]
+    assert states == ["passed"] * 4
+    twin(x)  # one plain forward: the flag set, the parameters initialised from x
+    for (name, mine), theirs in zip(flow.state_dict().items(), twin.state_dict().values()):
+        assert torch.equal(mine, theirs), name

@@ -31,6 +31,7 @@ from torchlens.replay.ground_truth import (
 )
 from torchlens.replay.interpreter import Checker
 from torchlens.replay.lint import lint
+from torchlens.replay.self_difference import differs_from_itself, note_self_difference
 from torchlens.replay.status import ReplayStatus
 
 __all__ = ["validate", "replay", "check_trace"]
@@ -144,6 +145,7 @@ def replay(
     began = time.perf_counter()
     output, watched = rerun(model, *pristine, start, intervene, aliased, True)
     budget = _budget(watched, time.perf_counter() - began)
+    calls = 2  # the model calls made: the rerun and the capture, so far
     reference = detached(output)
     del output
     rng.restore(host)  # (torch's generators the rerun puts back itself)
@@ -156,6 +158,7 @@ def replay(
         # eval mode): from the weights it left, rerun once more, keeping them to rewind to
         state = ModelState(model, keep_parameters=True, by_value=suspects)
         output, watched = rerun(model, *copy_inputs(args, kwargs), start, intervene, None, True)
+        calls += 1
         reference = detached(output)
         del output
         rng.restore(host)
@@ -165,6 +168,7 @@ def replay(
     first = None
     if watched is not None and watched.vias and not uncopied and not moved_parameters:
         first = look_first(model, spare, (start, host), state, watched, budget)  # (look_first)
+        calls += 1
     began = time.perf_counter()
     trace = trace_for_check(model, args, kwargs, intervene=intervene)
     budget.timed_capture(time.perf_counter() - began)
@@ -172,6 +176,7 @@ def replay(
     trace.output = detached(trace.output)  # private to this check: its graph is not needed
     findings = Findings(trace)
     arms = _check_payloads(trace, findings, atol, rtol)
+    findings.model_calls = calls
     if trace.structure_only:
         return findings.status(arms, unavailable=True)
     note_moved_parameters(
@@ -182,6 +187,10 @@ def replay(
         compare_outputs(trace, expected_outputs(trace), reference, outcome, atol, rtol)
         state.compare_buffers(after_rerun, outcome, atol, rtol)
         _blame_uncopied(outcome, findings, uncopied)
+        if intervene is None and any(f.arm == "ground_truth" for f in findings.failures):
+            calls += 1  # one more plain forward: does the model differ from itself?
+            _check_self_difference(model, spare, start, host, state, reference, trace,
+                                   findings, atol, rtol)  # fmt: skip
     rng.restore(after_capture)
     arms = ("lint", "ground_truth", *arms[1:])
     if trace.escapes:
@@ -194,10 +203,11 @@ def replay(
             )  # fmt: skip
         else:
             try:
-                check_completeness(
+                _, _, forwards = check_completeness(
                     model, trace, spare, (start, host), state, findings, atol, rtol,
                     intervene, first, watched, budget,
                 )  # fmt: skip
+                calls += forwards
             except Exception as err:  # noqa: BLE001 - validation returns, whatever the arm met
                 findings.unchecked(
                     trace.escapes[0].label, "completeness",
@@ -209,6 +219,7 @@ def replay(
     # weights written at every call go back to what one plain forward left (the trace,
     # whose saved values may alias them, is private to this check and done with)
     state.rewind_parameters()
+    findings.model_calls = calls
     return findings.status(arms)
 
 
@@ -275,6 +286,23 @@ def _check_payloads(trace: Any, findings: Findings, atol, rtol) -> tuple[str, ..
     with suspended(), torch.no_grad():
         Checker(trace, findings, atol, rtol).run()
     return ("lint", "replay", "perturbation")
+
+
+def _check_self_difference(
+    model: Any, inputs: tuple, start: Any, host: Any, state: ModelState, reference: Any,
+    trace: Any, findings: Findings, atol, rtol,
+) -> None:  # fmt: skip
+    """When the ground truth differs, one more plain forward from where the first started
+    tells the model's own variation (``unverified``) from a capture error (``failed``); the
+    model is then left as the capture left it."""
+    left = ModelState(model)
+    state.rewind()
+    try:
+        reason = differs_from_itself(model, inputs, start, host, reference, trace, atol, rtol)
+    finally:
+        left.rewind()
+    if reason is not None:
+        note_self_difference(findings, reason)
 
 
 def _budget(watched: Any, seconds: float) -> Budget:

@@ -220,6 +220,7 @@ class _Arm:
         self._saved_prints: dict[int, list[tuple | None]] = {}  # see _capture_prints
         self._drifting: set[str] | None = None  # see _without_drift, made on first need
         self.direction = 1  # which way the escaped values move (see run)
+        self._drift_known: bool | None = None  # see _drifts
 
     def run(self) -> tuple[list[HiddenEdge], list[str]]:
         """Rounds with the escaped values moved one way, then, for the numbers that can
@@ -227,7 +228,11 @@ class _Arm:
         equal to an escaped value (``x > x.min().item()``) is crossed by one of the two."""
         pending = self._rounds(set(self.calls))
         self.direction = -1
-        pending = {c for c in pending if _two_way(self.calls[c][0])}
+        found = {edge.parent for edge in self.edges}  # (those with edges found are done)
+        pending = {
+            c for c in pending
+            if _two_way(self.calls[c][0]) and self.calls[c][0].label not in found
+        }  # fmt: skip
         if pending:
             self._rounds(pending)
         return self._direct(), self.decisions
@@ -393,9 +398,13 @@ class _Arm:
         """Whether a light forward with nothing perturbed computes other values than the
         capture did, too: the model's own (state kept between calls, a nondeterministic
         kernel), which the escapes cannot be blamed for. Noted; the intermediates of
-        such a model are left uncompared, as its outputs matched."""
+        such a model are left uncompared, as its outputs matched. Asked once."""
+        if self._drift_known is not None:
+            return self._drift_known
+        self._drift_known = True
         _, control, err = self.runner.light(Plan(()))
         if err is None and control.diverged is None and not self._inside_moved(control):
+            self._drift_known = False
             return False
         self.decisions.append(
             "values computed after the first escape differ from the capture's in a forward "
@@ -445,7 +454,7 @@ class _Arm:
         and the ground-truth arm saw the model differ from itself already."""
         if not targets:
             return targets
-        if self._drifting is None and not any(
+        if self._drifting is None and not self.findings.differs_from_itself and not any(
             failure.arm == "ground_truth" for failure in self.findings.failures
         ):
             self._drifting = set()  # (a rerun matched the capture: a deterministic model)

@@ -205,12 +205,14 @@ def _makes_tensors(name: str, result: Any) -> bool:
     return isinstance(result, (tuple, list)) and any(isinstance(r, torch.Tensor) for r in result)
 
 
-def recorded_groups(trace: Any) -> list[list[Any]]:
-    """The ops a trace recorded from its first escape on, one list per function call (its
-    outputs, in order): what :class:`PerturbingMode` sees as one call each."""
+def recorded_groups(trace: Any, from_start: bool = False) -> list[list[Any]]:
+    """The ops a trace recorded from its first escape on (or, ``from_start``, from its
+    first op), one list per function call (its outputs, in order): what
+    :class:`PerturbingMode` sees as one call each."""
     groups: list[list[Any]] = []
     last = None
-    for op in trace.ops[trace.escapes[0].index if trace.escapes else len(trace.ops) :]:
+    start = 0 if from_start else trace.escapes[0].index if trace.escapes else len(trace.ops)
+    for op in trace.ops[start:]:
         if op.func is None:  # (a refresh: no call of the forward's)
             last = None
             continue
@@ -287,6 +289,8 @@ class PerturbingMode(TorchFunctionMode):
     ``("call", j)``, positions in ``vias`` and ``calls``. The rest of the forward would
     run the other branch, which decides nothing more (see ``replay/completeness.py``).
 
+    With ``from_start``, ``calls`` (and ``prints``) start at the forward's first call.
+
     With ``fingerprints``, ``prints`` holds, per call in ``calls``, the
     :func:`fingerprint` of each tensor it returned (None for a call whose outputs the
     capture records its own way): what tells an intermediate that moved, where the
@@ -298,8 +302,10 @@ class PerturbingMode(TorchFunctionMode):
         plan: Callable[[int, Any], Any],
         expected: PerturbingMode | None = None,
         fingerprints: bool = False,
+        from_start: bool = False,
     ) -> None:
         super().__init__()
+        self.from_start = from_start  # note calls from the first, not the first escape on
         self.plan = plan
         self.expected = expected
         self.prints: list[list[tuple | None] | None] | None = [] if fingerprints else None
@@ -342,11 +348,12 @@ class PerturbingMode(TorchFunctionMode):
             with warnings.catch_warnings():  # line, torchlens's own, not the model's
                 warnings.simplefilter("ignore")
                 result = func(*args, **kwargs)
-        if (not self.vias and info.escape is None) or self.diverged is not None:
+        noting = bool(self.vias) or self.from_start
+        if (not noting and info.escape is None) or self.diverged is not None:
             return result  # (before the first escape: nothing to note)
         if functorch_level() != self._level:
             return result
-        if self.vias and not info.never_tensor and _makes_tensors(info.name, result):
+        if noting and not info.never_tensor and _makes_tensors(info.name, result):
             self.calls.append(info.name)
             if self.prints is not None:
                 self.prints.append(_prints(info.name, result))

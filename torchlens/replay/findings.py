@@ -24,6 +24,7 @@ class Findings:
         self.gaps: list[ReplayFailure] = []
         self.hidden: list[ReplayFailure] = []  # ops reached by a hidden edge: "incomplete"
         self.model_calls = 0  # times validation called the model (see ReplayStatus)
+        self.differs_from_itself = False  # two plain calls differed (self_difference.py)
         self._replayed: set[str] = set()
         self._verified: set[str] = set()
         self._exempt: dict[str, tuple[str, ...]] = {}  # exempt op -> why, edge by edge
