@@ -712,7 +712,6 @@ def test_module_outputs_that_refuse_a_truth_test_are_traced():
     # has no edge for (an escape), which validation finds and reports
     # (issue 50: that is the state "incomplete", not a failure)
     assert status.state == "incomplete" and not status.failures
-    assert status.verdicts["constant_1"].arms["completeness"] == "incomplete"
     assert [str(e).split(" at ")[0] for e in status.hidden_edges] == [
         "detach_1 -> constant_1 via .numpy()"
     ]
