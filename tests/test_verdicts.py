@@ -196,3 +196,38 @@ def test_validation_leaves_the_model_as_one_plain_forward_does_and_repeats_its_v
     twin(x)  # one plain forward: the flag set, the parameters initialised from x
     for (name, mine), theirs in zip(flow.state_dict().items(), twin.state_dict().values()):
         assert torch.equal(mine, theirs), name
+
+
+@pytest.mark.parametrize(
+    "grid_value, mode, corners, unread",
+    [(3.0, "bilinear", False, True), (-1.8, "bilinear", True, True), (0.5, "bilinear", False, False),
+     (1.3, "nearest", False, True), (1.1, "bicubic", False, False), (-1.2, "nearest", True, True)],
+)  # fmt: skip
+def test_grid_sample_reading_no_element_is_exempt_by_a_rule(grid_value, mode, corners, unread):
+    from types import SimpleNamespace
+
+    from torchlens.replay.exemptions import unread_reason
+
+    x, grid = torch.randn(1, 2, 4, 4), torch.full((1, 3, 3, 2), grid_value)
+    kwargs = {"mode": mode, "padding_mode": "zeros", "align_corners": corners}
+    reason = unread_reason(SimpleNamespace(func_name="grid_sample"), ["0"], (x, grid), kwargs)
+    assert (reason is not None) == unread
+    if unread:  # the rule holds only where the output is zeros whatever the input holds
+        assert "no element of the input is read" in reason
+        out = torch.nn.functional.grid_sample(x, grid, **kwargs)
+        assert not out.any()
+    other = {**kwargs, "padding_mode": "border"}  # border padding reads the edge: never
+    assert unread_reason(SimpleNamespace(func_name="grid_sample"), ["0"], (x, grid), other) is None
+
+
+def _dropout_mask_at_p_zero(x):
+    p = torch.zeros_like(x) * x  # a mask probability that is 0 in eval
+    return x * torch.bernoulli(p)
+
+
+def test_bernoulli_with_all_zero_probabilities_is_not_accused():
+    torch.manual_seed(0)
+    status = tl.replay(_dropout_mask_at_p_zero, torch.randn(3, 4))
+    assert status.state == "passed", str(status)
+    [unread] = status.unread
+    assert unread.label == "bernoulli_1" and "p set to 1 draws 1 everywhere" in unread.reason
