@@ -231,3 +231,82 @@ def test_bernoulli_with_all_zero_probabilities_is_not_accused():
     assert status.state == "passed", str(status)
     [unread] = status.unread
     assert unread.label == "bernoulli_1" and "p set to 1 draws 1 everywhere" in unread.reason
+
+
+class ItemScale(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+        self.norm = torch.nn.BatchNorm1d(8)  # training mode: its running statistics move
+
+    def forward(self, x):
+        s = self.a(x).abs().mean().item()
+        return self.norm(self.b(x)) * s
+
+
+def test_trace_with_validate_keeps_the_proof_and_the_hidden_edges(tmp_path):
+    from torchlens.viz._viewer_data import viewer_data
+
+    torch.manual_seed(0)
+    model, x = ItemScale(), torch.randn(4, 8)
+    twin = ItemScale()
+    twin.load_state_dict(model.state_dict())
+    trace = tl.trace(model, x, validate=True)
+    assert trace.status.state == "incomplete"
+    assert [(e.parent, e.child) for e in trace.hidden_edges] == [("mean_1", "mul_1")]
+    assert trace.hidden_parents("mul_1") == ("mean_1",)
+    assert '"mean_1" -> "mul_1" [style=dashed' in trace.to_dot()
+    # the model is left as one plain forward leaves it (the running statistics moved once)
+    twin(x)
+    assert torch.equal(model.norm.running_mean, twin.norm.running_mean)
+    assert int(model.norm.num_batches_tracked) == 1
+    # the viewer: the hidden edge, the escape mark, counts from status.verdicts
+    data = viewer_data(trace, status=trace.status, use_dot=False)
+    index = {node["id"]: i for i, node in enumerate(data["nodes"])}
+    assert data["hidden"] == [[index["mean_1"], index["mul_1"]]]
+    assert data["counts"] == {"passed": len(trace.ops) - 1, "incomplete": 1}
+    assert data["nodes"][index["mul_1"]]["v"] == "incomplete"
+    assert "esc" in data["nodes"][index["mean_1"]]
+    # save and load keep both
+    loaded = tl.load(trace.save(tmp_path / "t"))
+    assert loaded.hidden_edges == trace.hidden_edges
+    assert loaded.status.state == "incomplete"
+    assert loaded.status.hidden_edges == trace.status.hidden_edges
+    assert str(loaded.status) == str(trace.status)
+    assert loaded.status.verdicts["mul_1"].arms["completeness"] == "incomplete"
+
+
+_CLI_MODEL = """
+import torch
+from torch import nn
+
+
+class Scale(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.b(x) * self.a(x).abs().mean().item()
+
+
+def build():
+    torch.manual_seed(0)
+    return Scale().eval(), (torch.randn(2, 8),)
+"""
+
+
+def test_cli_trace_saves_and_draws_the_hidden_edges_it_found(tmp_path, capsys):
+    from torchlens.cli import main
+
+    path = tmp_path / "scale_model.py"
+    path.write_text(_CLI_MODEL)
+    saved, drawn = tmp_path / "saved", tmp_path / "graph.svg"
+    code = main(["trace", f"{path}:build", "--save", str(saved), "--draw", str(drawn)])
+    out = capsys.readouterr().out
+    assert code == 1  # not passed: the graph is incomplete
+    assert "validation: ReplayStatus: incomplete: 1 dependency passes through Python" in out
+    loaded = tl.load(saved)
+    assert [(e.parent, e.child) for e in loaded.hidden_edges] == [("mean_1", "mul_1")]
+    assert loaded.status.state == "incomplete"
+    assert 'stroke-dasharray' in drawn.read_text()

@@ -34,7 +34,7 @@ from torchlens.replay.lint import lint
 from torchlens.replay.self_difference import differs_from_itself, note_self_difference
 from torchlens.replay.status import ReplayStatus
 
-__all__ = ["validate", "replay", "check_trace"]
+__all__ = ["validate", "replay", "check_trace", "before_trace", "attach_status"]
 
 SCOPES = ("forward", "backward")
 
@@ -221,6 +221,37 @@ def replay(
     state.rewind_parameters()
     findings.model_calls = calls
     return findings.status(arms)
+
+
+def before_trace(model: Any, args: Any, kwargs: Mapping[str, Any] | None) -> tuple:
+    """What ``tl.trace(..., validate=True)`` keeps before its capture, so validation can
+    start where the capture started: a copy of the inputs, the model's state, the RNGs."""
+    args, kwargs = normalize_call(args, kwargs, model)
+    return model, copy_inputs(args, kwargs), ModelState(model), rng.snapshot(), rng.host_snapshot()
+
+
+def attach_status(
+    trace: Any, before: tuple, intervene: Mapping[Any, Any] | None, run: Any = None
+) -> Any:
+    """Validate the forward ``trace`` recorded, from where its capture started
+    (``before``, from :func:`before_trace`), and keep the proof on the trace:
+    ``trace.status`` and, added to ``trace.hidden_edges``, the dependencies through
+    Python values it found (labels are the same for the same call). The model is left
+    as the capture left it (as one plain forward does), and so are the RNGs. ``run``
+    (``run(model, args, kwargs)``; default :func:`replay`) makes the status, which is
+    returned."""
+    model, (args, kwargs), state, start, host = before
+    state.rewind()  # back to where the capture started
+    rng.restore(start)
+    rng.restore(host)
+    if run is None:
+        status = replay(model, args, kwargs, intervene=intervene)
+    else:
+        status = run(model, args, kwargs)
+    trace.status = status
+    found = getattr(status, "hidden_edges", ())
+    trace.hidden_edges.extend(e for e in found if e not in trace.hidden_edges)
+    return status
 
 
 def check_trace(

@@ -118,6 +118,58 @@ class ReplayStatus:
     def __bool__(self) -> bool:
         return self.state == "passed"
 
+    def to_json(self) -> dict:
+        """The status as plain JSON data (what ``trace.save`` keeps of ``trace.status``)."""
+        def items(found: list[ReplayFailure]) -> list[list[str]]:
+            return [[f.label, f.arm, f.reason] for f in found]
+
+        return {
+            "state": self.state,
+            "counts": [self.ops, self.replayed, self.perturbation_verified, self.exempt,
+                       self.unverified, self.exempt_edges],
+            "arms": list(self.arms),
+            "failures": items(self.failures),
+            "unchecked": items(self.unchecked),
+            "unread": items(self.unread),
+            "decisions": list(self.decisions),
+            "model_calls": self.model_calls,
+            "exemptions": {label: list(why) for label, why in self.exemptions.items()},
+            "verdicts": {
+                label: [dict(v.arms), list(v.reasons)] for label, v in self.verdicts.items()
+            },
+            "hidden_edges": [
+                [e.parent, e.child, e.via, None if e.source is None else list(e.source)]
+                for e in self.hidden_edges
+            ],
+        }  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> ReplayStatus:
+        """The status :meth:`to_json` wrote."""
+        from torchlens._escapes import HiddenEdge
+
+        def items(rows: list) -> list[ReplayFailure]:
+            return [ReplayFailure(str(a), str(b), str(c)) for a, b, c in rows]
+
+        ops, replayed, verified, exempt, unverified, exempt_edges = data["counts"]
+        return cls(
+            state=str(data["state"]), ops=int(ops), replayed=int(replayed),
+            perturbation_verified=int(verified), exempt=int(exempt),
+            unverified=int(unverified), exempt_edges=int(exempt_edges),
+            unread=items(data["unread"]), failures=items(data["failures"]),
+            unchecked=items(data["unchecked"]), arms=tuple(map(str, data["arms"])),
+            verdicts={
+                str(label): OpVerdict(str(label), dict(arms), tuple(reasons))
+                for label, (arms, reasons) in data["verdicts"].items()
+            },
+            exemptions={str(k): tuple(v) for k, v in data["exemptions"].items()},
+            hidden_edges=[
+                HiddenEdge(str(p), str(c), str(v), None if w is None else (str(w[0]), int(w[1]), str(w[2])))
+                for p, c, v, w in data["hidden_edges"]
+            ],
+            decisions=list(map(str, data["decisions"])), model_calls=int(data["model_calls"]),
+        )  # fmt: skip
+
     def accepted(self, accept_hidden_edges: bool = False) -> bool:
         """Whether the verdict is one the caller accepts: ``passed``, or, with
         ``accept_hidden_edges``, ``incomplete`` (every recorded op and edge proven; the
