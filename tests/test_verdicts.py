@@ -310,3 +310,31 @@ def test_cli_trace_saves_and_draws_the_hidden_edges_it_found(tmp_path, capsys):
     assert [(e.parent, e.child) for e in loaded.hidden_edges] == [("mean_1", "mul_1")]
     assert loaded.status.state == "incomplete"
     assert 'stroke-dasharray' in drawn.read_text()
+
+
+class ManyBoxes(torch.nn.Module):
+    """A detection-style loop reading every box's score with ``.item()``; only two scores
+    feed the output, after the loop (so the nearest escape before is never the right one)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.Linear(8, 5)
+
+    def forward(self, x):
+        out = self.head(x)
+        scores = [out[i, 0].item() for i in range(out.shape[0])]
+        return out[3, 1:] * scores[3] + out[11, 1:] * scores[11]
+
+
+@pytest.mark.parametrize("boxes", [20, 96])
+def test_many_escapes_are_attributed_by_group_testing(boxes):
+    import math
+
+    torch.manual_seed(0)
+    status = tl.replay(ManyBoxes().eval(), torch.randn(boxes, 8))
+    assert status.state == "incomplete", str(status)
+    assert [str(e).split(" at ")[0] for e in status.hidden_edges] == [
+        "getitem_4 -> mul_1 via .item()", "getitem_12 -> mul_2 via .item()"
+    ]  # fmt: skip
+    # 2 of n escapes matter: about 2 * 2 log2(n) captured forwards, not one per escape
+    assert status.model_calls <= 6 + 4 * math.ceil(math.log2(boxes)), status.model_calls

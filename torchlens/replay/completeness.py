@@ -52,10 +52,14 @@ from torchlens.replay.ground_truth import ModelState, copy_inputs, expected_outp
 from torchlens.replay.tolerances import differs, tolerance
 from torchlens.trace import Escape, HiddenEdge, Trace
 
-__all__ = ["check_completeness", "look_first", "FirstLook", "MAX_ROUNDS", "MAX_ATTRIBUTION_RUNS"]
+__all__ = [
+    "check_completeness", "look_first", "FirstLook", "MAX_ROUNDS", "MAX_ATTRIBUTION_RUNS",
+    "MAX_GROUP_RUNS",
+]  # fmt: skip
 
 MAX_ROUNDS = 6  # rounds (one or two forwards each) spent telling branch decisions apart
-MAX_ATTRIBUTION_RUNS = 6  # captured forwards spent telling several escapes' edges apart
+MAX_ATTRIBUTION_RUNS = 6  # up to this many escapes, one captured forward each tells them apart
+MAX_GROUP_RUNS = 48  # past it, group testing: at most this many captured forwards
 ARM = "completeness"
 _PLAIN = (torch.Tensor, torch.nn.Parameter)  # subclasses keep their own comparisons
 
@@ -482,22 +486,33 @@ class _Arm:
 
     # -- hidden edges ---------------------------------------------------------------------
     def _attribute(self, plan: Plan, targets: dict[str, int], data_only: bool = False) -> None:
-        """Hidden edges to ``targets``. With one escape perturbed, from it; with several,
-        one captured forward per escape, each alone (at most MAX_ATTRIBUTION_RUNS): a
-        target moved by one escape can hide another's behind it (its parent moved too).
-        Targets left past that budget go to the nearest escape before them."""
+        """Hidden edges to ``targets``. With one escape perturbed, from it; with a few (at
+        most MAX_ATTRIBUTION_RUNS), one captured forward per escape, each alone: a target
+        moved by one escape can hide another's behind it (its parent moved too); with
+        more, group testing (:meth:`_bisect`). Targets left unattributed go to the
+        nearest escape before them."""
         moved = sorted(c for c in plan.moved if not (data_only and self.calls[c][0].control))
         if not targets or not moved:
             return
+        last = max(targets.values())  # (an escape after every target moved none of them)
+        moved = [c for c in moved if self.calls[c][0].index <= last] or moved
         found: dict[int, dict[str, int]] = {}
         if len(moved) == 1:
             found[moved[0]] = targets
         else:
-            for call in moved[:MAX_ATTRIBUTION_RUNS]:
-                alone, err = self.runner.captured(Plan({call}, self.direction))
-                if alone is not None and err is None:
-                    end = _structure_divergence(self.trace, alone)
-                    found[call] = self._without_drift(self._targets(alone, end))
+            if len(moved) <= MAX_ATTRIBUTION_RUNS:
+                for call in moved:
+                    found[call] = self._moved_by([call])
+            else:  # group testing: halves of the set, into those that move something
+                left = [MAX_GROUP_RUNS]
+                self._bisect(moved, found, left)
+                if left[0] <= 0:
+                    self.decisions.append(
+                        f"attributing hidden edges among {len(moved)} escapes stopped after "
+                        f"{MAX_GROUP_RUNS} captured forwards; targets left go to the nearest "
+                        "escape before them"
+                    )
+            found = {call: hits for call, hits in found.items() if hits}
             attributed = {t for ts in found.values() for t in ts}
             for target, index in targets.items():
                 before = [c for c in moved if self.calls[c][0].index <= index]
@@ -507,6 +522,31 @@ class _Arm:
             for escape in self.calls[call]:
                 for target in sorted(hits, key=hits.__getitem__):
                     self._edge(escape, target)
+
+    def _moved_by(self, calls: list[int]) -> dict[str, int]:
+        """The targets a captured forward with only ``calls`` perturbed moves."""
+        run, err = self.runner.captured(Plan(set(calls), self.direction))
+        if run is None or err is not None:
+            return {}
+        return self._without_drift(self._targets(run, _structure_divergence(self.trace, run)))
+
+    def _bisect(self, calls: list[int], found: dict[int, dict[str, int]], left: list[int]) -> None:
+        """Group testing over ``calls``, a set of escapes that moves something together:
+        each half is perturbed alone, and the halves that move something are split again,
+        so n escapes of which k matter cost about 2k log2(n) captured forwards (at most
+        ``left[0]``, counted down)."""
+        middle = len(calls) // 2
+        for half in (calls[:middle], calls[middle:]):
+            if left[0] <= 0:
+                return
+            left[0] -= 1
+            hits = self._moved_by(half)
+            if not hits:
+                continue
+            if len(half) == 1:
+                found[half[0]] = hits
+            else:
+                self._bisect(half, found, left)
 
     def _edge(self, escape: Escape, target: str) -> None:
         if target == escape.label or target in _descendants(self.trace, escape.label):
