@@ -533,7 +533,9 @@ def test_a_hidden_edge_is_blamed_where_the_change_began_not_where_it_grew_visibl
     status = tl.replay(_amplified_just_over_the_tolerance, (torch.zeros(4), torch.tensor([3, 2])))
     assert status.state == "incomplete"
     assert [str(e).split(" at ")[0] for e in status.hidden_edges] == ["sum_1 -> full_1 via .item()"]
-    assert {f.label for f in status.verdicts.values() if f.arms.get("completeness") == "incomplete"} == {"full_1"}
+    assert {
+        f.label for f in status.verdicts.values() if f.arms.get("completeness") == "incomplete"
+    } == {"full_1"}
 
 
 def _reseeds_from_the_os(x, mask):

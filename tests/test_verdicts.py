@@ -200,8 +200,9 @@ def test_validation_leaves_the_model_as_one_plain_forward_does_and_repeats_its_v
 
 @pytest.mark.parametrize(
     "grid_value, mode, corners, unread",
-    [(3.0, "bilinear", False, True), (-1.8, "bilinear", True, True), (0.5, "bilinear", False, False),
-     (1.3, "nearest", False, True), (1.1, "bicubic", False, False), (-1.5, "nearest", True, True)],
+    [(3.0, "bilinear", False, True), (-1.8, "bilinear", True, True),
+     (0.5, "bilinear", False, False), (1.3, "nearest", False, True),
+     (1.1, "bicubic", False, False), (-1.5, "nearest", True, True)],
 )  # fmt: skip
 def test_grid_sample_reading_no_element_is_exempt_by_a_rule(grid_value, mode, corners, unread):
     from types import SimpleNamespace
@@ -309,7 +310,7 @@ def test_cli_trace_saves_and_draws_the_hidden_edges_it_found(tmp_path, capsys):
     loaded = tl.load(saved)
     assert [(e.parent, e.child) for e in loaded.hidden_edges] == [("mean_1", "mul_1")]
     assert loaded.status.state == "incomplete"
-    assert 'stroke-dasharray' in drawn.read_text()
+    assert "stroke-dasharray" in drawn.read_text()
 
 
 class ManyBoxes(torch.nn.Module):

@@ -458,8 +458,10 @@ class _Arm:
         and the ground-truth arm saw the model differ from itself already."""
         if not targets:
             return targets
-        if self._drifting is None and not self.findings.differs_from_itself and not any(
-            failure.arm == "ground_truth" for failure in self.findings.failures
+        if (
+            self._drifting is None
+            and not self.findings.differs_from_itself
+            and not any(failure.arm == "ground_truth" for failure in self.findings.failures)
         ):
             self._drifting = set()  # (a rerun matched the capture: a deterministic model)
         if self._drifting is None:

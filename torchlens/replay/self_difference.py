@@ -27,8 +27,7 @@ from torchlens.replay.tolerances import differs
 __all__ = ["differs_from_itself", "note_self_difference", "SELF_DIFFERENCE"]
 
 SELF_DIFFERENCE = (
-    "the model's output differs between two plain calls from the same inputs, buffers and "
-    "RNG state"
+    "the model's output differs between two plain calls from the same inputs, buffers and RNG state"
 )
 
 

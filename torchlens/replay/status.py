@@ -4,14 +4,16 @@ The state is honest by construction: it is ``passed`` only when every check that
 for ran and held. Dependencies proven to pass through Python values (hidden edges) make it
 ``incomplete``: what was recorded is right, the graph is missing those edges. Anything that
 could not be checked keeps the state at ``unverified``; a trace without values is
-``unavailable``; ``failed`` is kept for a recorded value, edge or function that is wrong. Beside the counts, :attr:`ReplayStatus.verdicts`
-gives each op's :class:`OpVerdict`, arm by arm.
+``unavailable``; ``failed`` is kept for a recorded value, edge or function that is wrong.
+Beside the counts, :attr:`ReplayStatus.verdicts` gives each op's :class:`OpVerdict`, arm by
+arm.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["OpVerdict", "ReplayFailure", "ReplayStatus", "STATES", "ARMS", "OUTCOMES"]
 
@@ -120,6 +122,7 @@ class ReplayStatus:
 
     def to_json(self) -> dict:
         """The status as plain JSON data (what ``trace.save`` keeps of ``trace.status``)."""
+
         def items(found: list[ReplayFailure]) -> list[list[str]]:
             return [[f.label, f.arm, f.reason] for f in found]
 
@@ -164,8 +167,7 @@ class ReplayStatus:
             },
             exemptions={str(k): tuple(v) for k, v in data["exemptions"].items()},
             hidden_edges=[
-                HiddenEdge(str(p), str(c), str(v), None if w is None else (str(w[0]), int(w[1]), str(w[2])))
-                for p, c, v, w in data["hidden_edges"]
+                HiddenEdge(str(p), str(c), str(v), _line(w)) for p, c, v, w in data["hidden_edges"]
             ],
             decisions=list(map(str, data["decisions"])), model_calls=int(data["model_calls"]),
         )  # fmt: skip
@@ -227,8 +229,10 @@ class ReplayStatus:
             )
         lines.append(f"arms run: {', '.join(self.arms) or '-'}")
         if self.model_calls:
-            lines.append(f"model calls: {self.model_calls} (Python state a forward advances "
-                         "advanced that many times)")
+            lines.append(
+                f"model calls: {self.model_calls} (Python state a forward advances "
+                "advanced that many times)"
+            )
         if self.hidden_edges:
             lines.append(
                 "hidden edges (dependencies through Python values; the graph has no edge for "
@@ -247,6 +251,10 @@ class ReplayStatus:
         lines += _section("not checked", self.unchecked)
         lines += _section("unread (exempt by a rule)", self.unread)
         return "\n".join(lines)
+
+
+def _line(where: Any) -> tuple[str, int, str] | None:
+    return None if where is None else (str(where[0]), int(where[1]), str(where[2]))
 
 
 def _section(title: str, items: list[ReplayFailure], limit: int = 20) -> list[str]:
