@@ -171,7 +171,8 @@ def replay(
         calls += 1
     began = time.perf_counter()
     trace = trace_for_check(model, args, kwargs, intervene=intervene)
-    budget.timed_capture(time.perf_counter() - began)
+    escapes = trace.escapes[-1].call + 1 if trace.escapes else 0
+    budget.timed_capture(time.perf_counter() - began, escapes)
     after_capture = rng.snapshot()  # the checks touch torch's generators only
     trace.output = detached(trace.output)  # private to this check: its graph is not needed
     findings = Findings(trace)

@@ -153,9 +153,11 @@ class Budget:
             light, light,
         )  # fmt: skip
 
-    def timed_capture(self, seconds: float) -> None:
-        """Captured forwards may take a small multiple of the capture's ``seconds``."""
+    def timed_capture(self, seconds: float, escapes: int = 0) -> None:
+        """Captured forwards may take a small multiple of the capture's ``seconds`` (and of
+        its ``escapes`` calls, where the ground-truth run did not count them)."""
         self.captured = max(self.captured, self.TIMES * seconds + self.SLACK_SECONDS)
+        self.escapes = max(self.escapes, self.TIMES * escapes + self.SLACK_ESCAPES)
 
 
 class Plan:
