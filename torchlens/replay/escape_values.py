@@ -132,7 +132,8 @@ class OverBudget(BaseException):
 @dataclass
 class Budget:
     """What one of the arm's forwards may spend, a small multiple of the ground-truth run:
-    torch calls (``ops``) and escape calls (``escapes``) of a plain forward, and wall-clock
+    torch calls from its first escape on (``ops``; before it nothing is perturbed) and
+    escape calls (``escapes``) of a plain forward, and wall-clock
     ``seconds`` for a plain forward under a mode (``light``) and for a captured one."""
 
     ops: int
@@ -171,7 +172,7 @@ class Plan:
         self.calls = None if calls is None else frozenset(calls)  # None: every call
         self.moved: set[int] = set()  # the calls whose values it changed
         self.direction = direction
-        self.escapes = self.ops = 1 << 62  # the escape and torch calls allowed (see start)
+        self.escapes = self.ops = 1 << 62  # escape calls, and calls from the first on, allowed
         self.deadline = math.inf
 
     def start(self, budget: Budget | None, captured: bool) -> Plan:
@@ -316,24 +317,21 @@ class PerturbingMode(TorchFunctionMode):
         self.at: list[int] = []  # per escape call, how many of those ran before it
         self.flipped = False  # whether a bool escape got a perturbed value
         self.diverged: tuple[str, int] | None = None
-        self.ops = 0  # torch calls seen (the ground-truth run's count sizes the Budget)
         self._max_ops = getattr(plan, "ops", 1 << 62)
         self._deadline = getattr(plan, "deadline", math.inf)
         self._level = functorch_level()
 
-    def _over(self) -> None:
-        """Raise :class:`OverBudget` past the plan's torch calls or (looked at every 64
-        calls) its time."""
-        if self.ops > self._max_ops:
-            raise OverBudget(f"{self.ops} torch calls, its budget {self._max_ops}", len(self.vias))
-        if not self.ops & 63 and time.perf_counter() > self._deadline:
+    def _over(self, calls: int) -> None:
+        """Raise :class:`OverBudget` past the plan's calls (``calls``, those noted from the
+        first escape on: before it nothing is perturbed) or, looked at every 64 calls, its
+        time."""
+        if calls > self._max_ops:
+            raise OverBudget(f"{calls} torch calls, its budget {self._max_ops}", len(self.vias))
+        if not calls & 63 and time.perf_counter() > self._deadline:
             raise OverBudget("its time budget", len(self.vias))
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        self.ops += 1
-        if self.ops > self._max_ops or not self.ops & 63:
-            self._over()
         try:
             info = FUNC_INFOS[func]
         except (KeyError, TypeError):
@@ -357,6 +355,9 @@ class PerturbingMode(TorchFunctionMode):
             return result
         if noting and not info.never_tensor and _makes_tensors(info.name, result):
             self.calls.append(info.name)
+            calls = len(self.calls)
+            if calls > self._max_ops or not calls & 63:
+                self._over(calls)
             if self.prints is not None:
                 self.prints.append(_prints(info.name, result))
             if self.expected is not None:
