@@ -333,3 +333,44 @@ if __name__ == "__main__":
             f"{name:20s} params={n_params / 1e6:7.2f}M  build={built:6.2f}s  "
             f"forward={with_grad * 1000:8.1f} ms  (no_grad {no_grad * 1000:8.1f} ms)"
         )
+
+
+# ---------------------------------------------------------------------------
+# Force field: forces = -dE/dx by torch.autograd.grad inside the forward (issue 51)
+# ---------------------------------------------------------------------------
+
+
+class ForceField(nn.Module):
+    """A small SchNet-like potential: Gaussian radial features of every atom pair, three
+    interaction blocks, a per-atom energy; forces = -dE/dx with ``create_graph=True``."""
+
+    def __init__(self, features: int = 64, basis: int = 16, blocks: int = 3) -> None:
+        super().__init__()
+        self.register_buffer("centers", torch.linspace(0.0, 4.0, basis))
+        self.embed = nn.Linear(3, features)
+        self.filters = nn.ModuleList(nn.Linear(basis, features) for _ in range(blocks))
+        self.updates = nn.ModuleList(
+            nn.Sequential(nn.Linear(features, features), nn.SiLU(), nn.Linear(features, features))
+            for _ in range(blocks)
+        )
+        self.readout = nn.Sequential(nn.Linear(features, features // 2), nn.SiLU(),
+                                     nn.Linear(features // 2, 1))  # fmt: skip
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.enable_grad():
+            positions = positions.detach().requires_grad_(True)
+            squared = (positions[:, :, None] - positions[:, None]).pow(2).sum(-1)
+            radial = torch.exp(-(squared.unsqueeze(-1) - self.centers).pow(2))
+            h = self.embed(positions)
+            for filters, update in zip(self.filters, self.updates):
+                message = (filters(radial) * h[:, None]).sum(2)
+                h = h + update(message)
+            energy = self.readout(h).sum()
+            (grad,) = torch.autograd.grad(energy, positions, create_graph=True)
+        return energy, -grad
+
+
+def force_field() -> tuple[nn.Module, tuple]:
+    """:class:`ForceField` on 4 molecules of 24 atoms, input (4, 24, 3)."""
+    torch.manual_seed(5)
+    return ForceField().eval(), (torch.randn(4, 24, 3),)

@@ -14,17 +14,21 @@ PACKAGE = Path(tl.__file__).resolve().parent
 # from its own package. Lazy imports inside functions (Trace.draw -> viz) are the exception.
 LAYERS = {
     "_version": 0, "_table": 0, "_tensors": 0, "errors": 0,
+    "_calls": 0,  # the one rule for passing the op (or batch) to a user function
     "_views": 0.5,  # read-only views the data model hands out (module calls, summaries)
     "_store": 0.5,  # where saved values live (PayloadStore), re-exported by trace
     "_source": 0.5,  # op.source: the model line behind an op (tl.trace(source=True))
     "_patterns": 0.25,  # module address globs, shared by selectors and the views
     "_escapes": 0.5,  # Escape and HiddenEdge records, re-exported by trace
+    "layers": 0.5,  # layers and passes: a pass over a finished trace (trace.layers)
     "capabilities": 1, "trace": 1, "selectors": 1,
     "recording": 2,
+    "_llm_sites": 2,  # TransformerLens's names as selectors
     "capture": 3,
     "replay": 4, "io": 4, "viz": 4,
     "attention": 4.5,  # reads recorded attention calls; edits builds on it
     "report": 5, "extract": 5, "edits": 5, "debug": 5,
+    "distributed": 5,  # sharded models: collectives, DTensor layouts, per-rank files
     "backends": 6,
     "demo": 7, "cli": 7,
     "__main__": 8, "__init__": 9,
@@ -69,9 +73,10 @@ def test_layers_import_only_downward():
 def test_public_names():
     assert sorted(tl.__all__) == [
         "Intervention", "ModuleCall", "Op", "Recording", "Selector", "Source", "Trace",
-        "__version__", "attention_pattern", "backends", "diff", "errors", "extract",
-        "find_nonfinite", "func", "label", "load", "load_extraction", "module", "record",
-        "replay", "report", "save", "summary", "trace", "validate", "viz", "where",
+        "__version__", "attention_pattern", "backends", "diff", "distributed", "errors",
+        "extract", "find_nonfinite", "func", "label", "layer", "llm_sites", "load",
+        "load_extraction", "module", "record", "replay", "report", "save", "summary", "trace",
+        "validate", "viz", "where",
     ]  # fmt: skip
     for name in tl.__all__:
         if name != "__version__":

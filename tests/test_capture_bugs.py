@@ -14,7 +14,7 @@ import torchlens as tl
 from torchlens.capture import normalize_call
 from torchlens.errors import InvalidArgumentError
 from torchlens.replay import check_trace
-from torchlens.replay.interpreter import AUTOGRAD_REASON, write_through
+from torchlens.replay.interpreter import write_through
 
 # -- several writes through views of one tensor -----------------------------------------------
 
@@ -177,17 +177,12 @@ class InnerLoopStep(nn.Module):
         return x @ (self.weight - 0.1 * grad)
 
 
-def test_autograd_grad_in_forward_is_unverified_not_failed():
+def test_autograd_grad_in_forward_is_replayed_and_its_edges_proven():
     torch.manual_seed(0)
     status = tl.replay(InnerLoopStep(), torch.randn(2, 4))
-    assert status.state == "unverified", str(status)
-    assert not status.failures
-    assert {(gap.label, gap.arm) for gap in status.unchecked} == {
-        ("grad_1", "replay"),
-        ("grad_1", "perturbation"),
-    }
-    assert AUTOGRAD_REASON in status.unchecked[0].reason
-    assert status.replayed == status.ops - 1  # everything else, from the saved gradient on
+    assert status.state == "passed", str(status)
+    assert not status.unchecked and not status.failures
+    assert status.replayed == status.ops  # the grad op too, from its recorded sub-graph
 
 
 # -- one tuple for a one-parameter forward ----------------------------------------------------
@@ -757,16 +752,17 @@ class CallsAScriptedFunction(nn.Module):
         return self.head(_fused_activation(self.inner(x)))
 
 
-def test_a_value_computed_out_of_sight_during_the_forward_is_unverified_not_passed():
+def test_a_value_computed_out_of_sight_by_a_scripted_function_is_its_op_and_replays():
     torch.manual_seed(0)
     model, x = CallsAScriptedFunction().eval(), torch.randn(2, 4)
     trace = tl.trace(model, x)
-    # the TorchScript function's ops are invisible: its result enters as a constant
-    source = trace["linear_2"].parents[0]
-    assert trace[source].kind == "constant" and trace[source].path == "unseen computation"
+    # the TorchScript function's ops are invisible: its result is linked back to what
+    # its autograd graph came from, and the function (named on the line) is the op's
+    made = trace[trace["linear_2"].parents[0]]
+    assert made.func_name == "script__fused_activation" and made.parents == ("linear_1",)
+    assert made.func is _fused_activation
     status = tl.replay(model, (x,))
-    assert status.state == "unverified" and not status.failures, status
-    assert [(gap.label, gap.arm) for gap in status.unchecked] == [(source, "lint")]
+    assert status.state == "passed", status
 
 
 class _Tagged(torch.Tensor):

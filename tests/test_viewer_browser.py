@@ -282,6 +282,49 @@ def test_fit_shows_the_whole_graph_both_ways(open_page, trace):
     assert view["y"] >= 19 and view["y"] + root["h"] * view["k"] <= size["h"] - 19
 
 
+class LoopRNN(nn.Module):
+    """20 steps of one RNN cell: rolled, the page shows the loop body once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell, self.out = nn.RNNCell(4, 8), nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.zeros(x.shape[0], 8)
+        for t in range(x.shape[1]):
+            h = self.cell(x[:, t], h) * 0.5
+        return self.out(h)
+
+
+def test_rolled_switch_draws_each_layer_once(open_page):
+    trace = tl.trace(LoopRNN(), torch.randn(2, 20, 4))
+    viewer = open_page(trace, rolled=True)
+    page = viewer.page
+    button = page.locator("#roll")
+    assert button.is_visible() and button.inner_text() == "Unrolled"
+    assert (
+        page.locator("g.box[data-n]").count() == 7
+    )  # input, zeros, getitem, cell, mul, linear, output
+    cell = viewer.node("rnn_tanh_cell_1")
+    assert "×20 passes" in cell.text_content() and "passes" in cell.get_attribute("class")
+    assert page.locator("#edges text.pass").all_text_contents() == ["1→2 … 19→20"]
+    assert viewer.node("rnn_tanh_cell_7").count() == 0
+    button.click()
+    expect(viewer.node("rnn_tanh_cell_7")).to_have_count(1)
+    assert page.locator("g.box[data-n]").count() == 64 and button.inner_text() == "Rolled"
+    assert page.locator("#edges text.pass").count() == 0
+    page.fill("#search", "mul_9")  # a later pass, found unrolled; rolled it is its layer's box
+    expect(page.locator("#hits")).to_have_text("1 / 1")
+    button.click()
+    expect(viewer.node("mul_9")).to_have_count(0)
+    viewer.node("mul_1").click()
+    assert "layer:pass" in page.locator("#panel").inner_text()
+
+
+def test_no_rolled_switch_without_repeated_layers(open_page, trace):
+    assert not open_page(trace).page.locator("#roll").is_visible()
+
+
 class ScaledByItem(nn.Module):
     def __init__(self) -> None:
         super().__init__()

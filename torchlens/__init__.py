@@ -32,7 +32,8 @@ Example:
 Importing torchlens changes nothing in torch: interception exists only while a capture runs.
 """
 
-from torchlens import backends, errors, report, viz
+from torchlens import backends, distributed, errors, report, viz
+from torchlens._llm_sites import llm_sites
 from torchlens._version import __version__
 from torchlens.attention import attention_pattern
 from torchlens.capture import trace
@@ -43,7 +44,7 @@ from torchlens.extract import extract, load_extraction
 from torchlens.io import load, save
 from torchlens.recording import Recording
 from torchlens.replay import replay, validate
-from torchlens.selectors import Selector, func, label, module, where
+from torchlens.selectors import Selector, func, label, layer, module, where
 from torchlens.trace import ModuleCall, Op, Source, Trace
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "backends",
     "report",
     "viz",
+    "distributed",
     "trace",
     "record",
     "validate",
@@ -62,6 +64,7 @@ __all__ = [
     "module",
     "label",
     "where",
+    "layer",
     "Intervention",
     "save",
     "load",
@@ -75,4 +78,5 @@ __all__ = [
     "Source",
     "ModuleCall",
     "attention_pattern",
+    "llm_sites",
 ]

@@ -4,18 +4,43 @@ grads all need, in one place."""
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 __all__ = [
     "copy_keeping_layout",
     "dense",
     "geometry",
     "geometry_end",
+    "inner_of",
+    "rewrap",
     "storage_key",
     "version_of",
     "write_through",
 ]
 
 Tensor = torch.Tensor
+
+
+def inner_of(tensor: torch.Tensor) -> torch.Tensor | None:
+    """The one tensor a traceable wrapper subclass holds (a ``DTensor``'s local shard): its
+    elements are what this process has. None for a plain tensor, any other subclass, or a
+    wrapper of several tensors."""
+    if type(tensor) is torch.Tensor or not is_traceable_wrapper_subclass(tensor):
+        return None
+    names, _ = tensor.__tensor_flatten__()
+    inner = [v for v in (getattr(tensor, n) for n in names) if isinstance(v, torch.Tensor)]
+    return inner[0] if len(inner) == 1 else None
+
+
+def rewrap(like: torch.Tensor, inner: torch.Tensor) -> torch.Tensor:
+    """A wrapper like ``like`` (same subclass, metadata, outer shape) around ``inner`` in
+    place of the tensor ``like`` holds (see :func:`inner_of`)."""
+    names, context = like.__tensor_flatten__()
+    parts = {}
+    for name in names:
+        part = getattr(like, name)
+        parts[name] = inner if isinstance(part, torch.Tensor) else part
+    return type(like).__tensor_unflatten__(parts, context, like.size(), like.stride())
 
 
 def version_of(tensor: torch.Tensor) -> int | None:

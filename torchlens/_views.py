@@ -158,15 +158,17 @@ def summary_text(
 ) -> str:
     """The trace's heading, a table of ``ops`` (head and tail past ``max_rows``), outputs;
     ``more_hint`` says how to see the rows left out."""
-    rows = [_row(op) for op in ops]
+    repeated = _repeated_layers(trace)
+    rows = [_row(op) + (_pass_cell(op, repeated),) * bool(repeated) for op in ops]
     hidden = 0
     if max_rows is not None and len(rows) > max_rows:
         head = max(max_rows // 2, 1)
         tail = max(max_rows - head, 0)
         hidden = len(rows) - head - tail
-        gap = ("...", f"{hidden} more ops", "", "", "")
+        gap = ("...", f"{hidden} more ops", "", "", "") + ("",) * bool(repeated)
         rows = [*rows[:head], gap, *(rows[-tail:] if tail else [])]
-    table = format_table(("op", "function", "module call", "shape", "dtype"), rows)
+    columns = ("op", "function", "module call", "shape", "dtype")
+    table = format_table(columns + ("layer:pass",) * bool(repeated), rows)
     heading = (
         f"Trace: {len(trace.ops)} ops, {len(trace.sources)} sources "
         f"({len(trace.inputs)} inputs), {len(trace.modules)} module calls"
@@ -182,6 +184,8 @@ def summary_text(
     if hidden:
         lines.append(f"({hidden} ops not shown: {more_hint})")
     lines.append(f"outputs: {', '.join(trace.output_labels) or '-'}")
+    if repeated and not notes:
+        lines.append(_layers_line(trace, repeated))
     fallbacks = trace.meta.get("fallback_modules")
     if fallbacks:
         named = ", ".join(fallbacks[:3]) + (", ..." if len(fallbacks) > 3 else "")
@@ -237,6 +241,27 @@ def train_mode_note(trace: Any) -> str:
     return (
         f"note: traced in training mode: {found} op(s) used random masks or batch "
         "statistics; call model.eval() before tracing for inference behaviour"
+    )
+
+
+def _repeated_layers(trace: Any) -> dict[str, int]:
+    """Layer label -> passes, for the layers run more than once (none for a recording)."""
+    layers = getattr(trace, "layers", None)
+    return layers.repeated if layers is not None else {}
+
+
+def _pass_cell(op: Any, repeated: Mapping[str, int]) -> str:
+    """``"linear_1:2/5"`` for the 2nd of 5 passes; blank for an op run once."""
+    layer = op.layer
+    return f"{layer}:{op.pass_index}/{repeated[layer]}" if layer in repeated else ""
+
+
+def _layers_line(trace: Any, repeated: Mapping[str, int], limit: int = 8) -> str:
+    """How many layers the ops form and which are repeated, with their pass counts."""
+    named = ", ".join(f"{name} x{n}" for name, n in list(repeated.items())[:limit])
+    more = f", ... and {len(repeated) - limit} more" if len(repeated) > limit else ""
+    return (
+        f"layers: {len(trace.layers)}, {len(repeated)} run more than once (passes): {named}{more}"
     )
 
 

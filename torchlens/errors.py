@@ -23,6 +23,7 @@ __all__ = [
     "SelectorMatchError",
     "InterventionError",
     "ExtractionError",
+    "DistributedError",
     "MissingDependencyError",
     "MixedShapesWarning",
 ]
@@ -56,7 +57,8 @@ class UnsupportedModelError(TorchLensError, TypeError):
     """The callable cannot be traced eagerly (compiled, scripted or exported artifacts).
 
     Codes: ``compiled_module``, ``torchscript_module``, ``exported_program``,
-    ``not_callable``, ``module_class`` (an ``nn.Module`` class was passed, not an instance).
+    ``not_callable``, ``module_class`` (an ``nn.Module`` class was passed, not an instance),
+    ``pipeline_parallel`` (a ``torch.distributed.pipelining`` pipe, stage or schedule).
     """
 
     code = "unsupported_model"
@@ -197,17 +199,36 @@ class ExtractionError(TorchLensError, RuntimeError):
     (the run did not finish: rerun ``tl.extract`` with the same arguments), ``corrupt``
     (a manifest or shard is unreadable), ``bad_batch`` (the model rejected a batch),
     ``shape_changed`` (a site's per-example shape differs between batches),
-    ``sites_changed`` (a batch produced other sites than the first; the message names the
-    missing ones), ``interrupted`` (SIGTERM stopped the run and a handler of the script's
-    own returned; the rows it held are on disk), ``not_batched`` (a
+    ``sites_changed`` (a batch produced other sites than the first, or did not run the op
+    a site named by label is in the first batch; the message names the batch and the
+    ops), ``interrupted`` (SIGTERM stopped the run and a handler of the script's own
+    returned; the rows it held are on disk), ``not_batched`` (a
     site's first dimension is not the batch size), ``write_failed`` (the disk refused a
     shard, e.g. it is full), ``distributed`` (the process group is not usable, or another
     process of the run stopped), ``ranks_differ`` (the processes of a distributed run were
     given different ``to=``, model weights, batches or arguments, or do not all see the run
-    directory; the message names what differs).
+    directory; the message names what differs), ``tensor_parallel`` (a tensor-parallel
+    model run by several processes, which compute each forward together: extraction gives
+    each its own batches).
     """
 
     code = "extraction_failed"
+
+
+class DistributedError(TorchLensError, RuntimeError):
+    """The processes of a ``torch.distributed`` run disagree, or one of them is gone, where
+    torchlens needs them together: replaying a collective in lockstep, or merging the
+    per-rank traces of one run. Every rank raises it instead of waiting on a peer.
+
+    Codes: ``ranks_differ`` (the ranks reached different collectives at the same point of a
+    replay, or saved traces of different forwards; the message names the rank and the op),
+    ``rank_timeout`` (a rank did not reach a collective of the replay within the timeout;
+    the message names it), ``not_a_rank`` (a directory given to ``load_ranks`` holds no
+    trace saved by ``save_rank``), ``no_process_group`` (``torch.distributed`` is not
+    initialized where a rank is needed).
+    """
+
+    code = "distributed"
 
 
 class MissingDependencyError(TorchLensError, ImportError):

@@ -36,6 +36,8 @@ __all__ = [
     "func",
     "module",
     "label",
+    "layer",
+    "needs_trace",
     "where",
     "as_selector",
     "Candidates",
@@ -131,7 +133,7 @@ class _Func(Selector):
 @dataclass(frozen=True, eq=False)
 class _Module(Selector):
     pattern: str
-    call: int | None = None
+    call: frozenset[int] | None = None  # the call numbers picked (1 for the first)
     type_name: str | None = None  # the innermost module's class name must be this
     _regex: re.Pattern | None = field(default=None, repr=False)
 
@@ -142,16 +144,25 @@ class _Module(Selector):
     def matches(self, op: Any) -> bool:
         if self.type_name is not None and op.module_type != self.type_name:
             return False
-        if self.pattern == "" and self.call is None:  # the root: every op
-            return True
+        if self.pattern == "":
+            return self.call is None or self._root_call(op)
         if self.pattern == "*" and self.type_name is not None:  # type only: any call
             return bool(op.module_stack)
         regex, pattern, call = self._regex, self.pattern, self.call
         for address, index in op.module_stack:
             hit = regex.match(address) is not None if regex else address == pattern
-            if hit and (call is None or index == call):
+            if hit and (call is None or index in call):
                 return True
         return False
+
+    def _root_call(self, op: Any) -> bool:
+        """Whether ``op`` ran in a picked call of the root, numbered as module calls print
+        them: ``<root>:0`` is the whole capture of a traced method (``model.generate``),
+        whose forward calls, ``<root>:1``..., are on the op's module stack as ``("", k)``;
+        a traced module's one call, ``<root>:1``, is around every op and on no stack (an op
+        of a traced method outside its forward calls counts as in call 1 too)."""
+        calls = [index for address, index in op.module_stack if address == ""]
+        return 0 in self.call or any(c in self.call for c in calls or (1,))
 
     @property
     def output(self) -> Selector:
@@ -175,7 +186,9 @@ class _Module(Selector):
         return below + [m for m in _close(self.pattern, modules) if m not in below]
 
     def __repr__(self) -> str:
-        call = "" if self.call is None else f", call={self.call}"
+        calls = sorted(self.call or ())
+        shown = calls[0] if len(calls) == 1 else calls
+        call = "" if self.call is None else f", call={shown}"
         kind = "" if self.type_name is None else f", type={self.type_name!r}"
         return f"module({self.pattern!r}{call}{kind})"
 
@@ -202,7 +215,7 @@ class _ModuleOutput(Selector):
                 hit = sel._regex.match(address) is not None
             else:
                 hit = address == sel.pattern
-            if hit and (sel.call is None or index == sel.call):
+            if hit and (sel.call is None or index in sel.call):
                 return True
         return False
 
@@ -239,10 +252,40 @@ class _Label(Selector):
         return label in self.labels or label.partition(":")[0] in self.labels
 
     def suggestions(self, seen: Candidates) -> list[str]:
-        return [c for lab in sorted(self.labels) for c in _close(lab, seen.labels)]
+        return [c for lab in sorted(self.labels) for c in _close(lab, seen.labels) if c != lab]
 
     def __repr__(self) -> str:
         return f"label({', '.join(map(repr, sorted(self.labels)))})"
+
+
+@dataclass(frozen=True, eq=False)
+class _Layer(Selector):
+    """``tl.layer(...)``: ops by their layer (``op.layer``) and pass (``op.pass_index``)."""
+
+    names: frozenset[str]
+    passes: frozenset[int] | None = None  # None: every pass
+
+    def matches(self, op: Any) -> bool:
+        if getattr(op, "_trace_ref", None) is None:
+            raise InvalidArgumentError(
+                f"{self!r} selects ops of a finished trace (layers are grouped after "
+                "capture), not while one runs; use it with trace.summary(select), "
+                "trace.rerun, tl.extract or [op for op in trace if sel(op)], or select the "
+                "ops by tl.label(...) during capture",
+                code="layer_needs_trace",
+            )
+        if op.layer not in self.names:
+            return False
+        return self.passes is None or op.pass_index in self.passes
+
+    def suggestions(self, seen: Candidates) -> list[str]:
+        return [c for name in sorted(self.names) for c in _close(name, seen.labels)]
+
+    def __repr__(self) -> str:
+        names = ", ".join(map(repr, sorted(self.names)))
+        if self.passes is None:
+            return f"layer({names})"
+        return f"layer({names}, passes={sorted(self.passes)})"
 
 
 @dataclass(frozen=True, eq=False)
@@ -273,7 +316,8 @@ class _And(Selector):
         object.__setattr__(self, "at_exit", self.left.at_exit or self.right.at_exit)
 
     def matches(self, op: Any) -> bool:
-        return self.left.matches(op) and self.right.matches(op)
+        left = self.left.matches(op)  # both asked: a selector may count the ops it sees
+        return self.right.matches(op) and left
 
     def output_calls(self, op: Any) -> tuple[tuple[str, int, str], ...]:
         if not self.matches(op):
@@ -301,7 +345,28 @@ class _Or(Selector):
         object.__setattr__(self, "at_exit", self.left.at_exit or self.right.at_exit)
 
     def matches(self, op: Any) -> bool:
-        return self.left.matches(op) or self.right.matches(op)
+        left = self.left.matches(op)  # both asked: a selector may count the ops it sees
+        return self.right.matches(op) or left
+
+    @property
+    def output(self) -> Selector:
+        """What the module calls either side selects returned: ``(tl.module("a") |
+        tl.module("b")).output`` is ``tl.module("a").output | tl.module("b").output``.
+
+        Raises:
+            InvalidArgumentError: ``bad_selector`` when a side is not a module selector.
+        """
+        sides = []
+        for side in (self.left, self.right):
+            if not isinstance(side, (_Module, _Or)):
+                raise InvalidArgumentError(
+                    f".output is what module calls returned; {side!r} in {self!r} is not a "
+                    "tl.module(...) selector: combine module selectors only, or add "
+                    ".output to each tl.module(...) part",
+                    code="bad_selector",
+                )
+            sides.append(side.output)
+        return _Or(*sides)
 
     def output_calls(self, op: Any) -> tuple[tuple[str, int, str], ...]:
         return _union(*(side.output_calls(op) for side in (self.left, self.right)
@@ -379,9 +444,13 @@ def module(
             :func:`module_pattern`): ``*`` matches across dots, so ``"layers.*"`` is every
             module below ``layers`` (``layers.0``, ``layers.0.fc``, ...), while a ``+``
             segment matches one name, so ``"layers.+"`` is the direct children only.
-            ``""`` is the whole model. May be left out when ``type=`` is given (any
-            address).
-        call: only this call of the module (1 for the first), for modules called repeatedly.
+            ``""`` (or ``"<root>"``) is the whole model. May be left out when ``type=`` is
+            given (any address).
+        call: only this call of the module (1 for the first), for modules called
+            repeatedly, or several: ``range(2, 5)``, ``[1, 3]``. For the root, ``""`` or
+            ``"<root>"``, the numbers are those module calls print: ``<root>:1`` of a traced
+            module, ``<root>:0`` (the whole capture) and ``<root>:1``... (its forward calls)
+            of a traced method such as ``model.generate``.
         type: only modules of this class (``nn.Linear`` or ``"Linear"``). An op matches when
             its innermost module is of that class; ``.output`` matches what every call of
             such a module returned, containers included.
@@ -391,7 +460,8 @@ def module(
 
     Raises:
         InvalidArgumentError: ``bad_selector`` for a pattern that is not a string, has an
-            empty segment or a call number (``"layers.0:2"``), or no pattern and no type.
+            empty segment or a call number (``"layers.0:2"``), no pattern and no type, or a
+            ``call=`` that is not a positive int or an iterable of them.
 
     Example:
         >>> import torch
@@ -417,7 +487,29 @@ def module(
             code="bad_selector",
         )
     type_name = None if type is None else type if isinstance(type, str) else type.__name__
-    return _Module("*" if pattern is None else pattern, call, type_name)
+    pattern = "" if pattern == ROOT else pattern  # as module calls print the root
+    return _Module("*" if pattern is None else pattern, _calls(call), type_name)
+
+
+ROOT = "<root>"  # how module calls print the root (``"<root>:1"``); tl.module() takes it
+
+
+def _calls(call: Any) -> frozenset[int] | None:
+    """``call=`` as a set of call numbers: one int, or a range or other iterable of them."""
+    if call is None:
+        return None
+    picks = [call] if isinstance(call, int) else None
+    if picks is None and isinstance(call, Iterable) and not isinstance(call, (str, bytes)):
+        picks = list(call)
+    if not picks or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0
+                            for c in picks):  # fmt: skip
+        raise InvalidArgumentError(
+            f"tl.module(call=...) takes a call number (1 for the first call; 0 for the whole "
+            f"capture of a traced method, <root>:0), or a range or iterable of them, got "
+            f"{call!r}",
+            code="bad_selector",
+        )
+    return frozenset(picks)
 
 
 def label(*labels: str) -> Selector:
@@ -429,6 +521,73 @@ def label(*labels: str) -> Selector:
         label('linear_2', 'split_1')
     """
     return _Label(_strings(labels, "label"))
+
+
+def layer(*names: str, passes: int | Iterable[int] | None = None) -> Selector:
+    """Select the ops of layers (``op.layer``: the ops that are the same code run again,
+    ``docs/loops.md``), every pass or some; ``"linear_1:2"`` names one pass.
+
+    Layers are grouped once a trace is finished, so this selects ops of a trace
+    (``trace.summary(select)``, ``trace.rerun``, ``tl.extract``), not during a capture.
+
+    Args:
+        names: layer labels (``"linear_1"``, the label of the layer's first op), or
+            ``"layer:pass"`` for one pass of it.
+        passes: only these passes, numbered from 1: one number, or several (``range(2, 5)``
+            for passes 2 to 4); every pass when left out.
+
+    Returns:
+        A :class:`Selector`.
+
+    Raises:
+        InvalidArgumentError: ``bad_selector`` for no name, a non-string, a pass below 1,
+            or ``"layer:pass"`` together with ``passes=``; ``layer_needs_trace`` (when
+            matched) during a capture.
+
+    Example:
+        >>> layer("linear_1", passes=range(2, 4))
+        layer('linear_1', passes=[2, 3])
+        >>> layer("linear_1:2")
+        layer('linear_1', passes=[2])
+    """
+    from torchlens.layers import split_pass_key  # layers sit beside the data model
+
+    chosen = _strings(names, "layer")
+    split = [split_pass_key(name) for name in chosen]
+    pinned = {number for _, number in split if number is not None}
+    if pinned and (passes is not None or len(chosen) > 1):
+        raise InvalidArgumentError(
+            f"tl.layer({', '.join(map(repr, sorted(chosen)))}) names a pass in the label; "
+            "give one 'layer:pass', or layer names with passes=",
+            code="bad_selector",
+        )
+    if pinned:
+        passes = pinned
+    if isinstance(passes, int):
+        passes = (passes,)
+    numbers = None if passes is None else frozenset(passes)
+    if numbers is not None and (
+        not numbers or not all(isinstance(n, int) and n >= 1 for n in numbers)
+    ):
+        raise InvalidArgumentError(
+            f"tl.layer(passes=...) takes pass numbers from 1, got {passes!r}",
+            code="bad_selector",
+        )
+    return _Layer(frozenset(name for name, _ in split), numbers)
+
+
+def needs_trace(selector: Selector) -> bool:
+    """Whether ``selector`` asks what only a finished trace knows (``tl.layer``), so a
+    capture cannot answer it op by op: ``tl.extract`` then resolves it on a trace first.
+
+    Example:
+        >>> needs_trace(func("relu") | layer("linear_1")), needs_trace(func("relu"))
+        (True, False)
+    """
+    if isinstance(selector, _Layer):
+        return True
+    parts = (getattr(selector, name, None) for name in ("left", "right", "inner"))
+    return any(needs_trace(part) for part in parts if isinstance(part, Selector))
 
 
 def where(fn: Callable[[Any], bool]) -> Selector:
@@ -472,11 +631,33 @@ def require_match(selector: Selector, role: str, seen: Candidates) -> None:
             "; no module call was recorded: the traced callable called no nn.Module, so "
             "trace the module itself, or wrap the call in an nn.Module whose forward makes it"
         )
-    hint += _fused_attention_hint(selector, seen)
+    hint += _fused_attention_hint(selector, seen) + _refresh_hint(selector, role)
     raise SelectorMatchError(
         f"the {role} selector {selector!r} matched no op of this forward{hint}; "
         "check the names against trace.labels or trace.modules",
         code="no_match",
+    )
+
+
+def _asked_labels(selector: Selector) -> set[str]:
+    """The labels a selector names, through ``&``, ``|`` and ``~``."""
+    if isinstance(selector, _Label):
+        return set(selector.labels)
+    parts = [getattr(selector, name, None) for name in ("left", "right", "inner")]
+    return set().union(*(_asked_labels(p) for p in parts if isinstance(p, Selector)))
+
+
+def _refresh_hint(selector: Selector, role: str) -> str:
+    """Why a ``refresh_k`` label matched nothing: it is noted after a write, not called."""
+    refresh = sorted(lab for lab in _asked_labels(selector) if lab.startswith("refresh_"))
+    if not refresh:
+        return ""
+    return (
+        f"; {', '.join(refresh)} {'is a refresh op' if len(refresh) == 1 else 'are refresh ops'}"
+        ": a tensor's value after a write through another view, which tl.trace notes after "
+        "the write and no function returned, so it is not an edit target and tl.record "
+        f"does not see it (role {role}); select the in-place op that wrote the value, or "
+        "the op that reads it"
     )
 
 

@@ -7,6 +7,7 @@ holds no reference cycle and dropping it frees its tensors at once.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -159,10 +160,37 @@ class Op:
         """
         return source_of(self)
 
+    @property
+    def layer(self) -> str:
+        """The label of this op's layer: the ops that are the same code run again (a loop,
+        a module called again) form one layer, named by its first op (see ``docs/loops.md``).
+
+        Raises:
+            LookupFailedError: ``not_found`` for an op that belongs to no live trace.
+        """
+        return _layer_of(self)[0]
+
+    @property
+    def pass_index(self) -> int:
+        """Which pass of its layer this op is, from 1, in execution order; ``1`` for an op
+        that is not repeated. ``trace[f"{op.layer}:{op.pass_index}"]`` is this op."""
+        return _layer_of(self)[1]
+
     def _repr_html_(self) -> str:  # notebooks; viz is imported lazily (it sits above trace)
         from torchlens.viz.html import op_html
 
         return op_html(self)
+
+
+def _layer_of(op: Op) -> tuple[str, int]:
+    ref = getattr(op, "_trace_ref", None)
+    trace = ref() if ref is not None else None
+    if trace is None:
+        raise LookupFailedError(
+            f"{op.label!r} belongs to no live trace, so it has no layer; read op.layer "
+            "while its Trace exists"
+        )
+    return trace.layers.of(op.label)
 
 
 def _payload(store: PayloadStore | None, label: str) -> torch.Tensor:
@@ -251,9 +279,12 @@ class Trace:
         self._by_label: dict[str, Record] = {s.label: s for s in sources}
         self._by_label.update({op.label: op for op in ops})
         types = module_types(self.modules)
+        ref = weakref.ref(self)  # op.layer finds its trace (layers are grouped on first use)
         for op in ops:
+            op._trace_ref = ref
             if not op.module_type:
                 op.module_type = types.get(op.module, "")
+        self._layers: Any = None
         note_returns(self.modules, self._by_label)
 
     # -- container protocol ---------------------------------------------------------------
@@ -271,6 +302,8 @@ class Trace:
             return self.ops[key]
         if isinstance(key, str):
             record = self._by_label.get(key)
+            if record is None and ":" in key:
+                record = self.layers.find(key)  # "linear_1:2": the second pass of linear_1
             if record is None:
                 raise LookupFailedError(missing_label_message(key, self._by_label, self.modules))
             return record
@@ -288,6 +321,27 @@ class Trace:
     def labels(self) -> list[str]:
         """Op labels in execution order."""
         return [op.label for op in self.ops]
+
+    @property
+    def layers(self) -> Any:
+        """Layer label -> its ops in pass order (a :class:`~torchlens.layers.Layers`
+        mapping): ops that are the same code run again (a Python loop, a module called
+        again, ``generate``'s steps) are one layer, each run a pass. Grouped on first use,
+        after capture, in O(ops); ``.repeated`` gives the layers of several passes. The rule
+        is in ``docs/loops.md``.
+
+        Example:
+            >>> import torch, torchlens as tl
+            >>> cell = torch.nn.Linear(4, 4)
+            >>> trace = tl.trace(lambda x: cell(cell(x)), torch.ones(1, 4), root=cell)
+            >>> trace.layers.repeated, trace["linear_1:2"].label
+            ({'linear_1': 2}, 'linear_2')
+        """
+        if self._layers is None:
+            from torchlens.layers import group_layers  # a pass over the finished trace
+
+            self._layers = group_layers(self)
+        return self._layers
 
     @property
     def inputs(self) -> list[Source]:
@@ -479,22 +533,31 @@ class Trace:
         With the default ``depth="auto"``, a graph of more than ``max_nodes=150`` boxes or
         more than 40 boxes tall is folded to a readable size, with a warning saying so;
         ``depth=None`` (or ``max_nodes=None``) draws every op, an int draws to that depth.
+        ``rolled=True`` draws each layer (:attr:`layers`) once with its pass count, the
+        edges between passes labelled (``docs/loops.md``).
         """
         from torchlens.viz import draw
 
         return draw(self, path, depth=depth, collapse_repeats=collapse_repeats, **options)
 
     def show(
-        self, path: Any = None, *, status: Any = None, open: bool = False, values: int = 0
+        self,
+        path: Any = None,
+        *,
+        status: Any = None,
+        open: bool = False,
+        values: int = 0,
+        rolled: bool = False,
     ) -> Any:
         """Write an interactive HTML page of the graph; see :func:`torchlens.viz.show`.
 
         Module calls unfold on click, a search box finds ops, clicking an op shows its
         fields and value statistics; ``status=tl.replay(...)`` colours ops by verdict
         (by default :attr:`status`, the one ``tl.trace(..., validate=True)`` kept).
+        ``rolled=True`` opens the rolled view (each layer once; a button switches back).
         Returns a :class:`~torchlens.viz.ViewerPage` (its ``.path``; inline in notebooks).
         """
         from torchlens.viz import show
 
         status = self.status if status is None else status
-        return show(self, path, status=status, open=open, values=values)
+        return show(self, path, status=status, open=open, values=values, rolled=rolled)

@@ -41,7 +41,9 @@ from torchlens.capture.escapes import EscapeHook, type_name
 from torchlens.capture.sinks import PayloadSink
 from torchlens.capture.source import caller_line
 from torchlens.capture.tree import _POSITIONS, _SLOTS, ATOMS, flatten_call, plain_slice
+from torchlens.capture.unseen import record_unseen
 from torchlens.capture.walk import named_modules, owned_tensors
+from torchlens.capture.wrappers import Wrappers
 from torchlens.trace import (
     ArgRef,
     Escape,
@@ -52,13 +54,20 @@ from torchlens.trace import (
     Trace,
 )
 
-__all__ = ["TraceBuilder", "REFRESH_FUNC_NAME", "TRANSFORM_RESULT", "UNSEEN_COMPUTATION"]
+__all__ = [
+    "TraceBuilder",
+    "REFRESH_FUNC_NAME",
+    "TRANSFORM_RESULT",
+    "UNSEEN_COMPUTATION",
+    "WITHOUT_GRAD",
+]
 
 Tensor = torch.Tensor
 REFRESH_FUNC_NAME = "refresh"  # a value changed by a write the capture could not attribute
 UNSEEN_COMPUTATION = "unseen computation"  # the path of a constant with autograd history
 # the path of a constant first seen after calls inside a torch.func transform
 TRANSFORM_RESULT = "after a torch.func transform"
+WITHOUT_GRAD = "constants_seen_without_grad"  # trace.meta key: their labels
 _KEPT_AS_IS = frozenset({Tensor, nn.Parameter})  # saved undetached; see _save
 _ASK: Any = object()  # an argument the callee reads itself (a version counter not read yet)
 # the version noted for an op's output (not in place) that is an nn.Parameter the capture
@@ -115,6 +124,9 @@ class TraceBuilder:
     # the escapes recorded (record_escape), and the hook that may replace escaped values:
     # class defaults too, set on the instance only when used, for the same reason
     escapes: Sequence[Escape] = ()
+    # constants first seen while grad was off: without autograd history, a value computed
+    # out of sight cannot be told from one the forward closes over (capture/unseen.py)
+    without_grad: tuple[str, ...] = ()
     escape_hook: EscapeHook | None = None
     # refresh label -> how to make its value from saved ones (_keep_as_writes), until
     # protect keeps it so: a class default too, set on the instance at the first
@@ -169,6 +181,7 @@ class TraceBuilder:
         # call count at that time: writes into its storage after it are what a refresh redoes)
         self._live: dict[int, tuple] = {}
         self._owned: dict[int, tuple[str, str, Tensor]] = {}  # id -> (kind, address, tensor)
+        self._wrappers = Wrappers()  # recorded wrapper subclass values (wrappers.py)
         self._name_counts: dict[str, int] = defaultdict(int)
         # storage -> the labels of the saved values aliasing it: one label, or a list of them
         self._aliases: dict[int, str | list[str]] = {}
@@ -231,7 +244,9 @@ class TraceBuilder:
         self.input_labels.append(label)
         return label
 
-    def _add_source(self, label: str, kind: str, path: str, tensor: Tensor) -> Source:
+    def _add_source(
+        self, label: str, kind: str, path: str, tensor: Tensor, copy: bool = False
+    ) -> Source:
         source = Source(  # positional, in field order, as Op below
             label, kind, path, tuple(tensor.shape), tensor.dtype, tensor.device,
             tensor.requires_grad, [], self.store,
@@ -241,7 +256,7 @@ class TraceBuilder:
         if self.save_payloads:
             # buffers are often updated in place by C++ kernels (batch norm statistics),
             # out of the capture's sight: copy them now rather than alias them
-            self._save(label, tensor, copy=kind == "buffer")
+            self._save(label, tensor, copy=copy or kind == "buffer")
         self._remember(tensor, label)
         return source
 
@@ -286,12 +301,20 @@ class TraceBuilder:
         if same is not None:  # a recorded value under another object (as_subclass)
             self._remember(tensor, same)
             return same
+        linked = self._wrappers.link(self, tensor)
+        if linked is not None:  # what a recorded DTensor holds, or a DTensor holding one
+            return linked
         label = self._new_label("constant")
         unseen = tensor.grad_fn is not None and self._made_during_forward(tensor)
-        if unseen:
+        if unseen:  # made out of sight: an opaque op linked to what it came from
+            made = record_unseen(self, tensor)
+            if made is not None:
+                return made
             path = UNSEEN_COMPUTATION
         else:
             path = TRANSFORM_RESULT if self._transformed else "closure"
+            if not torch.is_grad_enabled():  # no history: cannot be told from unseen
+                self.without_grad = (*self.without_grad, label)
         self._add_source(label, "constant", path, tensor)
         return label
 
@@ -349,7 +372,9 @@ class TraceBuilder:
                 self._remember(tensor, address)
                 return address
         label = address if address not in self._records else self._new_label(address)
-        self._add_source(label, kind, address, tensor)
+        # copied now: the hook that put it in place may release its memory after the call
+        # (FSDP frees the parameters it gathered when the module's forward ends)
+        self._add_source(label, kind, address, tensor, copy=True)
         return label
 
     def _same_memory(self, tensor: Tensor) -> str | None:
@@ -669,6 +694,8 @@ class TraceBuilder:
         records = self._records
         for parent in parents:
             records[parent].children.append(label)
+        if type(tensor) is not Tensor:  # (a wrapper subclass: a DTensor)
+            self._wrappers.note(tensor)
         self.ops.append(op)
         records[label] = op
         if self._inference and tensor.is_inference():  # no version counter: no raise
@@ -875,6 +902,8 @@ class TraceBuilder:
         and may edit) are cloned so later edits cannot reach the trace.
         """
         output_labels = [self.label_of(t) for t in output_tensors]
+        if self.without_grad:
+            meta = {**meta, WITHOUT_GRAD: list(self.without_grad)}
         for tensor in keep_safe:
             self.protect(tensor)
         # the root module's own calls inside a traced method are calls 1, 2, ... of "":

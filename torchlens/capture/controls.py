@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchlens._calls import with_second
 from torchlens._tensors import version_of
 from torchlens.capture import rng
 from torchlens.errors import (
@@ -139,25 +140,18 @@ def _parse_intervene(intervene: Any) -> list[tuple[Selector, Intervention]]:
 
 
 def _two_arguments(edit: Intervention, selector: Any) -> Intervention:
-    """``edit`` with a function called as ``fn(tensor, op)``: one taking only the tensor
-    (``lambda t: t * 0``) is wrapped; one taking neither form is refused now, not mid-forward."""
-    fn = edit.fn
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):  # some builtins have no signature: call as documented
+    """``edit`` with a function called as ``fn(tensor, op)``, by the one rule of
+    :func:`torchlens._calls.with_second` (the op only when the function asks for it); one
+    taking neither form is refused now, not mid-forward."""
+    fn = with_second(edit.fn, "op")
+    if fn is edit.fn:
         return edit
-    for n_args in (2, 1):
-        try:
-            signature.bind(*range(n_args))
-        except TypeError:
-            continue
-        if n_args == 2:
-            return edit
-        return dataclasses.replace(edit, fn=lambda tensor, op: fn(tensor))
+    if fn is not None:
+        return dataclasses.replace(edit, fn=fn)
     raise InvalidArgumentError(
         f"the intervene= function for {selector!r} takes neither (tensor) nor (tensor, op) "
-        f"(its signature is {signature}); write it as fn(tensor, op) -> tensor or "
-        "fn(tensor) -> tensor",
+        f"(its signature is {inspect.signature(edit.fn)}); write it as fn(tensor, op) -> "
+        "tensor or fn(tensor) -> tensor",
         code="bad_intervene",
     )
 

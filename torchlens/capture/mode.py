@@ -20,9 +20,10 @@ from torchlens.capture.builder import TraceBuilder
 from torchlens.capture.composite import opened_body
 from torchlens.capture.escapes import escape_call
 from torchlens.capture.failures import note_model_error
+from torchlens.capture.grad_calls import backward_call
 from torchlens.capture.hooks import run_exit_hooks
 from torchlens.capture.naming import FUNC_INFOS, func_info
-from torchlens.capture.special import SPECIAL_OUTPUTS, written_arguments
+from torchlens.capture.special import SETTLES, SPECIAL_OUTPUTS, written_arguments
 from torchlens.capture.tree import fill, flatten, flatten_call
 from torchlens.errors import CaptureError
 from torchlens.trace import Op
@@ -57,6 +58,8 @@ class CaptureMode(TorchFunctionMode):
         if info.never_tensor or functorch_level() != self._level:
             if not info.never_tensor:  # (so a deeper level: inside torch.func.vmap, grad)
                 self.builder.note_transform_call()
+            elif func is _STORAGE and args:  # the storage may be resized out of sight (FSDP
+                self.builder.protect(args[0])  # frees what it gathered): saved values copied
             elif info.escape is not None and functorch_level() == self._level:
                 return escape_call(self.builder, info.escape, func, args, kwargs)
             return func(*args, **kwargs) if kwargs else func(*args)
@@ -65,6 +68,8 @@ class CaptureMode(TorchFunctionMode):
             return self._open(info.name, func, args, kwargs)
         if info.inplace and not args and kwargs:  # torch.nn.init passes tensor=...
             args, kwargs = _target_first(args, kwargs)
+        elif info.name == "backward":  # the .grad it writes are its outputs
+            args, kwargs = backward_call(func, args, kwargs, self.builder)
         try:
             parent_args, args_template, kwargs_template = self.builder.arguments(
                 _read_arguments(func, args), kwargs
@@ -84,6 +89,8 @@ class CaptureMode(TorchFunctionMode):
         except Exception as err:  # the model's own error: noted, never wrapped
             note_model_error(err, self.builder, info.name)
             raise
+        if info.settles:  # in flight when it returned (a collective): written, then recorded
+            SETTLES[func](result)
 
         if isinstance(result, Tensor) and info.name not in SPECIAL_OUTPUTS:
             tensors = [result]
@@ -176,6 +183,7 @@ def _read_arguments(func: Callable[..., Any], args: tuple) -> tuple:
 
 
 _DEEPCOPY = Tensor.__deepcopy__
+_STORAGE = Tensor.untyped_storage
 _TARGET_KEYWORDS = ("tensor", "input")  # how an in-place call may name its target
 
 

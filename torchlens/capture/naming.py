@@ -9,10 +9,10 @@ can only return non-tensors (``x.shape``, ``x.size()``), in which case it is nev
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from torchlens.capture.special import SIDE_WRITES, SPECIAL_OUTPUTS, side_writes
+from torchlens.capture.special import SETTLES, SIDE_WRITES, SPECIAL_OUTPUTS, side_writes
 
 __all__ = [
     "FuncInfo",
@@ -118,6 +118,7 @@ class FuncInfo:
     # at the calls where opens(args, kwargs) holds
     opens: bool | Callable[[tuple, dict], bool] = False
     escape: str | None = None  # its value leaves torch (ESCAPES): recorded as an escape
+    settles: bool = False  # returns with its outputs still being written (special.SETTLES)
 
 
 # func -> its FuncInfo. The capture modes read it directly on their per-op paths (a dict
@@ -141,11 +142,20 @@ def func_info(func: Callable[..., Any]) -> FuncInfo:
     except (KeyError, TypeError):
         pass
     info = _describe(func)
+    if _settles(func):
+        info = replace(info, settles=True)
     try:
         FUNC_INFOS[func] = info
     except TypeError:  # unhashable callables are described afresh each time
         pass
     return info
+
+
+def _settles(func: Callable[..., Any]) -> bool:
+    try:
+        return func in SETTLES
+    except TypeError:  # unhashable
+        return False
 
 
 def _schema_writes(func: Callable[..., Any], name: str) -> tuple[int, ...] | None:

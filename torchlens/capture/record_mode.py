@@ -30,7 +30,7 @@ from torchlens.capture.mode import _inplace_targets, functorch_level
 from torchlens.capture.naming import FUNC_INFOS, func_info
 from torchlens.capture.record_exit import ExitTracker
 from torchlens.capture.roots import Root, resolve_root
-from torchlens.capture.special import SPECIAL_OUTPUTS
+from torchlens.capture.special import SETTLES, SPECIAL_OUTPUTS
 from torchlens.capture.tree import fill, flatten
 from torchlens.recording import OpView
 from torchlens.selectors import Selector
@@ -131,6 +131,8 @@ class RecordMode(TorchFunctionMode):
         except Exception as err:  # the model's own error: noted, never wrapped
             note_record_error(err, self.counts, self._frames, info.name)
             raise
+        if info.settles:  # (a collective in flight: see special.SETTLES)
+            SETTLES[func](result)
         name = info.name
         if isinstance(result, Tensor):
             n = 1

@@ -37,6 +37,17 @@ def check_traceable(model: Any, modules: list[tuple[str, nn.Module]] | None = No
             f"its operations cannot be recorded; {_ADVICE} (the module you exported)",
             code="exported_program",
         )
+    owner = getattr(model, "__self__", None)  # schedule.step: the schedule's class
+    if owner is not None:
+        names |= {f"{c.__module__}.{c.__qualname__}" for c in type(owner).__mro__}
+    if any(n.startswith("torch.distributed.pipelining.") for n in names):
+        raise UnsupportedModelError(
+            "pipeline parallel (torch.distributed.pipelining) runs the model's stages on "
+            "different ranks and passes activations between them by send/recv over "
+            "microbatches, which one process's trace cannot follow; trace each stage's "
+            "module on its rank (stage.submod), or the unsplit model in one process",
+            code="pipeline_parallel",
+        )
     if (
         "torch._dynamo.eval_frame.OptimizedModule" in names
         or hasattr(model, "_torchdynamo_orig_callable")

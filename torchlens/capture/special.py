@@ -13,7 +13,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["SPECIAL_OUTPUTS", "SIDE_WRITES", "side_writes", "written_arguments"]
+from torchlens.capture.grad_calls import backward_outputs
+
+__all__ = ["SETTLES", "SPECIAL_OUTPUTS", "SIDE_WRITES", "side_writes", "written_arguments"]
 
 Outputs = list[tuple[str, torch.Tensor]]
 
@@ -60,5 +62,13 @@ def side_writes(positions: tuple[int, ...]) -> Callable[[tuple, Any], Outputs]:
 SPECIAL_OUTPUTS: dict[str, Callable[[tuple, Any], Outputs]] = {
     "setitem": _written_first_argument,
     "set_data": _written_first_argument,  # x.data = value (the setter returns nothing)
+    "backward": backward_outputs,  # the .grad it wrote (capture/grad_calls.py)
     **{name: side_writes(positions) for name, positions in SIDE_WRITES.items()},
 }
+
+# Calls that return before their outputs are written (torch.distributed's collectives, which
+# return a tensor or a ``Work`` still in flight): function -> ``settle(result)``, which waits
+# for them. Capture settles such a call before it records the outputs, and replay settles
+# each rerun, so both read written values and no wait is left pending at exit. Filled by
+# ``torchlens.distributed``, which knows these functions; capture only calls the entry.
+SETTLES: dict[Any, Callable[[Any], None]] = {}

@@ -7,12 +7,13 @@ their values. Wrong shapes or axes raise :class:`~torchlens.errors.InterventionE
 the op and the shapes.
 
 :func:`edit_pattern` recomputes a ``scaled_dot_product_attention`` op's output from an
-edited attention pattern. :func:`rerun` (also ``trace.rerun(edits)``) applies edits to a
-finished trace, recomputing only their downstream cone; :func:`patch` builds the edits of
-activation patching (of some positions or heads only, if asked), :func:`sweep` runs it over
-sites x positions x heads and :func:`attribution` estimates the same cells from one
-backward. Both return a :class:`LabelledTensor`. :func:`logit_lens` decodes each layer's
-residual stream.
+edited attention pattern; :func:`patch_pattern` patches another run's pattern in (and
+``sweep(..., patch="pattern")`` sweeps it). :func:`rerun` (also ``trace.rerun(edits)``)
+applies edits to a finished trace, recomputing only their downstream cone; :func:`patch`
+builds the edits of activation patching (of some positions or heads only, if asked),
+:func:`sweep` runs it over sites x positions x heads and :func:`attribution` estimates the
+same cells from one backward. Both return a :class:`LabelledTensor`. :func:`logit_lens`
+decodes each layer's residual stream.
 
 Example:
     >>> import torch, torchlens as tl
@@ -23,7 +24,7 @@ Example:
     0.0
 """
 
-from torchlens.edits._attention import edit_pattern
+from torchlens.edits._attention import edit_pattern, patch_pattern
 from torchlens.edits._helpers import (
     add,
     clamp,
@@ -51,6 +52,7 @@ __all__ = [
     "logit_lens",
     "mean",
     "patch",
+    "patch_pattern",
     "project",
     "replace",
     "rerun",

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
+from torchlens._calls import with_second
 from torchlens.attention import attend, attention_inputs, attention_pattern
+from torchlens.edits._helpers import _on_axis, _on_heads, not_comparable
 from torchlens.errors import InterventionError, InvalidArgumentError
 
-__all__ = ["edit_pattern"]
+__all__ = ["edit_pattern", "patch_pattern"]
 
 Tensor = torch.Tensor
 
@@ -54,7 +55,13 @@ def edit_pattern(fn: Callable[..., Tensor]) -> Callable[[Tensor, Any], Tensor]:
             f"edit_pattern takes a function fn(pattern, op) -> pattern, got {type(fn).__name__}",
             code="bad_edit",
         )
-    takes_op = _arity(fn) != 1
+    call = with_second(fn, "op")  # the op only when fn asks for it: the one rule
+    if call is None:
+        raise InvalidArgumentError(
+            "edit_pattern's function takes neither (pattern) nor (pattern, op); write it as "
+            "fn(pattern) -> pattern or fn(pattern, op) -> pattern",
+            code="bad_edit",
+        )
 
     def edit(t: Tensor, op: Any) -> Tensor:
         try:
@@ -65,7 +72,7 @@ def edit_pattern(fn: Callable[..., Tensor]) -> Callable[[Tensor, Any], Tensor]:
                 code="bad_edit",
             ) from None
         pattern = attention_pattern(op)
-        new = fn(pattern, op) if takes_op else fn(pattern)
+        new = call(pattern, op)
         if not isinstance(new, Tensor) or tuple(new.shape) != tuple(pattern.shape):
             got = tuple(new.shape) if isinstance(new, Tensor) else type(new).__name__
             raise InterventionError(
@@ -78,13 +85,34 @@ def edit_pattern(fn: Callable[..., Tensor]) -> Callable[[Tensor, Any], Tensor]:
     return edit
 
 
-def _arity(fn: Callable[..., Any]) -> int:
-    """How many positional arguments ``fn`` takes (2 when it cannot be told)."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return 2
-    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
-        return 2
-    return sum(1 for p in params if p.kind in kinds)
+def patch_pattern(
+    source: Any, *, heads: Sequence[int] | None = None, positions: Sequence[int] | None = None
+) -> Callable[[Tensor, Any], Tensor]:
+    """Attention-pattern patching: an ``intervene=`` (or ``rerun``) edit of a
+    ``scaled_dot_product_attention`` op that attends with ``source``'s pattern of the same
+    op (another run of the model, e.g. the clean prompt), on the picked heads and query
+    positions only.
+
+    Args:
+        source: a trace of the same model, with the values the pattern is rebuilt from.
+        heads: head indices (axis 1 of ``(batch, heads, queries, keys)``); None: all.
+        positions: query positions (axis 2); None: all.
+
+    Returns:
+        ``fn(t, op)`` for ``intervene=``, made by :func:`edit_pattern`.
+
+    Raises:
+        InterventionError: ``not_comparable`` (when applied) when ``source`` has no such op
+            or its pattern has another shape; ``bad_edit`` for a head or position out of range.
+    """
+
+    def fn(pattern: Tensor, op: Any) -> Tensor:
+        other = source.get(op.label)
+        new = None if other is None else attention_pattern(other)
+        if new is None or tuple(new.shape) != tuple(pattern.shape):
+            have = None if new is None else tuple(new.shape)
+            raise not_comparable(f"patch the pattern of {op.label!r}", tuple(pattern.shape), have)
+        new = _on_axis(pattern, op, positions, -2, new.to(pattern), ("positions", "seq_dim"))
+        return _on_heads(pattern, op, heads, 1, new)
+
+    return edit_pattern(fn)

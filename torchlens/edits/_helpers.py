@@ -33,9 +33,44 @@ def _axis(t: Tensor, op: Any, dim: int, what: str) -> int:
     return dim % t.dim()
 
 
-def _on_heads(t: Tensor, op: Any, heads: Heads, head_dim: int, new: Tensor) -> Tensor:
-    """``new`` on the picked heads of axis ``head_dim``, ``t`` elsewhere."""
-    return _on_axis(t, op, heads, head_dim, new, ("heads", "head_dim"))
+def _on_heads(
+    t: Tensor, op: Any, heads: Heads, head_dim: int, new: Tensor, n_heads: int | None = None
+) -> Tensor:
+    """``new`` on the picked heads of axis ``head_dim``, ``t`` elsewhere; with ``n_heads``,
+    the heads are ``n_heads`` equal slices of the last axis (``d`` of ``(batch, tokens,
+    d)``: the attention output projection's input)."""
+    if heads is None or n_heads is None:
+        return _on_axis(t, op, heads, head_dim, new, ("heads", "head_dim"))
+    split = split_heads(t, op, n_heads)
+    picked = _on_axis(split, op, heads, -2, split_heads(new.expand_as(t), op, n_heads),
+                      ("heads", "n_heads"))  # fmt: skip
+    return picked.flatten(-2)
+
+
+def split_heads(t: Tensor, op: Any, n_heads: int) -> Tensor:
+    """``t`` with its last axis ``d`` viewed as ``(n_heads, d // n_heads)``."""
+    d = t.shape[-1] if t.dim() else 0
+    if not isinstance(n_heads, int) or n_heads < 1 or d % n_heads:
+        raise _fail(
+            op,
+            f"n_heads={n_heads!r} does not split its last axis of size {d} into equal heads; "
+            "pass the model's number of attention heads",
+        )
+    return t.unflatten(-1, (n_heads, d // n_heads))
+
+
+def check_head_axis(t: Tensor, op: Any, heads: Heads, head_dim: int, seq_dim: int, n_heads) -> None:
+    """Refuse ``heads=`` whose ``head_dim`` is the position axis ``seq_dim``: on a
+    ``(batch, tokens, d)`` site the default ``head_dim=1`` indexes tokens, not heads."""
+    if heads is None or n_heads is not None:
+        return
+    if _axis(t, op, head_dim, "head_dim") == _axis(t, op, seq_dim, "seq_dim"):
+        raise _fail(
+            op,
+            f"head_dim={head_dim} and seq_dim={seq_dim} name the same axis, so heads= would "
+            "pick positions; a (batch, tokens, d) site has no head axis: pass n_heads= to "
+            "split d into heads, or head_dim= for the axis that holds them",
+        )
 
 
 def _on_axis(
@@ -57,6 +92,16 @@ def _on_axis(
         )
     index = torch.tensor(picked, device=t.device)
     return t.index_copy(axis, index, new.expand_as(t).index_select(axis, index))
+
+
+def not_comparable(what: str, shape: tuple, have: tuple | None) -> InterventionError:
+    """The source trace has no such op (``have`` None) or it has another shape."""
+    found = "no such op" if have is None else f"shape {have}"
+    return InterventionError(
+        f"cannot {what} {shape} from the source trace ({found}); trace the same model on an "
+        "input of the same shape",
+        code="not_comparable",
+    )
 
 
 def _broadcast(t: Tensor, op: Any, value: Tensor, what: str) -> Tensor:
@@ -111,8 +156,9 @@ def mean(
         ``fn(t, op)`` for ``intervene=``.
 
     Raises:
-        InterventionError: ``bad_edit`` for an axis out of range or a ``value`` that does
-            not broadcast to the op's shape.
+        InterventionError: ``bad_edit`` for an axis out of range, a ``value`` that does
+            not broadcast to the op's shape, or axes of size 1 only (a batch of one: the
+            mean would be the value itself).
 
     Example:
         >>> import torch
@@ -125,6 +171,13 @@ def mean(
             new = _broadcast(t, op, value, "mean")
         else:
             dims = [_axis(t, op, d, "dim") for d in ([dim] if isinstance(dim, int) else dim)]
+            if all(t.shape[d] == 1 for d in dims):  # a batch of one: the mean is t itself
+                raise _fail(
+                    op,
+                    f"the mean over dim={dim} (of size 1) is the value itself, so the edit "
+                    "would change nothing; pass value= (a mean over a dataset, e.g. from "
+                    "tl.extract) or dim= an axis with more than one entry",
+                )
             new = t.mean(dim=dims, keepdim=True).expand_as(t)
         return _on_heads(t, op, heads, head_dim, new)
 
@@ -263,6 +316,7 @@ def resample(
     head_dim: int = 1,
     positions: Positions = None,
     seq_dim: int = -2,
+    n_heads: int | None = None,
 ) -> EditFn:
     """Resample ablation: ``t' = source[op.label].out``, the same op's value in another
     trace of the same model (another input, e.g. a corrupted prompt).
@@ -275,10 +329,15 @@ def resample(
             ones count from the end); the others keep their values. None takes them all.
         seq_dim: the axis that holds the positions: -2 is the token axis of the residual
             stream ``(batch, tokens, d)`` and of ``(batch, heads, tokens, head_dim)``.
+        n_heads: split the last axis into this many equal heads, which ``heads=`` picks
+            among (per-head patching of a ``(batch, tokens, d)`` site, such as the input of
+            the attention output projection); ``head_dim`` is then unused.
 
     Raises:
         InterventionError: ``not_comparable`` when ``source`` has no op of that label or
-            it has another shape; ``bad_edit`` for a position or axis out of range.
+            it has another shape; ``bad_edit`` for a position or axis out of range, for
+            ``heads=`` whose ``head_dim`` is the position axis (pass ``n_heads=``), or an
+            ``n_heads`` that does not divide the last axis.
 
     Example:
         >>> import torch, torchlens as tl
@@ -293,14 +352,11 @@ def resample(
     def fn(t: Tensor, op: Any) -> Tensor:
         other = source.get(op.label)
         if other is None or tuple(other.shape) != tuple(t.shape):
-            have = "no such op" if other is None else f"shape {tuple(other.shape)}"
-            raise InterventionError(
-                f"cannot resample {op.label!r} of shape {tuple(t.shape)} from the source "
-                f"trace ({have}); trace the same model on an input of the same shape",
-                code="not_comparable",
-            )
+            have = None if other is None else tuple(other.shape)
+            raise not_comparable(f"resample {op.label!r} of shape", tuple(t.shape), have)
+        check_head_axis(t, op, heads, head_dim, seq_dim, n_heads)
         value = other.out.to(t.device, t.dtype)
         new = _on_axis(t, op, positions, seq_dim, value, ("positions", "seq_dim"))
-        return _on_heads(t, op, heads, head_dim, new)
+        return _on_heads(t, op, heads, head_dim, new, n_heads)
 
     return fn

@@ -371,6 +371,7 @@ def patch(
     heads: Sequence[int] | None = None,
     head_dim: int = 1,
     seq_dim: int = -2,
+    n_heads: int | None = None,
 ) -> dict[Any, Any]:
     """The edits that put ``source``'s values of the ops ``select`` matches into ``trace``
     (activation patching: ``source`` is the clean run, ``trace`` the corrupted one).
@@ -385,13 +386,16 @@ def patch(
         head_dim: the axis that holds the heads (1 for ``(batch, heads, tokens, head_dim)``).
         seq_dim: the axis that holds the positions (-2: the token axis of ``(batch, tokens,
             d)`` and of ``(batch, heads, tokens, head_dim)``).
+        n_heads: split the last axis into this many heads for ``heads=`` (a ``(batch,
+            tokens, d)`` site such as the attention output projection's input).
 
     Returns:
         ``{select: fn}`` for :meth:`Trace.rerun` or ``intervene=``.
 
     Raises:
         InterventionError: ``not_comparable`` when the two traces differ in graph or shapes;
-            ``bad_edit`` (when applied) for a position, head or axis out of range.
+            ``bad_edit`` (when applied) for a position, head or axis out of range, or
+            ``heads=`` on the position axis of a site without a head axis.
 
     Example:
         >>> import torch, torchlens as tl
@@ -409,5 +413,6 @@ def patch(
     from torchlens.edits._helpers import resample
 
     check_comparable(trace, source)
-    edit = resample(source, heads=heads, head_dim=head_dim, positions=positions, seq_dim=seq_dim)
+    edit = resample(source, heads=heads, head_dim=head_dim, positions=positions, seq_dim=seq_dim,
+                    n_heads=n_heads)  # fmt: skip
     return {as_selector(select): edit}

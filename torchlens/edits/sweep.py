@@ -19,10 +19,11 @@ import torch
 
 from torchlens.capture.controls import trace_candidates
 from torchlens.capture.tree import flatten
-from torchlens.edits._helpers import _axis, resample
+from torchlens.edits._attention import patch_pattern
+from torchlens.edits._helpers import _axis, check_head_axis, resample, split_heads
 from torchlens.edits.labelled import LabelledTensor
 from torchlens.edits.rerun import check_comparable, rerun_output
-from torchlens.errors import GradUnavailableError, InterventionError
+from torchlens.errors import GradUnavailableError, InterventionError, InvalidArgumentError
 from torchlens.selectors import as_selector, label, require_match
 from torchlens.trace import Trace
 
@@ -99,6 +100,8 @@ def sweep(
     head_dim: int = 1,
     seq_dim: int = -2,
     progress: bool | None = None,
+    n_heads: int | None = None,
+    patch: str = "value",
 ) -> LabelledTensor:
     """Activation patching over sites x positions (x heads): each cell is
     ``metric(trace.rerun(patch(trace, source, site, positions=[p], heads=[h])).output)``,
@@ -115,6 +118,13 @@ def sweep(
         head_dim: the axis that holds the heads.
         seq_dim: the axis that holds the positions (-2: tokens of ``(batch, tokens, d)``).
         progress: show a tqdm bar; None shows it on a terminal only.
+        n_heads: split each site's last axis into this many heads for ``heads=``: per-head
+            patching of a ``(batch, tokens, d)`` site (the attention output projection's
+            input). Without it, ``heads=`` on a site whose ``head_dim`` is its position
+            axis is refused (``bad_edit``).
+        patch: ``"value"`` patches each site's value; ``"pattern"`` patches the attention
+            pattern of ``scaled_dot_product_attention`` sites (:func:`patch_pattern`),
+            ``positions`` then being query positions and ``heads`` axis 1 of the pattern.
 
     Returns:
         A :class:`LabelledTensor` of axes ``site`` (``position``, ``head``), ``meta``
@@ -137,6 +147,12 @@ def sweep(
         (('site', 'position'), (1, 3))
     """
     check_comparable(trace, source)
+    if patch not in ("value", "pattern"):
+        raise InvalidArgumentError(
+            f"sweep(patch={patch!r}): pass 'value' (activation patching) or 'pattern' "
+            "(attention-pattern patching)",
+            code="bad_edit",
+        )
     found = _sites(trace, sites)
     positions, heads = _listed(positions), _listed(heads)  # a generator is read once
     cells = list(itertools.product(*([None] if p is None else p for p in (positions, heads))))
@@ -144,13 +160,13 @@ def sweep(
     flat = flatten(trace.output)
     with _bar(len(values), progress, "tl.edits.sweep") as bar:
         for i, ((_, labels), (pos, head)) in enumerate(itertools.product(found, cells)):
-            edit = resample(
-                source,
-                positions=None if pos is None else [pos],
-                heads=None if head is None else [head],
-                head_dim=head_dim,
-                seq_dim=seq_dim,
-            )
+            pick = {"positions": None if pos is None else [pos],
+                    "heads": None if head is None else [head]}  # fmt: skip
+            if patch == "pattern":
+                edit = patch_pattern(source, **pick)
+            else:
+                edit = resample(source, head_dim=head_dim, seq_dim=seq_dim, n_heads=n_heads,
+                                **pick)  # fmt: skip
             values[i] = _number(metric(rerun_output(trace, {label(*labels): edit}, flat)))
             bar.update()
     dims, coords = _axes(found, positions, heads)
@@ -169,6 +185,7 @@ def attribution(
     heads: Sequence[int] | None = None,
     head_dim: int = 1,
     seq_dim: int = -2,
+    n_heads: int | None = None,
 ) -> LabelledTensor:
     """Attribution patching: the first-order estimate of each cell of :func:`sweep`,
     ``(source - trace) . grad`` summed over each site's values (over the picked position
@@ -182,7 +199,7 @@ def attribution(
     Args:
         trace: the corrupted run, traced with ``save_grads=True``.
         source: the clean run (values only).
-        sites, positions, heads, head_dim, seq_dim: as for :func:`sweep`.
+        sites, positions, heads, head_dim, seq_dim, n_heads: as for :func:`sweep`.
         metric: maps ``trace.output`` to a scalar tensor with its graph.
 
     Returns:
@@ -220,7 +237,8 @@ def attribution(
             if grad is None:
                 continue
             delta = source[lab].out.detach().double() - trace[lab].out.detach().double()
-            total = total + _reduce(delta * grad.double(), positions, heads, seq_dim, head_dim, lab)
+            total = total + _reduce(delta * grad.double(), positions, heads, seq_dim, head_dim, lab,
+                                   n_heads)  # fmt: skip
         rows.append(torch.as_tensor(total, dtype=torch.float64).expand(
             [len(coords[d]) for d in dims[1:]]))  # fmt: skip
     return LabelledTensor(torch.stack(rows), dims, coords, name="attribution", meta=meta)
@@ -240,15 +258,28 @@ def _grad(trace: Trace, lab: str) -> torch.Tensor | None:
 
 
 def _reduce(
-    c: torch.Tensor, positions: Any, heads: Any, seq_dim: int, head_dim: int, lab: str
+    c: torch.Tensor,
+    positions: Any,
+    heads: Any,
+    seq_dim: int,
+    head_dim: int,
+    lab: str,
+    n_heads: int | None = None,
 ) -> torch.Tensor:
     """Sum ``c`` over every axis but the position and head axes, then pick the cells."""
     op = _Named(lab, c.shape)
+    check_head_axis(c, op, heads, head_dim, seq_dim, n_heads)
     keep = []
+    seq_axis = _axis(c, op, seq_dim, "seq_dim") if positions is not None else None
+    if heads is not None and n_heads is not None:  # the last axis split: heads before it
+        c = split_heads(c, op, n_heads)
+        head_axis = c.dim() - 2
+    elif heads is not None:
+        head_axis = _axis(c, op, head_dim, "head_dim")
     if positions is not None:
-        keep.append((_axis(c, op, seq_dim, "seq_dim"), list(positions)))
+        keep.append((seq_axis, list(positions)))
     if heads is not None:
-        keep.append((_axis(c, op, head_dim, "head_dim"), list(heads)))
+        keep.append((head_axis, list(heads)))
     if not keep:
         return c.sum()
     if len(keep) == 2 and keep[0][0] == keep[1][0]:

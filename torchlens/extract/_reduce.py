@@ -7,12 +7,12 @@ real tokens with the batch's attention mask, say). It must keep the batch dimens
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from torchlens._calls import with_second
 from torchlens.errors import InvalidArgumentError
 from torchlens.selectors import Selector
 
@@ -37,23 +37,18 @@ REDUCTIONS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
-def _takes_batch(fn: Callable) -> bool:
-    """Whether ``fn`` takes a second positional argument (the batch)."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):  # builtins without a signature take the tensor only
-        return False
-    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    positional = [p for p in params if p.kind in kinds]
-    varargs = any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in params)
-    return varargs or len(positional) >= 2
-
-
 def _as_fn(value: Any) -> Callable[[Tensor, Any], Tensor]:
     """The reduction as ``fn(tensor, batch)``: named ones and one-argument functions ignore
     the batch; a two-argument function gets it (for a padding mask, say)."""
     if callable(value) and not isinstance(value, str):
-        return value if _takes_batch(value) else (lambda t, batch, fn=value: fn(t))
+        fn = with_second(value, "batch")  # the batch only when the function asks for it
+        if fn is None:
+            raise InvalidArgumentError(
+                f"the reduce= function {value!r} takes neither (tensor) nor (tensor, batch); "
+                "write it as fn(tensor) -> tensor or fn(tensor, batch) -> tensor",
+                code="bad_reduce",
+            )
+        return fn
     if isinstance(value, str):
         fn = REDUCTIONS.get(value)
         if fn is None:

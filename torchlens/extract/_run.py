@@ -92,7 +92,7 @@ def extract(
     Raises:
         ExtractionError: ``exists``, ``args_changed``, ``not_an_extraction``, ``bad_batch``,
             ``shape_changed``, ``sites_changed``, ``not_batched``, ``write_failed``,
-            ``distributed``, ``ranks_differ``, ``interrupted`` (see
+            ``distributed``, ``ranks_differ``, ``interrupted``, ``tensor_parallel`` (see
             :class:`~torchlens.errors.ExtractionError`).
             Under torchrun every rank raises it when one rank fails.
         SelectorMatchError: ``no_match`` when ``save=`` matches nothing in the first batch.
@@ -117,6 +117,7 @@ def extract(
     selector, reducer = as_selector(save), Reducer(reduce)
     root = Path(to)
     with _signals.guarded() as guard, _process_group() as (rank, world):
+        _distributed.refuse_tensor_parallel(world, model)
         args = _run_args(model, data, selector, stop_after, inputs, targets, reduce)
         plan = BatchPlan(data, inputs, rank, world)
         _distributed.agree(world, root, args, overwrite, plan.order)
@@ -124,12 +125,14 @@ def extract(
         # what earlier runs left on disk, read before check_shared's gather, which no rank
         # leaves (to write shards of its own) before every rank has read it
         done, disk_schema = _store.done_sizes(root), _store.disk_schema(root)
+        disk_keys = _store.disk_site_keys(root)
         _distributed.check_shared(world, root)
         plan.skip(set(done))
         run = BatchRunner(model, selector, reducer, stop_after, targets, _device(model, device))
         run.schema = disk_schema
+        run.resume(disk_keys)
         writer = _store.ShardWriter(root, int(shard_mb * 2**20), flush_s, guard.writing)
-        writer.sources = run.sources
+        writer.sources, writer.site_keys = run.sources, run.noted
         bar = _bar(tqdm, plan, done, rank, world, progress)
         failure = _run_batches(plan, run, inputs, writer, bar)
         _distributed.settle(world, rank, failure)  # every rank raises if one failed

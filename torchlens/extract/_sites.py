@@ -21,7 +21,12 @@ from typing import Any
 import torch
 
 from torchlens.capture.record import record
-from torchlens.errors import ExtractionError, InvalidArgumentError, TorchLensError
+from torchlens.errors import (
+    ExtractionError,
+    InvalidArgumentError,
+    SelectorMatchError,
+    TorchLensError,
+)
 from torchlens.extract import _store
 from torchlens.extract._batches import (
     Batch,
@@ -32,6 +37,8 @@ from torchlens.extract._batches import (
     pick,
     to_device,
 )
+from torchlens.extract._identity import Key, KeyedSave, describe_key
+from torchlens.extract._layers import resolve_layers
 
 __all__ = ["BatchRunner", "dtype_name"]
 
@@ -46,19 +53,39 @@ class BatchRunner:
         self.schema: dict[str, tuple[tuple[int, ...], str]] | None = None
         self.first: int | None = None  # the batch the schema was taken from
         self.sources: dict[str, str] = {}
+        self.pass_names: dict[str, str] | None = None  # tl.layer sites: label -> "layer:pass"
+        self.keyed = KeyedSave(selector)  # what record is given: notes each op's key
+        self.identity: dict[str, Key] | None = None  # site named by label -> its op's key
+        self.noted: dict[str, Key] = {}  # the same, for the shard writer (filled once)
 
     def sites(self, batch: Batch, inputs: Any) -> dict[str, torch.Tensor]:
         args, kwargs = call_args(to_device(pick(batch.data, inputs), self.device))
+        if self.pass_names is None:  # tl.layer(...) is answered on a trace of the first batch
+            self.selector, self.pass_names = resolve_layers(self.model, args, kwargs,
+                                                            self.selector)  # fmt: skip
+            if self.selector is not self.keyed.inner:  # it asked for layers
+                wanted, self.keyed = self.keyed.wanted, KeyedSave(self.selector)
+                self.keyed.wanted = wanted  # keys a resumed run took from its shards
+        self.keyed.start()
         try:
             with torch.no_grad():
-                rec = record(self.model, args, kwargs, save=self.selector,
+                rec = record(self.model, args, kwargs, save=self.keyed,
                              stop_after=self.stop_after)  # fmt: skip
+        except SelectorMatchError:
+            if not self.identity:  # the first batch: save= matches nothing at all
+                raise
+            missing = ", ".join(describe_key(n, k) for n, k in self.identity.items())
+            raise self._changed(batch, f"ran none of the sites of {self._where}: "
+                                f"{missing}") from None  # fmt: skip
         except TorchLensError:
             raise
         except Exception as err:
             raise batch_error(err, batch) from err
+        finally:
+            self.keyed.finish()
         values = {}
-        for view, name in self._named(rec.ops):
+        for view, name in self._same_ops(self._named(rec.ops), rec.ops, batch):
+            name = self.pass_names.get(name, name)  # a pass of a layer: "layer:pass"
             reduced = self.reducer(view, view.out, batch.data, name)
             values[name] = self._row_block(name, reduced, batch)
         if self.targets is not None:
@@ -98,6 +125,71 @@ class BatchRunner:
                 code="bad_save",
             )
         return named
+
+    def _same_ops(self, named: list[tuple[Any, str]], views: list[Any], batch: Batch):
+        """``named`` with every site named by an op label taken from the op the first batch
+        stored under that name (found by its key, wherever its label moved), or
+        ``sites_changed`` naming the batch and both ops."""
+        keyed = self.keyed
+        if self.identity is None:
+            self.resume({n: keyed.key(v) for v, n in named if n == v.label})
+            return named
+        by_key = {keyed.key(v): v for v in views}
+        by_label = {v.label: v for v in views}
+        out = [(v, n) for v, n in named if n != v.label]  # named by module address
+        for view, name in named:
+            if name != view.label or keyed.key(view) in keyed.wanted:
+                continue
+            if self._picked_by_label_only(view):
+                continue  # its label named another op in the first batch: not this site
+            raise self._changed(
+                batch,
+                f"ran {describe_key(view.label, keyed.key(view))}, which save= selects but "
+                f"{self._where} did not run",
+            )
+        for name, key in self.identity.items():
+            view = by_label.get(name) if key is None else by_key.get(key)  # None: not keyed
+            if view is None:
+                now = by_label.get(name)
+                there = describe_key(name, keyed.key(now)) if now else "no op of that label"
+                raise self._changed(
+                    batch,
+                    f"did not run site {describe_key(name, key)} of {self._where} "
+                    f"(its label now names {there})",
+                )
+            out.append((view, name))
+        return sorted(out, key=lambda pair: pair[0].index)  # the order computed
+
+    @property
+    def _where(self) -> str:
+        """Where the sites were first seen: a batch of this run, or the shards on disk."""
+        return "the shards on disk" if self.first is None else f"batch {self.first}"
+
+    def resume(self, identity: dict[str, Key] | None) -> None:
+        """Take the sites' keys (from the first batch, or the shards of an earlier run)."""
+        if identity is None:
+            return
+        self.identity = identity
+        self.noted.update(identity)
+        self.keyed.wanted = frozenset(k for k in identity.values() if k is not None)
+
+    def _picked_by_label_only(self, view: Any) -> bool:
+        """Whether save= picks ``view`` only for its label (``tl.label(...)``)."""
+        label = view.label
+        try:
+            view.label = "\0"
+            return not self.selector.matches(view)
+        finally:
+            view.label = label
+
+    def _changed(self, batch: Batch, what: str) -> ExtractionError:
+        return ExtractionError(
+            f"batch {batch.index} {what}: the model took another path there, and labels "
+            "count ops over the whole forward; select a module's output "
+            "(tl.module(...).output), or sites every batch runs, or pass overwrite=True if "
+            "the selection changed",
+            code="sites_changed",
+        )
 
     def _selected_by(self, view: Any) -> tuple[list[tuple[str, int]], bool]:
         """The calls that returned ``view`` by whose output the selector picks it, and

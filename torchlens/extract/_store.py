@@ -191,6 +191,22 @@ def _sources(path: Path) -> dict[str, str]:
         return json.loads((f.metadata() or {}).get("sources", "{}"))
 
 
+def disk_site_keys(root: Path) -> dict[str, tuple] | None:
+    """The identity key (``extract/_identity.py``) of each site named by op label, as the
+    first shard on disk noted it; None without shards, or shards that noted none."""
+    paths = _shard_paths(root)
+    if not paths:
+        return None
+    with safe_open(str(paths[0]), framework="pt") as f:
+        noted = (f.metadata() or {}).get("site_keys")
+    if noted is None:
+        return None
+    return {
+        name: (k[0], tuple((a, c) for a, c in k[1]), *k[2:])
+        for name, k in json.loads(noted).items()
+    }
+
+
 def done_batches(root: Path) -> set[int]:
     """Batches already written to a shard (by any rank, in this run or an earlier one)."""
     return set(done_sizes(root))
@@ -218,7 +234,8 @@ class ShardWriter:
 
     ``writing`` wraps each write (a signal must not cut one in half: the rows taken out of
     the buffer would be lost); ``sources`` maps sites named by module address to the op
-    label they came from, noted in each shard.
+    label they came from, and ``site_keys`` each site named by label to its op's key (so a
+    resumed run follows the same ops), noted in each shard.
     """
 
     def __init__(
@@ -234,6 +251,7 @@ class ShardWriter:
         self.nbytes = 0
         self.since = 0.0  # when the oldest batch held was added
         self.sources: dict[str, str] = {}
+        self.site_keys: dict[str, tuple] = {}  # site named by label -> its op's key
 
     def add(self, index: int, start: int, size: int, values: dict[str, torch.Tensor]) -> None:
         """Hold one batch's rows (whole: a signal waits, so no site holds a row more than
@@ -262,6 +280,7 @@ class ShardWriter:
             metadata = {"batches": json.dumps(batches), "order": json.dumps(list(tensors))}
             if self.sources:
                 metadata["sources"] = json.dumps(self.sources)
+            metadata["site_keys"] = json.dumps(self.site_keys)
             data = _to_bytes(tensors, metadata=metadata)
             del tensors
             _write_file(self.root / SHARDS / f"shard-{batches[0][0]:09d}.safetensors", data)

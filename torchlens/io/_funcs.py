@@ -33,6 +33,7 @@ _NAMESPACES: dict[str, Any] = {
     "torch.linalg": torch.linalg,
     "torch.fft": torch.fft,
     "torch.special": torch.special,
+    "torch.autograd": torch.autograd,  # grad, backward only (_AUTOGRAD): in the forward
 }
 _OP_MODULES = (torch._C._nn, torch._C._fft, torch._C._linalg, torch._C._special)
 _PY_MODULES = frozenset({"torch.nn.functional", "torch.functional", "torch._tensor"})
@@ -41,6 +42,8 @@ _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _GETTER = "getter"  # a Tensor property read such as x.T, recorded as its __get__
 _SETTER = "setter"  # x.data = value, recorded as Tensor.data's __set__ (the only one)
 _SETTABLE = frozenset({"data"})
+# of torch.autograd: replay re-makes them (grad_replay.py)
+_AUTOGRAD = frozenset({"grad", "backward"})
 
 
 class UnresolvableFunc(ValueError):
@@ -143,6 +146,8 @@ def _is_operator(func: Any) -> bool:
     if type(func).__name__ in ("method_descriptor", "wrapper_descriptor"):
         return getattr(func, "__objclass__", None) is torch._C.TensorBase
     if isinstance(func, types.FunctionType):
+        if func.__module__ == "torch.autograd" and func.__name__ in _AUTOGRAD:
+            return func is getattr(torch.autograd, func.__name__)
         return func.__module__ in _PY_MODULES
     return False
 

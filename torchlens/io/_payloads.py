@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
+from torchlens._tensors import inner_of
 from torchlens.errors import PayloadUnavailableError, TraceFileError
 
 __all__ = ["stored_form", "entry_for", "FilePayloadStore", "dtype_name", "parse_dtype"]
@@ -52,6 +53,9 @@ def stored_form(value: torch.Tensor) -> torch.Tensor:
             quantized with a packed dtype).
     """
     tensor = value.detach()
+    inner = inner_of(tensor)
+    if inner is not None:  # a wrapper subclass (a DTensor): what it holds (its local shard)
+        tensor = inner.detach()
     kind = _unstorable(tensor)
     if kind is not None:
         raise ValueError(f"{kind} tensors cannot be stored in safetensors")
@@ -91,6 +95,9 @@ def entry_for(value: torch.Tensor, stored: torch.Tensor, file: str, key: str) ->
         "sha256": _digest(stored),
         "shape": list(value.shape),
     }
+    inner = inner_of(value)
+    if inner is not None:  # stored as the tensor it holds (a DTensor's local shard)
+        entry["shape"] = list(inner.shape)
     if value.is_quantized:
         entry["quantized"] = _qparams(value)
     return entry

@@ -12,7 +12,7 @@ import torch
 
 from torchlens.capture import rng
 from torchlens.capture.api import normalize_call, trace_for_check
-from torchlens.capture.builder import TRANSFORM_RESULT, UNSEEN_COMPUTATION
+from torchlens.capture.builder import TRANSFORM_RESULT, UNSEEN_COMPUTATION, WITHOUT_GRAD
 from torchlens.capture.refusals import check_traceable
 from torchlens.capture.session import refuse_reentry, suspended
 from torchlens.errors import InvalidArgumentError
@@ -316,6 +316,15 @@ def _check_payloads(trace: Any, findings: Findings, atol, rtol) -> tuple[str, ..
                 "what it was computed from has no edge to it (compute it outside the "
                 "transform to have it recorded)"
             )
+    without_grad = trace.meta.get(WITHOUT_GRAD)
+    if without_grad:
+        findings.decisions.append(
+            f"{', '.join(without_grad)} first seen while grad was off (torch.no_grad, "
+            "inference_mode): a value computed out of the capture's sight (a TorchScript "
+            "function, a C++ extension) has no autograd history then, so it cannot be told "
+            "from a constant the forward closes over, and what made it is not checked "
+            "(validate with grad enabled to have such values linked to their parents)"
+        )
     if trace.structure_only:
         return ("lint",)
     with suspended(), torch.no_grad():

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 import torch
 
+from torchlens._tensors import inner_of
 from torchlens.capture.tree import fill
 from torchlens.replay.cut_rules import cut_points
 from torchlens.replay.exemptions import (
@@ -35,9 +36,11 @@ from torchlens.replay.exemptions import (
     exempt_reason,
     maybe_exempt,
     parent_kind_reason,
+    proven_by_rule,
     unchanged_reason,
     unread_reason,
 )
+from torchlens.replay.grad_replay import GRAD_FUNCS, differentiated, graph_edge
 from torchlens.replay.memory import part_of, surviving_parents
 from torchlens.replay.perturb import (
     BATTERY,
@@ -141,6 +144,8 @@ class EdgeProver:
         """The verdict when no call is needed: an exemption, nothing in the output to move
         (``unmovable``, the reason), or an output that is the parent's own memory, reordered at
         most."""
+        if proven_by_rule(head) is not None:  # (a collective: docs/distributed.md)
+            return "verified", label
         parent = values[indices[0]]
         reason = parent_kind_reason(parent)
         if reason is None and maybe_exempt(head, head.parent_args[indices[0]][1]):
@@ -149,6 +154,8 @@ class EdgeProver:
             return "exempt", f"{label}: {reason}"
         if unmovable:
             return "exempt", f"{label}: {unmovable}"
+        if head.func in GRAD_FUNCS and label in differentiated(head):  # its graph, not value
+            return graph_edge(self.runner, head, label, values)
         for out in outputs:
             if same_elements(out, parent) or part_of(out, parent):
                 return "verified", label
@@ -189,6 +196,8 @@ class EdgeProver:
         reason = unread_reason(head, positions, args, kwargs) or unchanged_reason(head, positions)
         if reason:
             return "unread", f"{label}: output unchanged under every probe; {reason}"
+        if head.func in GRAD_FUNCS and trial.ran:  # a gradient constant in the input: its graph
+            return graph_edge(self.runner, head, label, points.values)
         if not trial.ran:
             return "unchecked", f"perturbing {label!r} made the call raise {trial.errors[-1]}"
         return "failed", (
@@ -285,6 +294,8 @@ class _Points:
         head = self._head
         if head.func is None or any(value.is_nested for value in self.values):
             return ()  # (a jagged tensor's sizes are symbolic: no slicing plan)
+        if any(type(value) is not Tensor and inner_of(value) is not None for value in self.values):
+            return ()  # a DTensor: slicing a sharded dimension would communicate
         if not large_enough(self.values, self._shapes):
             return ()
         points = cut_points(head.func, head.func_name, self.values)

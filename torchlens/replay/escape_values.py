@@ -25,7 +25,7 @@ from torch.overrides import TorchFunctionMode
 from torchlens.capture.composite import opened_body
 from torchlens.capture.mode import functorch_level
 from torchlens.capture.naming import FUNC_INFOS, func_info
-from torchlens.capture.special import SPECIAL_OUTPUTS
+from torchlens.capture.special import SETTLES, SPECIAL_OUTPUTS
 
 __all__ = [
     "UNCHANGED",
@@ -348,6 +348,8 @@ class PerturbingMode(TorchFunctionMode):
             with warnings.catch_warnings():  # line, torchlens's own, not the model's
                 warnings.simplefilter("ignore")
                 result = func(*args, **kwargs)
+        if info.settles:  # (a collective in flight: see special.SETTLES)
+            SETTLES[func](result)
         noting = bool(self.vias) or self.from_start
         if (not noting and info.escape is None) or self.diverged is not None:
             return result  # (before the first escape: nothing to note)

@@ -55,6 +55,8 @@ __all__ = [
     "MUTATES_ARGUMENTS",
     "may_write_arguments",
     "exempt_reason",
+    "PROVEN_BY_RULE",
+    "proven_by_rule",
     "maybe_exempt",
     "unread_reason",
     "unchanged_reason",
@@ -487,6 +489,22 @@ def may_write_arguments(op: Any) -> bool:
 # an output on the meta device has a shape and a dtype but no values (accelerate's offload
 # hooks park weights there after a module runs): no probe can move it (see edges.prove)
 ON_META = "the output is on the meta device, which holds no values"
+
+
+# Functions whose every edge is proven by a documented rule instead of by perturbation:
+# function -> the rule. A collective's output is by its definition a function of every
+# element each rank sends (a sum, a gather, a scatter), and probing it would need every
+# rank to probe it alike; its value is still replayed, once per rank, in lockstep. Filled
+# by ``torchlens.distributed`` (docs/distributed.md, "Collectives").
+PROVEN_BY_RULE: dict[Any, str] = {}
+
+
+def proven_by_rule(op: Any) -> str | None:
+    """The rule that proves every edge of ``op``, if its function has one."""
+    try:
+        return PROVEN_BY_RULE.get(op.func)
+    except TypeError:  # unhashable
+        return None
 
 
 def exempt_reason(op: Any, positions: list[str]) -> str | None:

@@ -21,6 +21,7 @@ from torch import nn
 from torchlens._tensors import copy_keeping_layout, storage_key, version_of
 from torchlens.capture import rng
 from torchlens.capture.record import record
+from torchlens.capture.special import SETTLES
 from torchlens.capture.tree import fill, flatten
 from torchlens.capture.walk import every_address, named_tensors
 from torchlens.errors import PayloadUnavailableError
@@ -368,7 +369,14 @@ def rerun(
         return (output, None) if watch else output
 
 
-_DATA = torch._C.TensorBase.data.__get__  # x.data (equal to every reading of it)
+_DATA = torch._C.TensorBase.data.__get__
+
+
+def _settles(func: Any) -> bool:
+    try:
+        return func in SETTLES
+    except TypeError:  # unhashable
+        return False  # x.data (equal to every reading of it)
 
 
 class _Unrecorded(PerturbingMode):
@@ -388,7 +396,10 @@ class _Unrecorded(PerturbingMode):
             self.aliased.add(id(args[0]))
         if self.watch:
             return super().__torch_function__(func, types, args, kwargs)
-        return func(*args, **kwargs) if kwargs else func(*args)
+        result = func(*args, **kwargs) if kwargs else func(*args)
+        if SETTLES and _settles(func):  # (a collective in flight: see special.SETTLES)
+            SETTLES[func](result)
+        return result
 
 
 def expected_outputs(trace: Any) -> list[Tensor | None]:

@@ -5,11 +5,11 @@ multi-output call are replayed together) and re-executes a call from values it i
 with one method per kind of op: ordinary calls, stochastic calls (the op's RNG snapshot is
 restored around them, including a generator the call was handed) and ``refresh`` ops
 (writes through other views, redone in order from the writers' recorded geometry). A call
-recorded inside an autocast region runs under it again; ``torch.autograd.grad`` calls are
-not re-executed (:data:`AUTOGRAD_REASON`). :class:`Checker` is the small variation that
-validation runs:
-per-op replay from saved parent values, each call then handed to the perturbation arm
-(:mod:`torchlens.replay.edges`).
+recorded inside an autocast region runs under it again; a ``torch.autograd.grad`` (or
+``Tensor.backward``) call is re-made by differentiating its recorded sub-graph
+(:mod:`~torchlens.replay.grad_replay`). :class:`Checker` is the small variation that
+validation runs: per-op replay from saved parent values, each call then handed to the
+perturbation arm (:mod:`torchlens.replay.edges`).
 """
 
 from __future__ import annotations
@@ -24,25 +24,25 @@ from torchlens._tensors import write_through
 from torchlens.capture import rng
 from torchlens.capture.autocast import autocast_applied
 from torchlens.capture.controls import reapply
-from torchlens.capture.special import SPECIAL_OUTPUTS
+from torchlens.capture.special import SETTLES, SPECIAL_OUTPUTS
 from torchlens.capture.tree import ArgSlot, fill, flatten, is_atom, slots_in_order
-from torchlens.errors import PayloadUnavailableError
+from torchlens.capture.unseen import UNSEEN_META
+from torchlens.errors import DistributedError, PayloadUnavailableError
 from torchlens.replay.edges import EdgeProver
 from torchlens.replay.exemptions import MAY_BE_UNINITIALIZED, may_write_arguments, value_exempt
+from torchlens.replay.grad_replay import GRAD_FUNCS, differentiate, unseen_verdicts
 from torchlens.replay.tolerances import mismatch
 from torchlens.replay.written_over import MadeRefreshes
 
-__all__ = ["Interpreter", "Checker", "Unreplayable", "calls", "AUTOGRAD_REASON"]
+__all__ = ["Interpreter", "Checker", "Unreplayable", "calls", "LOCKSTEP"]
+
+# Calls that every process of a distributed run must rerun together (collectives):
+# function -> ``check(op)``, run before each rerun of ``op``; it raises a typed error when
+# the processes are not at the same call, instead of letting one wait on the others.
+# Filled by ``torchlens.distributed``.
+LOCKSTEP: dict[Any, Callable[[Any], None]] = {}
 
 Tensor = torch.Tensor
-
-
-# Why a torch.autograd.grad call inside the forward is not replayed (see docs/validation.md).
-AUTOGRAD_REASON = (
-    "torch.autograd.grad differentiates the forward's live autograd graph, which replay "
-    "from saved values does not have; the ops it differentiated are replayed one by one "
-    "and the ground-truth rerun checks the outputs computed from it"
-)
 
 
 class Unreplayable(Exception):
@@ -80,9 +80,18 @@ class Interpreter:
     def visit(self, ops: list[Any]) -> None:
         raise NotImplementedError
 
+    # labels of ops whose value an edit replaced (a what-if rerun): a gradient the forward
+    # took through one cannot be re-made from the recorded graph (grad_replay.py)
+    edited: list[str] | tuple[str, ...] = ()
+
     def parent_values(self, op: Any) -> list[Tensor]:
         """Saved values of the op's tensor arguments, slot order; raises if one is missing."""
         return [self.trace[ref.label].out for ref in op.parent_args]
+
+    def value(self, label: str) -> Tensor:
+        """The value this interpreter holds for ``label``: the saved one (a what-if rerun
+        holds the values its edits changed)."""
+        return self.trace[label].out
 
     def execute(self, op: Any, values: list[Tensor]) -> list[Tensor]:
         """Run the call that produced ``op`` on ``values``; returns all its output tensors.
@@ -100,8 +109,8 @@ class Interpreter:
             if op.func_name == "refresh":
                 return self.execute_refresh(op, values)
             raise Unreplayable(f"no function was recorded for {op.func_name!r}")
-        if op.func is torch.autograd.grad:
-            raise Unreplayable(AUTOGRAD_REASON)
+        if op.func in GRAD_FUNCS:  # re-made from its recorded sub-graph
+            return differentiate(self, op, values)
         if op.rng_state is not None:
             return self.execute_stochastic(op, values)
         return self.execute_call(op, values)
@@ -130,6 +139,9 @@ class Interpreter:
         func, special = op.func, SPECIAL_OUTPUTS.get(op.func_name)
         args_template, kwargs_template = op.args_template, op.kwargs_template
         n = len(op.parent_args)
+        settle = _settle_of(func)
+        if settle is not None:  # (a collective: each rerun waits for what it writes)
+            func = _settled(func, settle, LOCKSTEP.get(func), op)
         if special is None and slots_in_order(args_template, kwargs_template, n):
             return _flat_runner(func, args_template[n:], kwargs_template)
         fill_args, fill_kwargs = _filler(args_template), _filler(kwargs_template)
@@ -160,6 +172,29 @@ class Interpreter:
         if any(value.dtype != stale.dtype for value in written):
             raise Unreplayable("the write reinterpreted the storage as another dtype")
         return [write_through(stale, list(zip(written, regions)), base)]
+
+
+def _settle_of(func: Any) -> Callable[[Any], None] | None:
+    try:
+        return SETTLES.get(func)
+    except TypeError:  # unhashable
+        return None
+
+
+def _settled(
+    func: Callable[..., Any], settle: Callable[[Any], None], check: Callable | None, op: Any
+) -> Callable[..., Any]:
+    """``func`` that first checks that every process reruns it too (``LOCKSTEP``), and
+    returns once what it writes is written (``SETTLES``)."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if check is not None:
+            check(op)
+        result = func(*args, **kwargs)
+        settle(result)
+        return result
+
+    return call
 
 
 def _flat_runner(func: Callable[..., Any], rest: tuple, kwargs: dict) -> Callable:
@@ -286,7 +321,7 @@ def _call_kind(op: Any) -> str:
         return "other"
     if op.is_inplace or op.func is None or may_write_arguments(op):
         return "copies"
-    special = op.func is torch.autograd.grad or op.rng_state is not None
+    special = op.func in GRAD_FUNCS or op.rng_state is not None
     return "other" if special or op.meta.get("autocast") is not None else "plain"
 
 
@@ -392,6 +427,9 @@ class Checker(Interpreter):
         head, record = ops[0], self.findings
         if head.func is None and head.func_name == "refresh" and self._made_as_recorded(head):
             return
+        unseen = head.meta.get(UNSEEN_META) if head.func is None else None
+        if unseen is not None and not unseen["rerun"]:  # made out of sight, no function
+            return unseen_verdicts(ops, self.findings)
         try:
             values = self.parent_values(head)
             baseline = self.run_call(head, values)
@@ -402,6 +440,8 @@ class Checker(Interpreter):
                 record.unchecked(op.label, "replay", f"could not replay: {err}")
                 record.unchecked(op.label, "perturbation", "needs a replayable call")
             return
+        except DistributedError:  # the ranks are out of step: every one must stop
+            raise
         except Exception as err:  # the recorded call does not run on its recorded inputs
             for op in ops:
                 record.fail(op.label, "replay", f"replaying raised {type(err).__name__}: {err}")

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import torch
 
+from torchlens._tensors import inner_of, rewrap
 from torchlens.replay.exemptions import parent_kind_reason
 from torchlens.replay.tolerances import comparable
 
@@ -92,7 +93,11 @@ class Perturber:
         return torch.where(finite, value * 0.5, scale) if attempt == 1 else base * -3 - scale
 
     def probe(self, value: Tensor, name: str) -> Tensor:
-        """``value`` moved by the probe called ``name`` (see :data:`BATTERY`)."""
+        """``value`` moved by the probe called ``name`` (see :data:`BATTERY`); a wrapper
+        subclass (a ``DTensor``) by moving the tensor it holds (its local shard)."""
+        inner = inner_of(value)
+        if inner is not None:
+            return rewrap(value, self.probe(inner, name))
         attempt = _QUICK_ATTEMPT.get(name)
         if attempt is not None:
             return self.moved(value, attempt)

@@ -15,6 +15,8 @@ from collections.abc import Callable
 
 import torch
 
+from torchlens._tensors import inner_of
+
 __all__ = ["TOLERANCES", "tolerance", "mismatch", "differs", "comparable", "equal"]
 
 # dtype -> (rtol, atol); dtypes missing here compare exactly.
@@ -236,6 +238,10 @@ def comparable(t: torch.Tensor) -> torch.Tensor:
     ):
         return t
     t = t.detach()
+    inner = inner_of(t)
+    if inner is not None:  # a wrapper subclass (a DTensor): what this process holds, read
+        # without the subclass's ops (a Partial placement would communicate)
+        return comparable(inner)
     if t.is_nested:  # (to_dense refuses them)
         t = torch.nested.to_padded_tensor(t, 0.0)
     elif t.layout != torch.strided:

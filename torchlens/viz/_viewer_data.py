@@ -56,6 +56,7 @@ def viewer_data(
         for e in trace.hidden_edges
         if e.parent in index and e.child in index
     ]  # dependencies through Python values validation found: drawn dashed
+    repeated = _note_passes(trace, nodes, index)
     hints = _dot_order(nodes, edges) if use_dot else None
     if hints:
         for node, x in zip(nodes, hints):
@@ -70,6 +71,7 @@ def viewer_data(
         "counts": _verdict_counts(trace, status, verdicts),
         "hidden": hidden,
         "layout": "graphviz" if hints else "page",
+        "repeated": repeated,  # layers run more than once: the page offers a rolled view
     }
 
 
@@ -82,6 +84,24 @@ def _verdict_counts(trace: Trace, status: Any, verdicts: dict[str, str]) -> dict
     for state in verdicts.values():
         counts[state] = counts.get(state, 0) + 1
     return counts
+
+
+def _note_passes(trace: Trace, nodes: list[dict[str, Any]], index: dict[str, int]) -> int:
+    """Mark each op of a layer of several passes (``trace.layers``) for the rolled view:
+    ``lp`` its ``"layer:pass/passes"``, ``np`` the pass count on the first pass, ``L`` the
+    node of the first pass on later passes. Returns how many layers repeat."""
+    repeated = trace.layers.repeated
+    for name, count in repeated.items():
+        ops = trace.layers[name]
+        first = index[ops[0].label]
+        nodes[first]["np"] = count
+        for number, op in enumerate(ops, 1):
+            node = nodes[index[op.label]]
+            node["lp"] = f"{name}:{number}/{count}"
+            node["P"] = number
+            if number > 1:
+                node["L"] = first
+    return len(repeated)
 
 
 def op_verdicts(trace: Trace, status: Any) -> tuple[dict[str, str], dict[str, list[str]]]:

@@ -55,6 +55,7 @@ def to_dot(
     collapse_repeats: bool = False,
     params: str = "fold",
     rankdir: str = "TB",
+    rolled: bool = False,
 ) -> str:
     """The trace's graph as Graphviz DOT text: ops, inputs, outputs and module clusters.
 
@@ -71,6 +72,10 @@ def to_dot(
         params: ``"fold"`` lists parameters, buffers and constants inside the op that reads
             them; ``"nodes"`` draws them as small nodes; ``"hide"`` leaves them out.
         rankdir: Graphviz layout direction, ``"TB"`` (top to bottom) or ``"LR"``.
+        rolled: draw each layer (``trace.layers``: the same code run again, as in a loop)
+            once, marked ``xN passes``, with the edges that carry a value from one pass to
+            another labelled with the passes they connect (``1→2 … 19→20``); see
+            ``docs/loops.md``. Not with ``collapse_repeats``.
 
     Returns:
         DOT source; the same trace and options always give the same text.
@@ -91,7 +96,7 @@ def to_dot(
         raise InvalidArgumentError(
             f"rankdir must be TB, LR, BT or RL, got {rankdir!r}", code="bad_option"
         )
-    view = build_view(trace, depth=depth, collapse_repeats=collapse_repeats, params=params)
+    view = build_view(trace, depth, collapse_repeats, params, rolled)
     return view_to_dot(view, rankdir)
 
 
@@ -103,7 +108,15 @@ def view_to_dot(view: View, rankdir: str = "TB") -> str:
     lines.append(f"  node [{_attrs(_NODE)}];")
     lines.append(f"  edge [{_attrs(_EDGE)}];")
     _write_cluster(view, view.root, lines, "  ")
-    lines.extend(f"  {_quote(a)} -> {_quote(b)};" for a, b in view.edges)
+    for a, b in view.edges:
+        passes = view.edge_labels.get((a, b))
+        if passes:  # a value carried from one pass of a loop to another (rolled views)
+            back = ", constraint=false" if "→" in passes else ""  # pass k -> k+1: no rank
+            lines.append(f"  {_quote(a)} -> {_quote(b)} [color={_quote(_REPEAT_COLOR)}, "
+                         f"fontcolor={_quote(_REPEAT_COLOR)}, fontname=Helvetica, fontsize=9, "
+                         f"penwidth=1.4{back}, label={_quote(passes)}];")  # fmt: skip
+        else:
+            lines.append(f"  {_quote(a)} -> {_quote(b)};")
     _write_escapes(view, lines)
     lines.append("}")
     return "\n".join(lines) + "\n"

@@ -15,6 +15,7 @@ import torch
 from torchlens.errors import InvalidArgumentError
 from torchlens.trace import ModuleCall, Op, Source, Trace
 from torchlens.viz.repeats import CallKey, Fold, Repeat, find_repeats, fold_repeats
+from torchlens.viz.rolled import pass_text, roll_layers
 
 __all__ = ["Cluster", "Node", "View", "build_view", "LAYOUT_FUNCS", "PARAM_MODES"]
 
@@ -66,6 +67,8 @@ class View:
     # escapes as (node id of the record read, text), hidden edges as (from, to, text)
     escapes: list[tuple[str, str]] = field(default_factory=list)
     hidden: list[tuple[str, str, str]] = field(default_factory=list)
+    # rolled views: the passes an edge connects, e.g. "1→2 … 19→20" (edges between passes)
+    edge_labels: dict[tuple[str, str], str] = field(default_factory=dict)
 
 
 def build_view(
@@ -73,11 +76,22 @@ def build_view(
     depth: int | None = None,
     collapse_repeats: bool = False,
     params: str = "fold",
+    rolled: bool = False,
 ) -> View:
     """Turn ``trace`` into nodes, edges and clusters; see :func:`torchlens.viz.to_dot`."""
     _check_options(depth, params)
-    fold = fold_repeats(trace, find_repeats(trace)) if collapse_repeats else Fold([], {}, {}, set())
-    return _ViewBuilder(trace, depth, fold, params).build()
+    if rolled and collapse_repeats:
+        raise InvalidArgumentError(
+            "rolled=True draws each layer once already; leave collapse_repeats off with it",
+            code="bad_option",
+        )
+    if rolled:
+        fold = roll_layers(trace)
+    elif collapse_repeats:
+        fold = fold_repeats(trace, find_repeats(trace))
+    else:
+        fold = Fold([], {}, {}, set())
+    return _ViewBuilder(trace, depth, fold, params, rolled).build()
 
 
 def _check_options(depth: int | None, params: str) -> None:
@@ -95,8 +109,12 @@ def _check_options(depth: int | None, params: str) -> None:
 class _ViewBuilder:
     """Walks the trace once, placing each op's node in its cluster and routing edges."""
 
-    def __init__(self, trace: Trace, depth: int | None, fold: Fold, params: str) -> None:
+    def __init__(
+        self, trace: Trace, depth: int | None, fold: Fold, params: str, rolled: bool = False
+    ) -> None:
         self.trace, self.depth, self.fold, self.params = trace, depth, fold, params
+        self.rolled = rolled
+        self.pass_pairs: dict[tuple[str, str], set[tuple[int, int]]] = {}  # rolled views
         # every call but the root (the capture itself: modules[0]); the owner of a traced
         # method is called at "" too, once per call (a decoding step)
         self.calls = {(m.address, m.call_index): m for m in trace.modules[1:]}
@@ -128,7 +146,22 @@ class _ViewBuilder:
         hidden = [(self._drawn(e.parent), self._drawn(e.child), f"via {e.call_text}")
                   for e in self.trace.hidden_edges
                   if e.parent in self.trace and e.child in self.trace]  # fmt: skip
-        return View(self.root.title, self.nodes, self.root, list(self.edges), escapes, hidden)
+        view = View(self.root.title, self.nodes, self.root, list(self.edges), escapes, hidden)
+        view.edge_labels = self._pass_labels()
+        return view
+
+    def _pass_labels(self) -> dict[tuple[str, str], str]:
+        """Rolled views: each edge's label from the passes its values went between."""
+        labels = {}
+        for (a, b), pairs in self.pass_pairs.items():
+            text = pass_text(pairs, self._passes(a), self._passes(b))
+            if text and (a, b) in self.edges:
+                labels[a, b] = text
+        return labels
+
+    def _passes(self, node_id: str) -> int:
+        record = self.trace.get(node_id)
+        return len(self.trace.layers[record.layer]) if isinstance(record, Op) else 1
 
     # -- nodes ----------------------------------------------------------------------------
     def _drawn(self, label: str) -> str:
@@ -188,7 +221,12 @@ class _ViewBuilder:
             f"parents: {', '.join(op.parents) or '-'}"
         )
         kind = "layout" if op.func_name in LAYOUT_FUNCS else "op"
-        return Node(op.label, kind, op.label, lines, tooltip=tooltip, inplace=op.is_inplace)
+        node = Node(op.label, kind, op.label, lines, tooltip=tooltip, inplace=op.is_inplace)
+        passes = len(self.trace.layers[op.layer]) if self.rolled else 1
+        if passes > 1:
+            node.lines.append(f"x{passes} passes")
+            node.repeat = passes
+        return node
 
     def _module_node(self, node_id: str, call: ModuleCall) -> Node:
         key = (call.address, call.call_index)
@@ -246,13 +284,18 @@ class _ViewBuilder:
             title = self._repeat_title(repeat) if repeat else self._call_title(call)
             cluster = Cluster(f"{call.address}:{call.call_index}", title, len(stack))
             cluster.repeat = repeat.count if repeat else 1
+            if self.rolled:  # drawn once for every call of the module
+                cluster.repeat = self.call_counts.get(call.address, 1)
             parent.children.append(cluster)
             self.clusters[stack] = cluster
         return cluster
 
     def _call_title(self, call: ModuleCall, base: str = "") -> str:
         title = f"{_relative(call.address, base)} ({call.module_type})"
-        if self.call_counts.get(call.address, 1) > 1:
+        calls = self.call_counts.get(call.address, 1)
+        if calls > 1 and self.rolled:  # drawn once for all its calls
+            title += f" x{calls} calls"
+        elif calls > 1:
             title += f" call {call.call_index}"
         return title
 
@@ -271,6 +314,9 @@ class _ViewBuilder:
                 self._edge(self._source_node(record), target)
             elif not self.fold.crosses_blocks(parent, op.label):
                 self._edge(self.node_of(parent), target)
+                if self.rolled:
+                    pair = (record.pass_index, op.pass_index)
+                    self.pass_pairs.setdefault((self.node_of(parent), target), set()).add(pair)
 
     def _param(self, source: Source, op: Op, target: str) -> None:
         if self.params == "nodes":

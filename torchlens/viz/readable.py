@@ -54,9 +54,15 @@ def rows(view: View) -> int:
 
 
 def readable_options(
-    trace: Any, depth: int | str | None, collapse_repeats: bool, params: str, max_nodes: int | None
+    trace: Any,
+    depth: int | str | None,
+    collapse_repeats: bool,
+    params: str,
+    max_nodes: int | None,
+    rolled: bool = False,
 ) -> tuple[int | None, bool]:
-    """``(depth, collapse_repeats)`` to draw with: the caller's, or a readable default.
+    """``(depth, collapse_repeats)`` to draw with: the caller's, or a readable default
+    (``rolled`` drawings are measured rolled, and only collapsed by depth).
 
     Raises:
         InvalidArgumentError: ``bad_option`` when ``max_nodes`` is not None or an int >= 1;
@@ -76,22 +82,23 @@ def readable_options(
         )
     if depth != AUTO or max_nodes is None or collapse_repeats:
         return (None if depth == AUTO else depth), collapse_repeats
-    full = build_view(trace, params=params)
+    full = build_view(trace, params=params, rolled=rolled)
     size = (len(full.nodes), rows(full))
     if size[0] <= max_nodes and size[1] <= MAX_ROWS:
         return None, False
     deepest = max((len(op.module_stack) for op in trace.ops), default=0)
-    choice, smaller = (None, True), size
-    for candidate in (None, *range(deepest - 1, -1, -1)):
-        view = build_view(trace, candidate, True, params)
-        choice, smaller = (candidate, True), (len(view.nodes), rows(view))
+    choice, smaller = (None, not rolled), size
+    for candidate in (None, *range(deepest - 1, -1, -1))[int(rolled) :]:
+        view = build_view(trace, candidate, not rolled, params, rolled)
+        choice, smaller = (candidate, not rolled), (len(view.nodes), rows(view))
         if smaller[0] <= max_nodes and smaller[1] <= MAX_ROWS:
             break
     depth_text = "" if choice[0] is None else f", depth={choice[0]}"
     warnings.warn(
         f"the full graph has {size[0]} boxes in {size[1]} rows (readable: at most "
         f"max_nodes={max_nodes} boxes and {MAX_ROWS} rows), so it was drawn with "
-        f"collapse_repeats=True{depth_text} ({smaller[0]} boxes in {smaller[1]} rows); pass "
+        f"{'rolled=True' if rolled else 'collapse_repeats=True'}{depth_text} "
+        f"({smaller[0]} boxes in {smaller[1]} rows); pass "
         "depth=None (or max_nodes=None) to draw every op",
         DrawingSizeWarning,
         stacklevel=_caller_level(),

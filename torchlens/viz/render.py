@@ -37,6 +37,7 @@ def draw(
     params: str = "fold",
     rankdir: str = "TB",
     max_nodes: int | None = MAX_NODES,
+    rolled: bool = False,
 ) -> Path:
     """Draw the trace's graph to ``path`` as SVG, PNG or PDF.
 
@@ -52,6 +53,8 @@ def draw(
         collapse_repeats, params, rankdir: as for :func:`torchlens.viz.to_dot`.
         max_nodes: the most boxes the ``"auto"`` depth draws; ``None`` always draws the
             full graph.
+        rolled: draw each layer once with its pass count, as for
+            :func:`torchlens.viz.to_dot` (``docs/loops.md``).
 
     Returns:
         The path written.
@@ -76,8 +79,11 @@ def draw(
             f"format= one of {', '.join(FORMATS)}",
             code="bad_format",
         )
-    depth, collapse_repeats = readable_options(trace, depth, collapse_repeats, params, max_nodes)
+    depth, collapse_repeats = readable_options(
+        trace, depth, collapse_repeats, params, max_nodes, rolled=rolled
+    )
     options = {"depth": depth, "collapse_repeats": collapse_repeats, "params": params}
+    options["rolled"] = rolled
     text = to_dot(trace, rankdir=rankdir, **options)
     if fmt == "png":  # the 96 dpi default makes small, blurry text
         text = text.replace("digraph torchlens {", 'digraph torchlens {\n  graph [dpi="144"];', 1)

@@ -61,6 +61,7 @@ def show(
     status: Any = None,
     open: bool = False,
     values: int = 0,
+    rolled: bool = False,
 ) -> ViewerPage:
     """Write the trace as an interactive, self-contained HTML page (and open it if asked).
 
@@ -78,6 +79,9 @@ def show(
         open: open the page in the default web browser.
         values: embed the first ``values`` elements of each saved value (``0``: none, so the
             file size follows the number of ops, not the size of the activations).
+        rolled: open in the rolled view: each layer (``trace.layers``, the same code run
+            again) drawn once with its pass count, the edges between passes labelled. The
+            page's *Rolled* / *Unrolled* button (shown when some layer repeats) switches.
 
     Returns:
         A :class:`ViewerPage`; in a notebook it renders the page inline.
@@ -94,7 +98,7 @@ def show(
         0
     """
     target = _target(path)
-    text = viewer_html(trace, status=status, values=values)
+    text = viewer_html(trace, status=status, values=values, rolled=rolled)
     target.write_text(text, encoding="utf-8")
     if open:
         import webbrowser  # only when asked: it looks for a browser on import
@@ -103,7 +107,7 @@ def show(
     return ViewerPage(target)
 
 
-def viewer_html(trace: Trace, *, status: Any = None, values: int = 0) -> str:
+def viewer_html(trace: Trace, *, status: Any = None, values: int = 0, rolled: bool = False) -> str:
     """The viewer page as a string; see :func:`show` for the arguments.
 
     Returns:
@@ -132,6 +136,7 @@ def viewer_html(trace: Trace, *, status: Any = None, values: int = 0) -> str:
             code="bad_option",
         )
     data = viewer_data(trace, status=status, values=values)
+    data["start_rolled"] = bool(rolled)
     payload = json.dumps(data, separators=(",", ":"), ensure_ascii=True)
     payload = payload.replace("</", "<\\/")  # a label can never close the script element
     assets = files("torchlens.viz") / "viewer_assets"

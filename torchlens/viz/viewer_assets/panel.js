@@ -45,6 +45,7 @@
     if (n.mt) html += row("module type", esc(n.mt));
     html += row("shape", `<code class="shape">${esc(n.s)}</code>`) + row("dtype", esc(n.dt)) + row("device", esc(n.dev));
     if (n.ip) html += row("in-place", "yes");
+    if (n.lp) html += row("layer:pass", esc(n.lp));
     html += row("call", `<code>${esc(n.a)}</code>`);
     html += row("parents", links(n.par, byId)) + row("children", links(n.ch, byId));
     if (n.w && n.w.length) html += row("parameters, buffers", esc(n.w.join(", ")));

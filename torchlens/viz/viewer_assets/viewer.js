@@ -36,6 +36,11 @@
   });
   const expanded = new Uint8Array(G + 1);
   expanded[0] = 1;
+  // rolled view: each layer once (later passes are drawn as their first, node.L)
+  const hasFirst = new Uint8Array(G + 1); // the group holds a node the rolled view shows
+  NODES.forEach((n) => { if (n.L === undefined) for (let c = n.g + 1; c; c = parentOf[c]) hasFirst[c] = 1; });
+  let rolled = false, edgeLabel = new Map();
+  function canon(i) { return rolled && NODES[i].L !== undefined ? NODES[i].L : i; }
 
   // ---- state -------------------------------------------------------------------------------
   let view = { x: 0, y: 0, k: 1 };
@@ -50,6 +55,7 @@
 
   // ---- which box stands for a node: its outermost folded group, or itself ------------------
   function repOf(i) {
+    i = canon(i);
     let rep = "n" + i;
     for (let c = NODES[i].g + 1; c; c = parentOf[c]) if (!expanded[c]) rep = "g" + c;
     return rep;
@@ -65,7 +71,7 @@
     const id = +key.slice(1);
     if (key[0] === "n") {
       const n = NODES[id];
-      const lines = [n.t, n.s || "", modLine(n)];
+      const lines = [n.t, subLine(n), modLine(n)];
       const w = Math.max(...lines.map((s) => s.length)) * CHAR + 18;
       return { w: Math.max(w, 60), h: modLine(n) ? 44 : 32 };
     }
@@ -79,6 +85,7 @@
     const owner = n.g >= 0 ? GROUPS[n.g].id : "";
     return inner === owner ? "" : inner.replace(/:1$/, "") + (n.mt ? " (" + n.mt + ")" : "");
   }
+  function subLine(n) { return (n.s || "") + (rolled && n.np ? "  ×" + n.np + " passes" : ""); }
   function groupSub(g) { return (g.r ? g.m + " ×" + g.r : g.m) + " · " + g.n + " ops"; }
 
   function layout() {
@@ -87,12 +94,18 @@
     const shown = new Set();
     for (let c = 0; c <= G; c++) {
       if (!isShown(c)) continue;
-      for (const i of nodeKids[c]) items[c].push("n" + i);
-      for (const k of kids[c]) items[c].push("g" + k);
+      for (const i of nodeKids[c]) if (canon(i) === i) items[c].push("n" + i);
+      for (const k of kids[c]) if (!rolled || hasFirst[k]) items[c].push("g" + k);
     }
     visEdges = [];
+    const passPairs = new Map();
     for (const [a, b] of EDGES) {
       const ra = repOf(a), rb = repOf(b);
+      if (rolled && NODES[a].P && NODES[b].P && NODES[a].P !== NODES[b].P && ra !== rb) {
+        const pairs = passPairs.get(ra + ">" + rb) || [];
+        pairs.push([NODES[a].P, NODES[b].P]);
+        passPairs.set(ra + ">" + rb, pairs);
+      }
       if (ra === rb || shown.has(ra + ">" + rb)) continue;
       shown.add(ra + ">" + rb);
       visEdges.push([ra, rb]);
@@ -109,6 +122,19 @@
     absolute(0, 0, 0, items);
     collect(items);
     paths = window.tlRoute(visEdges, pos, drawables.filter((key) => !isFrame(key)));
+    edgeLabel = new Map();
+    for (const [key, pairs] of passPairs) { // "1→2 … 19→20": the passes an edge connects
+      pairs.sort((x, y) => x[0] - y[0] || x[1] - y[1]);
+      const text = pairs.map(([x, y]) => x + "→" + y);
+      edgeLabel.set(key, text.length > 2 ? text[0] + " … " + text[text.length - 1] : text.join(", "));
+    }
+    paths = paths.map((e) => (pos.get(e.b).y < pos.get(e.a).y ? { ...e, ...backPath(pos.get(e.a), pos.get(e.b)) } : e));
+  }
+  // An edge back up to an earlier box (a value carried to the next pass): a loop on the right.
+  function backPath(p, q) {
+    const sx = p.x + p.w, sy = p.y + p.h / 2, tx = q.x + q.w, ty = q.y + q.h / 2, out = Math.max(sx, tx) + 40;
+    return { d: `M${sx},${sy} C${out},${sy} ${out},${ty} ${tx + 4},${ty}`,
+      box: { x: Math.min(sx, tx), y: ty, w: out - Math.min(sx, tx) + 1, h: sy - ty + 1 } };
   }
   function isShown(c) { for (; c; c = parentOf[c]) if (!expanded[c]) return false; return true; }
   function first(key) { const id = +key.slice(1); return key[0] === "n" ? id : firstOf[id]; }
@@ -205,8 +231,10 @@
     const sel = selected >= 0 ? repOf(selected) : "";
     for (const e of paths) {
       if (!onScreen(e.box)) continue;
-      const hot = e.a === sel || e.b === sel ? ' class="hot"' : "";
-      edges.push(`<path${hot} d="${e.d}" marker-end="url(#arrow)"/>`);
+      const label = edgeLabel.get(e.a + ">" + e.b);
+      const cls = (e.a === sel || e.b === sel ? "hot" : "") + (label ? " pass" : "");
+      edges.push(`<path${cls.trim() ? ` class="${cls.trim()}"` : ""} d="${e.d}" marker-end="url(#arrow)"/>`);
+      if (label) edges.push(`<text class="pass" x="${e.box.x + e.box.w + 3}" y="${e.box.y + e.box.h / 2}">${esc(label)}</text>`);
     }
     // hidden edges (dependencies through Python values, found by validation): dashed, from
     // the box standing for the escaped record to the one standing for the op it reaches
@@ -248,8 +276,9 @@
       cls += " " + n.k + (n.w && n.w.length ? " weighted" : "") + (n.ip ? " inplace" : "");
       cls += (n.v ? " v-" + n.v : "") + (hitSet.has(id) ? " hit" : "") + (id === selected ? " sel" : "");
       cls += n.esc ? " escapes" : "";
+      cls += rolled && n.np ? " passes" : "";
       lines = [`<text x="${p.x + 9}" y="${p.y + 14}" font-weight="bold">${esc(n.t)}</text>`,
-        `<text class="sub" x="${p.x + 9}" y="${p.y + 27}">${esc(n.s || "")}</text>`];
+        `<text class="sub" x="${p.x + 9}" y="${p.y + 27}">${esc(subLine(n))}</text>`];
       const mod = modLine(n);
       if (mod) lines.push(`<text class="mod" x="${p.x + 9}" y="${p.y + 39}">${esc(mod)}</text>`);
       if (n.esc) lines.push(`<text class="esc-mark" x="${p.x + p.w - 6}" y="${p.y + 13}" text-anchor="end">⇢py</text>`);
@@ -300,7 +329,7 @@
     layout();
     byId("panel").hidden = false;
     byId("detail").innerHTML = window.tlViewerPanel(NODES[i], NODES, byId_);
-    if (move) centre("n" + i); else schedule();
+    if (move) centre(repOf(i)); else schedule();
   }
   function search(text, step) {
     const q = text.trim().toLowerCase();
@@ -324,7 +353,7 @@
     hitAt = (hitAt + 1) % hits.length;
     reveal(hits[hitAt]);
     layout();
-    centre("n" + hits[hitAt]);
+    centre(repOf(hits[hitAt]));
     byId("hits").textContent = `${hitAt + 1} / ${hits.length}`;
   }
   function initialFolds() {
@@ -390,6 +419,15 @@
   });
   byId("close").addEventListener("click", () => select(-1));
   byId("fit").addEventListener("click", () => fit());
+  function roll(on) {
+    rolled = on;
+    const button = byId("roll");
+    button.textContent = on ? "Unrolled" : "Rolled";
+    button.setAttribute("aria-pressed", on ? "true" : "false");
+    relayout();
+    fit();
+  }
+  byId("roll").addEventListener("click", () => roll(!rolled));
   byId("fold").addEventListener("click", () => { expanded.fill(0); expanded[0] = 1; relayout(); fit(); });
   byId("detail").addEventListener("click", (e) => {
     const link = e.target.closest("[data-goto]");
@@ -398,14 +436,16 @@
   window.addEventListener("resize", schedule);
 
   // ---- start -------------------------------------------------------------------------------
-  window.tlViewer = { expanded, toggle, select, search, fit, groups: GROUPS, nodes: NODES, view: () => view,
+  window.tlViewer = { expanded, toggle, select, search, fit, roll, rolled: () => rolled, groups: GROUPS, nodes: NODES, view: () => view,
     boxes: () => Object.fromEntries(pos), firstPaint: null };
   byId("title").textContent = DATA.title;
   byId("info").textContent = `${DATA.ops} ops · ${G} groups · layout: ${DATA.layout === "graphviz" ? "Graphviz order" : "in page"}`;
   document.title = DATA.title + " - torchlens";
   svg.insertAdjacentHTML("afterbegin", '<defs><marker id="arrow" viewBox="0 0 8 8" refX="7" refY="4" markerWidth="7" markerHeight="7" markerUnits="userSpaceOnUse" orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#5c6678"/></marker></defs>');
   window.tlViewerLegend(DATA, NODES, byId("legend"));
+  byId("roll").hidden = !DATA.repeated;
   initialFolds();
+  if (DATA.start_rolled && DATA.repeated) roll(true);
   layout();
   fit(window.tlFit.top);
 })();

@@ -1,0 +1,231 @@
+"""TransformerLens-named sites (``tl.llm_sites``) against TransformerLens's definitions,
+computed by hand-written hook code on the same weights (GPT-2 and Llama-family models).
+
+``transformer_lens`` itself is not installed (it pulls wandb, datasets, pyarrow, ...): each
+reference below is its hook's definition written out (HookedTransformer's attention is
+``softmax(q k^T / sqrt(d_head) + causal mask) v``, with rotary applied to q and k first)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import torchlens as tl
+from torchlens import edits
+from torchlens.attention import attention_inputs
+from torchlens.errors import InvalidArgumentError, UnsupportedModelError
+
+from . import _tiny_llms as tiny
+
+NAMES = ["resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "q", "k", "v", "z"]
+
+
+def _parts(model):
+    if model.config.model_type == "gpt2":
+        base = model.transformer
+        return base, base.h, "attn", "ln_1", "ln_2", "mlp"
+    base = model.model
+    return base, base.layers, "self_attn", "input_layernorm", "post_attention_layernorm", "mlp"
+
+
+def _rotate(x, cos, sin):
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def _reference(model, ids) -> dict[tuple[str, int], torch.Tensor]:
+    """Every site of every layer by forward hooks and TransformerLens's definitions, in the
+    model's layout (q/k/v/z: (batch, heads, pos, d_head))."""
+    base, blocks, attn_name, ln1_name, ln2_name, mlp_name = _parts(model)
+    got, handles = {}, []
+
+    def keep(key, value):
+        got[key] = value.detach().clone()
+
+    for layer, block in enumerate(blocks):
+        attn = getattr(block, attn_name)
+        handles += [
+            block.register_forward_pre_hook(
+                lambda m, a, kw, L=layer: keep(("resid_pre", L), (a or (kw["hidden_states"],))[0]),
+                with_kwargs=True),
+            getattr(block, ln2_name).register_forward_pre_hook(
+                lambda m, a, L=layer: keep(("resid_mid", L), a[0])),
+            block.register_forward_hook(lambda m, a, out, L=layer: keep(
+                ("resid_post", L), out[0] if isinstance(out, tuple) else out)),
+            attn.register_forward_hook(lambda m, a, out, L=layer: keep(("attn_out", L), out[0])),
+            getattr(block, mlp_name).register_forward_hook(
+                lambda m, a, out, L=layer: keep(("mlp_out", L), out)),
+            getattr(block, ln1_name).register_forward_hook(
+                lambda m, a, out, L=layer: keep(("ln1", L), out)),
+        ]  # fmt: skip
+    try:
+        with torch.no_grad():
+            model(ids)
+    finally:
+        for h in handles:
+            h.remove()
+    config, n = model.config, ids.shape[1]
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    d_head = config.hidden_size // heads
+    for layer, block in enumerate(blocks):
+        attn, x = getattr(block, attn_name), got["ln1", layer]
+        with torch.no_grad():
+            if config.model_type == "gpt2":
+                q, k, v = attn.c_attn(x).split(config.hidden_size, dim=-1)
+            else:
+                q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+            q = q.view(1, n, heads, d_head).transpose(1, 2)
+            k = k.view(1, n, kv_heads, d_head).transpose(1, 2)
+            v = v.view(1, n, kv_heads, d_head).transpose(1, 2)
+            if config.model_type != "gpt2":  # rotary on q and k: TransformerLens's hook_rot_*
+                cos, sin = base.rotary_emb(x, torch.arange(n)[None])
+                q, k = (
+                    _rotate(q, cos[:, None], sin[:, None]),
+                    _rotate(k, cos[:, None], sin[:, None]),
+                )
+            repeat = heads // kv_heads
+            scores = q @ k.repeat_interleave(repeat, 1).transpose(-1, -2) / math.sqrt(d_head)
+            scores = scores.masked_fill(torch.ones(n, n).triu(1).bool(), float("-inf"))
+            pattern = scores.softmax(-1)
+        got["q", layer], got["k", layer], got["v", layer] = q, k, v
+        got["pattern", layer] = pattern
+        got["z", layer] = pattern @ v.repeat_interleave(repeat, 1)
+    return got
+
+
+def _qwen2():
+    return tiny.build("Qwen2ForCausalLM", "Qwen2Config", frozen=True, **tiny._LLAMA_LIKE)
+
+
+@pytest.mark.parametrize("build", [tiny.gpt2_lm, tiny.llama_lm, tiny.gpt2, tiny.mistral, _qwen2],
+                         ids=["gpt2", "llama", "gpt2-4-heads", "mistral", "qwen2"])  # fmt: skip
+def test_each_site_equals_transformer_lens_definition(build):
+    model = build() if build is not tiny.mistral else tiny.mistral(sliding_window=64)
+    ids = tiny.ids(5, n=7)
+    want = _reference(model, ids)
+    sites = tl.llm_sites(model)
+    every, labels = None, set()
+    for name in NAMES:
+        for layer in range(sites.n_layers):
+            sel = getattr(sites, name)(layer)
+            every = sel if every is None else every | sel
+            rec = tl.record(model, ids, save=sel)
+            assert len(rec.labels) == 1, (name, layer, rec.labels)
+            labels.add(rec.labels[0])
+            torch.testing.assert_close(rec[rec.labels[0]].out, want[name, layer],
+                                       msg=f"{name} {layer}")  # fmt: skip
+            (op,) = [op for op in tl.trace(model, ids, save=sel) if sel.matches(op)]
+            torch.testing.assert_close(op.out, want[name, layer])
+    assert set(tl.record(model, ids, save=every).labels) == labels  # all at once, the same
+    trace = tl.trace(model, ids)  # the pattern is rebuilt from the q and k attention read
+    for layer in range(sites.n_layers):
+        (op,) = [op for op in trace if sites.pattern(layer).matches(op)]
+        torch.testing.assert_close(tl.attention_pattern(op), want["pattern", layer])
+
+
+def test_transformer_lens_hook_names_and_layers():
+    model = tiny.gpt2_lm()
+    sites = tl.llm_sites(model)
+    ids = tiny.ids(2, n=5)
+    want = _reference(model, ids)
+    for name, key in [("blocks.1.hook_resid_pre", ("resid_pre", 1)),
+                      ("blocks.0.attn.hook_z", ("z", 0)),
+                      ("blocks.1.attn.hook_rot_q", ("q", 1)),
+                      ("blocks.0.hook_mlp_out", ("mlp_out", 0))]:  # fmt: skip
+        rec = tl.record(model, ids, save=sites[name])
+        torch.testing.assert_close(rec[rec.labels[0]].out, want[key])
+    assert repr(sites.resid_pre(-1)) == repr(sites.resid_post(0))
+    for bad in ("blocks.0.hook_nope", "blocks.0.attn.hook_resid_pre", 3):
+        with pytest.raises(InvalidArgumentError):
+            sites[bad]
+    with pytest.raises(InvalidArgumentError) as info:
+        sites.resid_post(2)
+    assert info.value.code == "bad_selector" and "0..1" in str(info.value)
+
+
+def test_a_base_model_without_a_head():
+    model = tiny.gpt2_lm().transformer
+    rec = tl.record(model, tiny.ids(1), save=tl.llm_sites(model).attn_out(1))
+    assert rec[rec.labels[0]].module == "h.1.attn.resid_dropout"
+
+
+def test_other_families_get_a_typed_error_naming_the_supported_ones():
+    with pytest.raises(UnsupportedModelError) as info:
+        tl.llm_sites(tiny.bert())
+    assert info.value.code == "unsupported_family"
+    assert (
+        "'gpt2'" in str(info.value) and "'llama'" in str(info.value) and "bert" in str(info.value)
+    )
+    with pytest.raises(UnsupportedModelError):
+        tl.llm_sites(torch.nn.Linear(2, 2))
+
+
+def test_sites_work_in_intervene_sweep_and_extract(tmp_path):
+    model = tiny.gpt2_lm()
+    sites = tl.llm_sites(model)
+    clean_ids, corrupt_ids = tiny.prompts()
+    clean, corrupt = tl.trace(model, clean_ids), tl.trace(model, corrupt_ids)
+    metric = edits.logit_diff(3, 7)
+    grid = edits.sweep(corrupt, clean, {f"resid_pre {L}": sites.resid_pre(L) for L in range(2)},
+                       metric, positions=[3, -1])  # fmt: skip
+    assert tuple(grid.shape) == (2, 2)
+    for L in range(2):
+        live = tl.trace(
+            model,
+            corrupt_ids,
+            intervene=edits.patch(corrupt, clean, sites.resid_pre(L), positions=[3]),
+        )
+        want = float(metric(live.output).detach())
+        assert float(grid.values[L, 0]) == pytest.approx(want, abs=1e-5)
+    zeroed = tl.trace(model, clean_ids, intervene={sites.q(1): edits.zero()})
+    assert not torch.allclose(zeroed.output.logits, clean.output.logits)
+    data = [tiny.ids(s, n=5) for s in range(3)]
+    ex = tl.extract(model, data, save=sites.resid_mid(1), to=tmp_path / "r", progress=False)
+    want = torch.cat([_reference(model, x)["resid_mid", 1] for x in data])
+    torch.testing.assert_close(torch.as_tensor(ex[list(ex)[0]][:]), want)
+
+
+def test_a_sweep_over_attention_pattern_patching():
+    model = tiny.gpt2_lm()
+    sites = tl.llm_sites(model)
+    clean_ids, corrupt_ids = tiny.prompts()
+    clean, corrupt = tl.trace(model, clean_ids), tl.trace(model, corrupt_ids)
+    metric = edits.logit_diff(3, 7)
+    patterns = {f"pattern {L}": sites.pattern(L) for L in range(2)}
+    grid = edits.sweep(corrupt, clean, patterns, metric, positions=[3, -1], heads=[0, 1],
+                       patch="pattern")  # fmt: skip
+    assert grid.dims == ("site", "position", "head") and tuple(grid.shape) == (2, 2, 2)
+    for s, site in enumerate(patterns.values()):
+        for p, pos in enumerate([3, -1]):
+            for h in (0, 1):
+                edit = {site: edits.patch_pattern(clean, heads=[h], positions=[pos])}
+                live = tl.trace(model, corrupt_ids, intervene=edit)
+                want = float(metric(live.output).detach())
+                assert float(grid.values[s, p, h]) == pytest.approx(want, abs=1e-5)
+    assert len(set(grid.values.flatten().tolist())) > 1
+    # the whole pattern of layer 1: z = the clean pattern applied to the corrupt values
+    patched = corrupt.rerun({sites.pattern(1): edits.patch_pattern(clean)})
+    (op,) = [op for op in patched if sites.z(1).matches(op)]
+    (was,) = [op for op in clean if sites.z(1).matches(op)]
+    (corrupt_op,) = [op for op in corrupt if sites.z(1).matches(op)]
+    v = attention_inputs(corrupt_op).value
+    torch.testing.assert_close(op.out, tl.attention_pattern(was) @ v)
+    with pytest.raises(InvalidArgumentError):
+        edits.sweep(corrupt, clean, patterns, metric, patch="values")
+
+
+def test_counted_sites_combine_in_any_order():
+    model = tiny.gpt2_lm()
+    sites = tl.llm_sites(model)
+    ids = tiny.ids(4, n=6)
+    want = _reference(model, ids)
+    for combined in (sites.k(0) | sites.q(0), sites.q(0) | sites.k(0),
+                     (sites.k(0) | sites.v(0)) | sites.q(0)):  # fmt: skip
+        rec = tl.record(model, ids, save=combined)
+        values = {round(float(rec[lab].out.sum()), 4) for lab in rec.labels}
+        assert {round(float(want[n, 0].sum()), 4) for n in ("q", "k")} <= values
+        assert len(rec.labels) in (2, 3)

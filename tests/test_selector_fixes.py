@@ -1,0 +1,102 @@
+"""Selector fixes: the root as module calls print it, several calls at once, ``.output`` of
+OR-combined module selectors, and ``refresh_k`` labels that are no edit targets."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import torchlens as tl
+from torchlens.errors import InvalidArgumentError, SelectorMatchError
+
+
+class _Twice(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.b(self.a(x).relu()) + self.a(x)
+
+
+def _trace():
+    return tl.trace(_Twice(), torch.randn(2, 4))
+
+
+def _picked(trace, selector) -> list[str]:
+    return [op.label for op in trace if selector.matches(op)]
+
+
+def test_the_root_as_module_calls_print_it():
+    trace = _trace()
+    assert trace.modules[0].name == "<root>:1"
+    every = trace.labels
+    assert _picked(trace, tl.module("<root>", call=1)) == every
+    assert _picked(trace, tl.module("", call=1)) == every
+    assert _picked(trace, tl.module("<root>")) == every
+    assert _picked(trace, tl.module("", call=2)) == []
+
+
+def test_call_takes_a_range_or_an_iterable():
+    trace = _trace()
+    assert [c.name for c in trace.module_calls("a")] == ["a:1", "a:2"]
+    assert _picked(trace, tl.module("a", call=range(1, 3))) == ["linear_1", "linear_3"]
+    assert _picked(trace, tl.module("a", call=[2])) == ["linear_3"]
+    assert _picked(trace, tl.module("a", call=(1,)).output) == ["linear_1"]
+    rec = tl.record(_Twice(), torch.randn(2, 4), save=tl.module("a", call={1, 2}).output)
+    assert rec.labels == ["linear_1", "linear_3"]
+    for bad in (-1, [], [1, "2"], "1", True):
+        with pytest.raises(InvalidArgumentError) as info:
+            tl.module("a", call=bad)
+        assert info.value.code == "bad_selector"
+
+
+def test_output_of_or_combined_module_selectors():
+    trace = _trace()
+    either = (tl.module("a", call=2) | tl.module("b")).output
+    assert repr(either) == "(module('a', call=2).output | module('b').output)"
+    rec = tl.record(_Twice(), torch.randn(2, 4), save=either)
+    assert rec.labels == ["linear_2", "linear_3"]
+    three = (tl.module("a") | tl.module("b") | tl.module("a", call=1)).output
+    assert _picked(tl.trace(_Twice(), torch.randn(2, 4), save=three), three) == [
+        "linear_1", "linear_2", "linear_3"]  # fmt: skip
+    assert trace.labels  # the trace itself is untouched
+    with pytest.raises(InvalidArgumentError) as info:
+        (tl.module("a") | tl.func("relu")).output
+    assert info.value.code == "bad_selector" and "func('relu')" in str(info.value)
+
+
+class _WriteThroughView(nn.Module):
+    def forward(self, x):
+        a = x * 2
+        a.view(-1).mul_(3)  # a write through another view: tl.trace notes refresh_1
+        return a + 1
+
+
+def test_refresh_labels_are_not_offered_as_edit_targets():
+    model, x = _WriteThroughView(), torch.randn(2, 3)
+    trace = tl.trace(model, x)
+    assert "refresh_1" in trace.labels
+    edit = {tl.label("refresh_1"): lambda t: t * 0}
+    for run in (lambda: tl.trace(model, x, intervene=edit), lambda: trace.rerun(edit),
+                lambda: tl.record(model, x, intervene=edit)):  # fmt: skip
+        with pytest.raises(SelectorMatchError) as info:
+            run()
+        message = str(info.value)
+        assert info.value.code == "no_match"
+        assert "close names: refresh_1" not in message  # never itself as its close name
+        assert "refresh_1 is a refresh op" in message and "not an edit target" in message
+
+
+def test_the_root_calls_of_a_traced_method_as_they_print():
+    from .test_generation import _kwargs, _llama
+
+    trace = tl.trace(_llama().generate, kwargs=_kwargs(do_sample=False))
+    calls = {c.name: c for c in trace.modules if c.address == ""}
+    assert list(calls)[:3] == ["<root>:0", "<root>:1", "<root>:2"]
+    assert (
+        _picked(trace, tl.module("<root>", call=0)) == trace.labels == list(calls["<root>:0"].ops)
+    )
+    assert _picked(trace, tl.module("<root>", call=2)) == list(calls["<root>:2"].ops)

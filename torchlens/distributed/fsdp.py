@@ -1,0 +1,42 @@
+"""FSDP2's own ops, as capture must see them.
+
+``torch.ops.fsdp.all_gather_copy_in(inputs, output, ...)`` copies each rank's shards into
+``output`` (the buffer the all-gather fills) and returns two views of it, but its schema does
+not say that it writes ``output``. Registered here as writing that argument, so the value
+saved for the buffer before the call is kept (``TraceBuilder.protect``) and the call's outputs
+are the views it returns.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from torchlens.capture.naming import FUNC_INFOS, FuncInfo
+from torchlens.capture.special import SPECIAL_OUTPUTS
+from torchlens.capture.tree import flatten
+
+__all__ = ["register_fsdp"]
+
+_COPY_IN = "all_gather_copy_in"
+
+
+def _returned(args: tuple, result: Any) -> list[tuple[str, torch.Tensor]]:
+    return flatten(result)[0]
+
+
+def register_fsdp() -> None:
+    """Describe FSDP2's copy-in op to capture (a build without it: nothing to do)."""
+    try:
+        import torch.distributed.fsdp  # noqa: F401 - defines torch.ops.fsdp
+    except Exception:  # noqa: BLE001 - no FSDP in this build
+        return
+    packet = getattr(torch.ops.fsdp, _COPY_IN, None)
+    if packet is None:
+        return
+    info = FuncInfo(_COPY_IN, (1,), False, False)
+    FUNC_INFOS[packet] = info
+    for overload in packet.overloads():
+        FUNC_INFOS[getattr(packet, overload)] = info
+    SPECIAL_OUTPUTS[_COPY_IN] = _returned
