@@ -96,8 +96,9 @@ def test_public_signatures():
         "trace": f"({call}structure_only: 'bool' = False, save: 'Any' = None, {edits}, "
         "stop_after: 'Any' = None, stream_to: 'str | os.PathLike | None' = None, "
         "save_grads: 'bool' = False, intermediate_derived_grads: 'bool' = False, "
-        "source: 'bool' = False, root: 'Any' = None) -> 'Trace'",
-        "validate": f"({call}{checks}, {edits}, {seed}) -> 'bool'",
+        "source: 'bool' = False, root: 'Any' = None, validate: 'bool' = False) -> 'Trace'",
+        "validate": f"({call}{checks}, {edits}, {seed}, accept_hidden_edges: 'bool' = False) "
+        "-> 'bool'",
         "replay": f"({call}{checks}, {edits}, {seed}) -> 'ReplayStatus'",
         "record": f"({call}save: 'Any' = None, {edits}, stop_after: 'Any' = None, "
         "root: 'Any' = None) -> 'Recording'",

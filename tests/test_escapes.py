@@ -165,10 +165,23 @@ def test_escapes_survive_save_and_load(tmp_path):
 )  # fmt: skip
 def test_completeness_arm_finds_the_hidden_edge(model, edge):
     status = _status(model, torch.randn(2, 8))
-    assert status.state == "failed" and "completeness" in status.arms
+    # a hidden dependency is "incomplete", never "failed": nothing recorded is wrong
+    assert status.state == "incomplete" and "completeness" in status.arms
     assert [str(e).split(" at ")[0] for e in status.hidden_edges] == [edge]
-    assert [f.arm for f in status.failures] == ["completeness"]
+    assert not status.failures and not bool(status)
+    child = status.hidden_edges[0].child
+    if child in status.verdicts:
+        assert status.verdicts[child].arms["completeness"] == "incomplete"
+        assert status.verdicts[child].state == "incomplete"
+    assert str(status).startswith(
+        "ReplayStatus: incomplete: 1 dependency passes through Python values; every recorded "
+        "op and edge is proven"
+    )
+    assert f"  {edge}" in str(status)  # the edge with its line, under the headline
+    torch.manual_seed(0)
     assert not tl.validate(model, torch.randn(2, 8))
+    torch.manual_seed(0)
+    assert tl.validate(model, torch.randn(2, 8), accept_hidden_edges=True)
 
 
 def test_data_dependent_if_is_a_branch_decision_not_a_failure():
@@ -192,7 +205,7 @@ def test_moe_split_by_tolist_sizes_is_found():
     trace = tl.trace(model, x)
     assert [e.via for e in trace.escapes] == ["tolist"]
     status = _status(model, x)
-    assert status.state == "failed"
+    assert status.state == "incomplete"
     assert {e.parent for e in status.hidden_edges} == {"bincount_1"}
     assert all(e.child.startswith("split") for e in status.hidden_edges)
 
@@ -202,7 +215,7 @@ def test_detection_loop_over_item_scores():
     model = DetectionLoop()
     x = torch.randn(4, 8)
     status = _status(model, x)
-    assert status.state == "failed"
+    assert status.state == "incomplete"
     trace = tl.trace(model, x)
     scores = [e.label for e in trace.escapes]
     assert len(scores) == 4 and all(e.via == "item" for e in trace.escapes)
@@ -317,11 +330,12 @@ class ModeLog(nn.Module):
 
 def test_first_look_runs_before_the_capture_and_settles_a_harmless_escape():
     # the ground-truth rerun counts the escapes, the first look runs next (warm, before
-    # the capture), and nothing runs after the capture when the outputs did not move
+    # the capture), and when nothing moved, the float escape is moved the other way once
+    # (issue 50: a threshold equal to the value is crossed one way only); no capture more
     model = ModeLog(scale_by_escape=False)
     status = _status(model, torch.randn(2, 4))
     assert status.state == "passed" and "completeness" in status.arms
-    assert model.modes == ["_Unrecorded", "PerturbingMode", "CaptureMode"]
+    assert model.modes == ["_Unrecorded", "PerturbingMode", "CaptureMode", "PerturbingMode"]
     assert not status.decisions and not status.hidden_edges
 
 
@@ -402,7 +416,7 @@ def test_first_look_stops_where_it_leaves_the_unperturbed_path():
     # the next round perturbs the float alone, stays on the path, and finds its hidden edge
     assert model.reached == ["_Unrecorded", "CaptureMode", "PerturbingMode", "CaptureMode"]
     assert [str(e).split(" at ")[0] for e in status.hidden_edges] == ["mean_1 -> mul_1 via float()"]
-    assert status.state == "failed"
+    assert status.state == "incomplete"
 
 
 def test_a_model_that_swallows_the_stop_is_still_judged_right():
@@ -460,7 +474,7 @@ def test_a_hidden_dependency_the_outputs_do_not_show_is_found(model, edge):
     # the first look's outputs do not move; its intermediates do (their fingerprints)
     status = _status(model, torch.randn(2, 8))
     assert [str(e).split(" at ")[0] for e in status.hidden_edges] == [edge]
-    assert status.state == "failed"
+    assert status.state == "incomplete"
 
 
 def test_fingerprints_move_with_values():
@@ -517,9 +531,11 @@ def _amplified_just_over_the_tolerance(x, lengths):
 
 def test_a_hidden_edge_is_blamed_where_the_change_began_not_where_it_grew_visible():
     status = tl.replay(_amplified_just_over_the_tolerance, (torch.zeros(4), torch.tensor([3, 2])))
-    assert status.state == "failed"
+    assert status.state == "incomplete"
     assert [str(e).split(" at ")[0] for e in status.hidden_edges] == ["sum_1 -> full_1 via .item()"]
-    assert {f.label for f in status.failures if f.arm == "completeness"} == {"full_1"}
+    assert {
+        f.label for f in status.verdicts.values() if f.arms.get("completeness") == "incomplete"
+    } == {"full_1"}
 
 
 def _reseeds_from_the_os(x, mask):
@@ -535,7 +551,10 @@ def test_a_model_that_differs_from_itself_is_not_blamed_on_its_escapes():
     mask = torch.ones(2, 4)
     mask[1, 3] = 0
     status = tl.replay(_reseeds_from_the_os, (torch.randn(2, 4), mask))
-    assert status.state == "failed"
-    assert {f.arm for f in status.failures} == {"ground_truth"}, str(status)
+    # (issue 50: a model that differs from itself is "unverified" with that reason, not
+    # "failed": one more plain forward shows it)
+    assert status.state == "unverified" and not status.failures, str(status)
+    assert {f.arm for f in status.unchecked} == {"ground_truth"}
+    assert all("differs between two plain calls" in f.reason for f in status.unchecked)
     assert not status.hidden_edges
     assert any("nothing perturbed" in decision for decision in status.decisions)

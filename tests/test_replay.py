@@ -47,8 +47,9 @@ def test_zoo_validates(case):
     torch.manual_seed(0)
     status = tl.replay(model, args, kwargs)
     if case.name in HIDDEN_DEPENDENCIES:  # values turned into Python numbers feed later ops
-        assert status.state == "failed", str(status)
-        assert {f.arm for f in status.failures} == {"completeness"}
+        # (issue 50: a dependency through Python values is "incomplete", never "failed")
+        assert status.state == "incomplete", str(status)
+        assert not status.failures
         assert [str(e).split(" at ")[0] for e in status.hidden_edges] == (
             HIDDEN_DEPENDENCIES[case.name]
         )

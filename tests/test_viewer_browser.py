@@ -323,3 +323,27 @@ def test_rolled_switch_draws_each_layer_once(open_page):
 
 def test_no_rolled_switch_without_repeated_layers(open_page, trace):
     assert not open_page(trace).page.locator("#roll").is_visible()
+
+
+class ScaledByItem(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(x) * self.a(x).abs().mean().item()
+
+
+def test_hidden_edges_are_dashed_and_the_legend_counts_the_status_verdicts(open_page):
+    torch.manual_seed(0)
+    checked = tl.trace(ScaledByItem().eval(), torch.randn(2, 8), validate=True)
+    assert checked.status.state == "incomplete"
+    viewer = open_page(checked)  # trace.status by default
+    page = viewer.page
+    expect(page.locator("path.hidden-edge")).to_have_count(1)
+    expect(page.locator("text.esc-mark")).to_have_count(1)  # mean_1's value went to Python
+    assert "v-incomplete" in viewer.node("mul_1").get_attribute("class")
+    legend = page.locator("#legend").inner_text()
+    passed = sum(v.state == "passed" for v in checked.status.verdicts.values())
+    assert "validation: incomplete" in legend and f"passed {passed}" in legend
+    assert "incomplete 1" in legend and "hidden edges 1" in legend

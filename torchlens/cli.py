@@ -256,11 +256,12 @@ def _run_trace(opts: argparse.Namespace) -> int:
         step("build")
         model, args, kwargs = _call_factory(factory, opts.target)
         step("trace")
+        before = None if opts.no_validate else _before_trace(model, args, kwargs)
         trace = _guard(lambda: tl.trace(model, args, kwargs), "tracing", opts.traceback)
         verdict, passed = "skipped (--no-validate)", True
-        if not opts.no_validate:
-            step("validate")
-            verdict, passed = _validate(model, args, kwargs, opts.traceback)
+        if before is not None:
+            step("validate")  # from where the capture started; its proof joins the trace
+            verdict, passed = _validate(trace, before, opts.traceback)
         if opts.save:
             step("save")
             trace.save(opts.save)
@@ -333,14 +334,25 @@ def _call_factory(factory: Callable[[], Any], target: str) -> tuple[Any, Any, di
     return model, args, kwargs or {}
 
 
-def _validate(model: Any, args: Any, kwargs: dict, show_traceback: bool) -> tuple[str, bool]:
-    """The replay status as text, and whether it passed (as ``tl.validate`` would say)."""
+def _before_trace(model: Any, args: Any, kwargs: dict) -> tuple:
+    from torchlens.replay.api import before_trace
+
+    return before_trace(model, args, kwargs)
+
+
+def _validate(trace: Any, before: tuple, show_traceback: bool) -> tuple[str, bool]:
+    """The replay status as text, and whether it passed (as ``tl.validate`` would say);
+    the status and the hidden edges it found are kept on ``trace`` (saved and drawn)."""
     import torchlens as tl
+    from torchlens.replay.api import attach_status
 
     replay = getattr(tl, "replay", None)  # the status behind tl.validate, with its counts
     if replay is None:
         return "not available in this build", True
-    status = _guard(lambda: replay(model, args, kwargs), "validating", show_traceback)
+    status = _guard(
+        lambda: attach_status(trace, before, None, lambda m, a, k: replay(m, a, k)),
+        "validating", show_traceback,
+    )  # fmt: skip
     return str(status), status.state == "passed"
 
 

@@ -257,6 +257,7 @@ class Trace:
         meta: dict[str, Any] | None = None,
         escapes: list[Escape] | None = None,
         hidden_edges: list[HiddenEdge] | None = None,
+        status: Any = None,
     ) -> None:
         self.ops = ops
         self.sources = sources
@@ -272,6 +273,9 @@ class Trace:
         self.escapes: list[Escape] = list(escapes or ())
         # dependencies through escapes, proved by validation: an edge kind apart from parents
         self.hidden_edges: list[HiddenEdge] = list(hidden_edges or ())
+        # the validation status of this forward (tl.trace(..., validate=True)), else None:
+        # a torchlens.replay.ReplayStatus, saved with the trace and shown by show()/draw()
+        self.status: Any = status
         self._by_label: dict[str, Record] = {s.label: s for s in sources}
         self._by_label.update({op.label: op for op in ops})
         types = module_types(self.modules)
@@ -548,10 +552,12 @@ class Trace:
         """Write an interactive HTML page of the graph; see :func:`torchlens.viz.show`.
 
         Module calls unfold on click, a search box finds ops, clicking an op shows its
-        fields and value statistics; ``status=tl.replay(...)`` colours ops by verdict.
+        fields and value statistics; ``status=tl.replay(...)`` colours ops by verdict
+        (by default :attr:`status`, the one ``tl.trace(..., validate=True)`` kept).
         ``rolled=True`` opens the rolled view (each layer once; a button switches back).
         Returns a :class:`~torchlens.viz.ViewerPage` (its ``.path``; inline in notebooks).
         """
         from torchlens.viz import show
 
+        status = self.status if status is None else status
         return show(self, path, status=status, open=open, values=values, rolled=rolled)

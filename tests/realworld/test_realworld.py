@@ -46,6 +46,16 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+# Cases whose forward has a real dependency through a Python value (issue 50: the state is
+# "incomplete", every recorded op and edge proven), with the escape's line and the
+# functions of the ops it reaches. Keypoint R-CNN sizes each keypoint heat map with
+# int(widths_ceil[i].item()) and divides by it (torchvision's heatmaps_to_keypoints); the
+# probe that moves the value down (issue 50, item 4) crosses the integer and shows it.
+HIDDEN_DEPENDENCIES = {
+    "tv_keypointrcnn": ("via .item() at roi_heads.py:285", {"div", "interpolate"}),
+}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
 def test_real_model_validates(case, one_thread):
@@ -56,6 +66,14 @@ def test_real_model_validates(case, one_thread):
         pytest.skip(f"{case.name} needs {', '.join(missing)}")
     model, args, kwargs = case.build()
     status = tl.replay(model, args, kwargs)
+    if case.name in HIDDEN_DEPENDENCIES:  # real dependencies through Python values
+        line, children = HIDDEN_DEPENDENCIES[case.name]
+        assert status.state == "incomplete", f"{case.name}:\n{status}"
+        assert not status.failures and not status.unchecked
+        assert status.hidden_edges, f"{case.name}:\n{status}"
+        for edge in status.hidden_edges:
+            assert str(edge).endswith(line) and edge.child.rstrip("_0123456789") in children
+        return
     assert status.state == "passed", f"{case.name}:\n{status}"
 
 

@@ -102,6 +102,7 @@ def trace(
     intermediate_derived_grads: bool = False,
     source: bool = False,
     root: Any = None,
+    validate: bool = False,
 ) -> Trace:
     """Run ``model(*args, **kwargs)`` once and record every tensor operation.
 
@@ -141,6 +142,11 @@ def trace(
             to it, its own calls at ``""``) or a dict ``{"unet": unet, "vae": vae}``
             (addresses ``unet.down_blocks.0``...). Their weights are parameter sources
             with those addresses even when read outside a call of theirs.
+        validate: also validate the forward (``tl.replay``, from the state this capture
+            started in) and keep the proof on the trace: ``trace.status`` and the hidden
+            edges it found in ``trace.hidden_edges``, which ``draw``, ``show`` and
+            ``save`` carry. The model is called several times (see
+            ``docs/validation.md``) and left as one plain forward leaves it.
 
     Returns:
         The :class:`~torchlens.trace.Trace`: ops in execution order with their edges, module
@@ -167,8 +173,13 @@ def trace(
         >>> trace["relu_1"].parents
         ('linear_1',)
     """
+    before = None
+    if validate:  # (validation sits a layer above capture: imported when asked for)
+        from torchlens.replay.api import before_trace
+
+        before = before_trace(model, args, kwargs)
     try:
-        return _capture(
+        captured = _capture(
             model, args, kwargs,
             structure_only=structure_only, save=save, intervene=intervene,
             stop_after=stop_after, stream_to=stream_to, save_grads=save_grads,
@@ -178,6 +189,11 @@ def trace(
     except Exception as err:  # a model's error then goes from this call to the model's line
         trim_torchlens_frames(err)
         raise
+    if before is not None:
+        from torchlens.replay.api import attach_status
+
+        attach_status(captured, before, intervene)
+    return captured
 
 
 def trace_for_check(

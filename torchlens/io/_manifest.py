@@ -69,6 +69,8 @@ def trace_to_manifest(trace: Trace, payloads: dict[str, dict], missing: dict) ->
             if trace.hidden_edges
             else {}
         ),
+        # the proof kept with the trace (tl.trace(..., validate=True)), when there is one
+        **({"status": trace.status.to_json()} if trace.status is not None else {}),
     }
 
 
@@ -211,7 +213,17 @@ def manifest_to_trace(
         meta=meta,
         escapes=_escapes_from(data),
         hidden_edges=_hidden_from(data),
+        status=_status_from(data),
     )
+
+
+def _status_from(data: dict) -> Any:
+    """The validation status kept with the trace, or None (files without one)."""
+    if "status" not in data:
+        return None
+    from torchlens.replay.status import ReplayStatus  # (a layer above io: loaded lazily)
+
+    return ReplayStatus.from_json(_dict(data["status"]))
 
 
 def output_from_manifest(data: dict, store: PayloadStore) -> tuple[Any, str | None]:

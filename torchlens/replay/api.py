@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import numbers
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,6 +18,7 @@ from torchlens.capture.session import refuse_reentry, suspended
 from torchlens.errors import InvalidArgumentError
 from torchlens.replay.backward import validate_backward
 from torchlens.replay.completeness import check_completeness, look_first
+from torchlens.replay.escape_values import Budget
 from torchlens.replay.findings import Findings
 from torchlens.replay.ground_truth import (
     ModelState,
@@ -29,9 +31,10 @@ from torchlens.replay.ground_truth import (
 )
 from torchlens.replay.interpreter import Checker
 from torchlens.replay.lint import lint
+from torchlens.replay.self_difference import differs_from_itself, note_self_difference
 from torchlens.replay.status import ReplayStatus
 
-__all__ = ["validate", "replay", "check_trace"]
+__all__ = ["validate", "replay", "check_trace", "before_trace", "attach_status"]
 
 SCOPES = ("forward", "backward")
 
@@ -46,10 +49,12 @@ def validate(
     rtol: float | None = None,
     intervene: Mapping[Any, Any] | None = None,
     random_seed: int | None = None,
+    accept_hidden_edges: bool = False,
 ) -> bool:
     """Capture ``model(*args, **kwargs)`` and prove by replay that the record is right.
 
-    Same checks as :func:`replay`; True only when its status is ``passed``.
+    Same checks as :func:`replay`; True only when its status is ``passed`` (or, with
+    ``accept_hidden_edges``, ``incomplete``).
 
     Args:
         model: an ``nn.Module`` or a function of tensors.
@@ -63,9 +68,13 @@ def validate(
         random_seed: when given, ``torch.manual_seed(random_seed)`` runs first, as a user
             seeding before a forward would; the RNG is then left as that seeded forward
             leaves it. Without it the current RNG state is used (and put back the same way).
+        accept_hidden_edges: also return True when the state is ``incomplete``: every
+            recorded op and edge is proven and the only findings are dependencies that pass
+            through Python values (``.item()``, ``.tolist()``), which the caller knows of.
 
     Returns:
-        True only when every op was replayed and every edge proved (or exempt).
+        True only when every op was replayed and every edge proved (or exempt), and no
+        hidden dependency was found unless ``accept_hidden_edges``.
 
     Raises:
         InvalidArgumentError: ``bad_scope`` for an unknown scope, ``bad_random_seed`` for a
@@ -81,7 +90,7 @@ def validate(
         model, args, kwargs,
         scope=scope, atol=atol, rtol=rtol, intervene=intervene, random_seed=random_seed,
     )  # fmt: skip
-    return bool(status)
+    return status.accepted(accept_hidden_edges)
 
 
 def replay(
@@ -133,7 +142,10 @@ def replay(
     pristine = copy_inputs(args, kwargs, uncopied)  # a forward may modify its inputs
     aliased: set[int] = set()  # tensors whose .data the forward took
     # watched: the rerun's escape calls (if any, the completeness arm will run) and its path
+    began = time.perf_counter()
     output, watched = rerun(model, *pristine, start, intervene, aliased, True)
+    budget = _budget(watched, time.perf_counter() - began)
+    calls = 2  # the model calls made: the rerun and the capture, so far
     reference = detached(output)
     del output
     rng.restore(host)  # (torch's generators the rerun puts back itself)
@@ -146,6 +158,7 @@ def replay(
         # eval mode): from the weights it left, rerun once more, keeping them to rewind to
         state = ModelState(model, keep_parameters=True, by_value=suspects)
         output, watched = rerun(model, *copy_inputs(args, kwargs), start, intervene, None, True)
+        calls += 1
         reference = detached(output)
         del output
         rng.restore(host)
@@ -154,12 +167,20 @@ def replay(
     spare = copy_inputs(args, kwargs)  # for the completeness arm, if the forward has escapes
     first = None
     if watched is not None and watched.vias and not uncopied and not moved_parameters:
-        first = look_first(model, spare, (start, host), state, watched)  # (see look_first)
+        calls += 1
+        try:
+            first = look_first(model, spare, (start, host), state, watched, budget)
+        except Exception:  # noqa: BLE001 - validation returns: the arm runs it again later
+            first = None
+    began = time.perf_counter()
     trace = trace_for_check(model, args, kwargs, intervene=intervene)
+    escapes = trace.escapes[-1].call + 1 if trace.escapes else 0
+    budget.timed_capture(time.perf_counter() - began, escapes)
     after_capture = rng.snapshot()  # the checks touch torch's generators only
     trace.output = detached(trace.output)  # private to this check: its graph is not needed
     findings = Findings(trace)
     arms = _check_payloads(trace, findings, atol, rtol)
+    findings.model_calls = calls
     if trace.structure_only:
         return findings.status(arms, unavailable=True)
     note_moved_parameters(
@@ -170,6 +191,10 @@ def replay(
         compare_outputs(trace, expected_outputs(trace), reference, outcome, atol, rtol)
         state.compare_buffers(after_rerun, outcome, atol, rtol)
         _blame_uncopied(outcome, findings, uncopied)
+        if intervene is None and any(f.arm == "ground_truth" for f in findings.failures):
+            calls += 1  # one more plain forward: does the model differ from itself?
+            _check_self_difference(model, spare, start, host, state, reference, trace,
+                                   findings, atol, rtol)  # fmt: skip
     rng.restore(after_capture)
     arms = ("lint", "ground_truth", *arms[1:])
     if trace.escapes:
@@ -181,16 +206,56 @@ def replay(
                 "perturbed from the state the capture started in",
             )  # fmt: skip
         else:
-            check_completeness(
-                model, trace, spare, (start, host), state, findings, atol, rtol, intervene,
-                first, watched,
-            )  # fmt: skip
+            try:
+                _, _, forwards = check_completeness(
+                    model, trace, spare, (start, host), state, findings, atol, rtol,
+                    intervene, first, watched, budget,
+                )  # fmt: skip
+                calls += forwards
+            except Exception as err:  # noqa: BLE001 - validation returns, whatever the arm met
+                findings.unchecked(
+                    trace.escapes[0].label, "completeness",
+                    f"the completeness arm stopped on {type(err).__name__} ({err}); the escapes "
+                    "were not all checked for hidden dependencies",
+                )  # fmt: skip
             rng.restore(after_capture)
     del spare
     # weights written at every call go back to what one plain forward left (the trace,
     # whose saved values may alias them, is private to this check and done with)
     state.rewind_parameters()
+    findings.model_calls = calls
     return findings.status(arms)
+
+
+def before_trace(model: Any, args: Any, kwargs: Mapping[str, Any] | None) -> tuple:
+    """What ``tl.trace(..., validate=True)`` keeps before its capture, so validation can
+    start where the capture started: a copy of the inputs, the model's state, the RNGs."""
+    args, kwargs = normalize_call(args, kwargs, model)
+    return model, copy_inputs(args, kwargs), ModelState(model), rng.snapshot(), rng.host_snapshot()
+
+
+def attach_status(
+    trace: Any, before: tuple, intervene: Mapping[Any, Any] | None, run: Any = None
+) -> Any:
+    """Validate the forward ``trace`` recorded, from where its capture started
+    (``before``, from :func:`before_trace`), and keep the proof on the trace:
+    ``trace.status`` and, added to ``trace.hidden_edges``, the dependencies through
+    Python values it found (labels are the same for the same call). The model is left
+    as the capture left it (as one plain forward does), and so are the RNGs. ``run``
+    (``run(model, args, kwargs)``; default :func:`replay`) makes the status, which is
+    returned."""
+    model, (args, kwargs), state, start, host = before
+    state.rewind()  # back to where the capture started
+    rng.restore(start)
+    rng.restore(host)
+    if run is None:
+        status = replay(model, args, kwargs, intervene=intervene)
+    else:
+        status = run(model, args, kwargs)
+    trace.status = status
+    found = getattr(status, "hidden_edges", ())
+    trace.hidden_edges.extend(e for e in found if e not in trace.hidden_edges)
+    return status
 
 
 def check_trace(
@@ -265,6 +330,32 @@ def _check_payloads(trace: Any, findings: Findings, atol, rtol) -> tuple[str, ..
     with suspended(), torch.no_grad():
         Checker(trace, findings, atol, rtol).run()
     return ("lint", "replay", "perturbation")
+
+
+def _check_self_difference(
+    model: Any, inputs: tuple, start: Any, host: Any, state: ModelState, reference: Any,
+    trace: Any, findings: Findings, atol, rtol,
+) -> None:  # fmt: skip
+    """When the ground truth differs, one more plain forward from where the first started
+    tells the model's own variation (``unverified``) from a capture error (``failed``); the
+    model is then left as the capture left it."""
+    left = ModelState(model)
+    state.rewind()
+    try:
+        reason = differs_from_itself(model, inputs, start, host, reference, trace, atol, rtol)
+    except Exception:  # noqa: BLE001 - validation returns: the difference stays a failure
+        reason = None
+    finally:
+        left.rewind()
+    if reason is not None:
+        note_self_difference(findings, reason)
+
+
+def _budget(watched: Any, seconds: float) -> Budget:
+    """What each of the completeness arm's forwards may spend: a small multiple of the
+    ground-truth rerun's calls and time (``watched``: its mode, when it counted them)."""
+    ops = len(getattr(watched, "calls", ())) if watched is not None else 1 << 20
+    return Budget.of(ops, len(getattr(watched, "vias", ())), seconds)
 
 
 def _blame_uncopied(outcome: Findings, findings: Findings, uncopied: list[str]) -> None:

@@ -26,6 +26,7 @@ values perturbed (``replay/escape_values.py``) and watches what moves:
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +37,9 @@ from torchlens.capture.api import trace_for_check
 from torchlens.capture.tree import flatten
 from torchlens.errors import PayloadUnavailableError
 from torchlens.replay.escape_values import (
+    Budget,
     Diverged,
+    OverBudget,
     PerturbingMode,
     Plan,
     fingerprint,
@@ -49,10 +52,14 @@ from torchlens.replay.ground_truth import ModelState, copy_inputs, expected_outp
 from torchlens.replay.tolerances import differs, tolerance
 from torchlens.trace import Escape, HiddenEdge, Trace
 
-__all__ = ["check_completeness", "look_first", "FirstLook", "MAX_ROUNDS", "MAX_ATTRIBUTION_RUNS"]
+__all__ = [
+    "check_completeness", "look_first", "FirstLook", "MAX_ROUNDS", "MAX_ATTRIBUTION_RUNS",
+    "MAX_GROUP_RUNS",
+]  # fmt: skip
 
 MAX_ROUNDS = 6  # rounds (one or two forwards each) spent telling branch decisions apart
-MAX_ATTRIBUTION_RUNS = 6  # captured forwards spent telling several escapes' edges apart
+MAX_ATTRIBUTION_RUNS = 6  # up to this many escapes, one captured forward each tells them apart
+MAX_GROUP_RUNS = 48  # past it, group testing: at most this many captured forwards
 ARM = "completeness"
 _PLAIN = (torch.Tensor, torch.nn.Parameter)  # subclasses keep their own comparisons
 
@@ -74,11 +81,13 @@ def look_first(
     rngs: tuple[Any, Any],
     state: ModelState,
     expected: PerturbingMode | None = None,
+    budget: Budget | None = None,
 ) -> FirstLook:
     """Run the arm's first forward now, with every escape perturbed, from ``inputs`` (a
     pristine copy), the RNG states ``rngs`` (torch's; Python's and NumPy's) and the model
     state ``state`` rewinds to (it is rewound after, and Python's RNGs put back). With
-    ``expected`` (the ground-truth rerun's mode), it stops where it leaves that path.
+    ``expected`` (the ground-truth rerun's mode), it stops where it leaves that path;
+    with ``budget``, where it runs past it.
 
     Validation calls it right after the ground-truth rerun, when that rerun made escapes:
     on a heap not yet holding the capture's values it costs what a plain forward costs,
@@ -86,7 +95,8 @@ def look_first(
     values have pushed the model's out of the caches)."""
     args, kwargs = copy_inputs(*inputs)
     try:
-        return FirstLook(*_light_forward(model, args, kwargs, rngs[0], Plan(None), expected))
+        plan = Plan(None).start(budget, captured=False)
+        return FirstLook(*_light_forward(model, args, kwargs, rngs[0], plan, expected))
     finally:
         rng.restore(rngs[1])
         state.rewind()
@@ -94,17 +104,20 @@ def look_first(
 
 def _light_forward(
     model: Any, args: tuple, kwargs: dict, start: Any, plan: Plan,
-    expected: PerturbingMode | None = None,
+    expected: PerturbingMode | None = None, fingerprints: bool = True,
 ) -> tuple[list[torch.Tensor] | None, PerturbingMode, BaseException | None]:  # fmt: skip
     """A plain forward under a :class:`PerturbingMode` with ``plan`` (stopping where it
     leaves ``expected``'s path): (the tensors it returned, detached so their graph is
     freed, or None when it stopped; the mode; the error it raised)."""
-    mode = PerturbingMode(plan, expected, fingerprints=True)
+    mode = PerturbingMode(plan, expected, fingerprints=fingerprints)
     try:
-        with rng.restored(start), mode:
+        with rng.restored(start), mode, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (the ground-truth run showed the model's own)
             output = model(*args, **kwargs)
     except Diverged:
         return None, mode, None
+    except OverBudget as err:  # a perturbed value made the run longer (a loop)
+        return None, mode, err
     except Exception as err:  # the model's own error: a guard tripped
         return None, mode, None if mode.diverged else err
     if mode.diverged:  # (the model caught Diverged, and went on)
@@ -118,8 +131,10 @@ class _Runner:
 
     def __init__(self, model: Any, trace: Trace, inputs: tuple, start: Any, host: Any,
                  state: ModelState | None, intervene: Any,
-                 expected: PerturbingMode | None = None) -> None:  # fmt: skip
+                 expected: PerturbingMode | None = None,
+                 budget: Budget | None = None) -> None:  # fmt: skip
         self.model, self.trace, self.inputs, self.expected = model, trace, inputs, expected
+        self.budget = budget
         self.start, self.host, self.state, self.intervene = start, host, state, intervene
         self.forwards = 0
         self._left: tuple[ModelState, Any] | None = None  # the capture's state, its RNGs
@@ -139,19 +154,26 @@ class _Runner:
             self._left[0].rewind()
             rng.restore(self._left[1])
 
-    def light(self, plan: Plan) -> tuple[list | None, PerturbingMode, BaseException | None]:
+    def light(
+        self, plan: Plan, fingerprints: bool = True
+    ) -> tuple[list | None, PerturbingMode, BaseException | None]:
         """A plain forward: (its output tensors, the mode that ran it, the error it raised)."""
         args, kwargs = self._fresh()
-        return _light_forward(self.model, args, kwargs, self.start, plan, self.expected)
+        plan.start(self.budget, captured=False)
+        return _light_forward(
+            self.model, args, kwargs, self.start, plan, self.expected, fingerprints
+        )
 
     def captured(self, plan: Plan) -> tuple[Trace | None, BaseException | None]:
         args, kwargs = self._fresh()
+        plan.start(self.budget, captured=True)
         try:
-            with rng.restored(self.start):
+            with rng.restored(self.start), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # (the ground-truth run showed the model's own)
                 return trace_for_check(
                     self.model, args, kwargs, intervene=self.intervene, escape_hook=plan
                 ), None  # fmt: skip
-        except Exception as err:
+        except (Exception, OverBudget) as err:
             return getattr(err, "partial_trace", None), err
 
 
@@ -167,19 +189,21 @@ def check_completeness(
     intervene: Any = None,
     first: FirstLook | None = None,
     expected: PerturbingMode | None = None,
+    budget: Budget | None = None,
 ) -> tuple[list[HiddenEdge], list[str], int]:
     """Run the arm (see the module docstring) on ``trace``, captured from ``inputs`` (a
     pristine copy), the RNG states ``rngs`` (torch's, Python's and NumPy's) and the model
     state ``state`` holds; the model is left as the capture left it. ``first`` is the
     first forward, when :func:`look_first` ran it already; ``expected``, the mode of the
-    unperturbed rerun, whose path the plain forwards stop at leaving.
+    unperturbed rerun, whose path the plain forwards stop at leaving; ``budget``, what each
+    forward may spend (past it, the forward stops and the escape is a decision).
 
     Hidden edges are failures in ``findings`` and are added to ``trace.hidden_edges``.
 
     Returns:
         The hidden edges, the branch decisions (as text), and the forwards it ran here.
     """
-    runner = _Runner(model, trace, inputs, rngs[0], rngs[1], state, intervene, expected)
+    runner = _Runner(model, trace, inputs, rngs[0], rngs[1], state, intervene, expected, budget)
     try:
         edges, decisions = _Arm(runner, trace, findings, atol, rtol, first).run()
     finally:
@@ -203,13 +227,31 @@ class _Arm:
         self.edges: list[HiddenEdge] = []
         self._saved_prints: dict[int, list[tuple | None]] = {}  # see _capture_prints
         self._drifting: set[str] | None = None  # see _without_drift, made on first need
+        self.direction = 1  # which way the escaped values move (see run)
+        self._drift_known: bool | None = None  # see _drifts
 
     def run(self) -> tuple[list[HiddenEdge], list[str]]:
-        pending = set(self.calls)
+        """Rounds with the escaped values moved one way, then, for the numbers that can
+        move the other way (a float down, an int up), once more that way: a threshold
+        equal to an escaped value (``x > x.min().item()``) is crossed by one of the two."""
+        pending = self._rounds(set(self.calls))
+        self.direction = -1
+        found = {edge.parent for edge in self.edges}  # (those with edges found are done)
+        pending = {
+            c for c in pending
+            if _two_way(self.calls[c][0]) and self.calls[c][0].label not in found
+        }  # fmt: skip
+        if pending:
+            self._rounds(pending)
+        return self._direct(), self.decisions
+
+    def _rounds(self, pending: set[int]) -> set[int]:
+        """Rounds until every escape of ``pending`` is settled or held as a branch
+        decision; returns those settled (perturbed without deciding a branch)."""
         for _ in range(MAX_ROUNDS):
-            blame = self._round(Plan(pending)) if pending else None
+            blame = self._round(Plan(pending, self.direction)) if pending else None
             if blame is None:
-                return self.edges, self.decisions
+                return pending
             # the same code read again (a loop's test, per-image sizes) decides alike:
             # every read at the blamed escape's line is held with it
             decided = self.calls[blame][0]
@@ -225,14 +267,14 @@ class _Arm:
                     "were perturbed only together with the branch decision above"
                 )
         if not pending:
-            return self.edges, self.decisions
+            return pending
         first = self.calls[min(pending)][0]
         self.findings.unchecked(
             first.label, ARM,
             f"{len(pending)} escape(s) from {first} on were not checked for hidden "
             f"dependencies: {MAX_ROUNDS} rounds went to telling branch decisions apart",
         )  # fmt: skip
-        return self.edges, self.decisions
+        return set()
 
     def _round(self, plan: Plan) -> int | None:
         """One round with ``plan``: None when it settled every escape it perturbed, else
@@ -243,7 +285,7 @@ class _Arm:
             if mode.diverged is not None:  # it stopped where it left the unperturbed path
                 return self._left_path(plan, mode)
             if err is not None:
-                return self._decided(self._last_before(plan, len(vias)), f"raised {_short(err)}")
+                return self._decided(self._last_before(plan, len(vias)), _what(err))
             k = _divergence(vias, self.vias)
             if not self._outputs_moved(output):
                 if k is not None:
@@ -266,7 +308,8 @@ class _Arm:
         moved, err = self.runner.captured(plan)
         if moved is None or err is not None:
             seen = len({e.call for e in moved.escapes}) if moved is not None else 0
-            return self._decided(self._last_before(plan, seen), f"raised {_short(err)}")
+            seen = err.call if isinstance(err, OverBudget) else seen
+            return self._decided(self._last_before(plan, seen), _what(err))
         d = _structure_divergence(self.trace, moved)
         targets = self._without_drift(self._targets(moved, d))
         if d is None:
@@ -308,8 +351,10 @@ class _Arm:
         (every escape) and it ran, else a forward now. The first look perturbed every call
         it made; ``plan.moved`` keeps those the capture numbered."""
         first, self.first = self.first, None
-        if first is None or plan.calls != frozenset(self.calls):
-            return self.runner.light(plan)
+        if first is None or plan.calls != frozenset(self.calls) or plan.direction != 1:
+            # (a model whose intermediates drift by themselves has them left uncompared:
+            # their fingerprints are not paid for)
+            return self.runner.light(plan, fingerprints=not self._drift_known)
         plan.moved = first.mode.plan.moved & plan.calls
         return first.output, first.mode, first.error
 
@@ -363,9 +408,13 @@ class _Arm:
         """Whether a light forward with nothing perturbed computes other values than the
         capture did, too: the model's own (state kept between calls, a nondeterministic
         kernel), which the escapes cannot be blamed for. Noted; the intermediates of
-        such a model are left uncompared, as its outputs matched."""
+        such a model are left uncompared, as its outputs matched. Asked once."""
+        if self._drift_known is not None:
+            return self._drift_known
+        self._drift_known = True
         _, control, err = self.runner.light(Plan(()))
         if err is None and control.diverged is None and not self._inside_moved(control):
+            self._drift_known = False
             return False
         self.decisions.append(
             "values computed after the first escape differ from the capture's in a forward "
@@ -415,8 +464,10 @@ class _Arm:
         and the ground-truth arm saw the model differ from itself already."""
         if not targets:
             return targets
-        if self._drifting is None and not any(
-            failure.arm == "ground_truth" for failure in self.findings.failures
+        if (
+            self._drifting is None
+            and not self.findings.differs_from_itself
+            and not any(failure.arm == "ground_truth" for failure in self.findings.failures)
         ):
             self._drifting = set()  # (a rerun matched the capture: a deterministic model)
         if self._drifting is None:
@@ -443,22 +494,33 @@ class _Arm:
 
     # -- hidden edges ---------------------------------------------------------------------
     def _attribute(self, plan: Plan, targets: dict[str, int], data_only: bool = False) -> None:
-        """Hidden edges to ``targets``. With one escape perturbed, from it; with several,
-        one captured forward per escape, each alone (at most MAX_ATTRIBUTION_RUNS): a
-        target moved by one escape can hide another's behind it (its parent moved too).
-        Targets left past that budget go to the nearest escape before them."""
+        """Hidden edges to ``targets``. With one escape perturbed, from it; with a few (at
+        most MAX_ATTRIBUTION_RUNS), one captured forward per escape, each alone: a target
+        moved by one escape can hide another's behind it (its parent moved too); with
+        more, group testing (:meth:`_bisect`). Targets left unattributed go to the
+        nearest escape before them."""
         moved = sorted(c for c in plan.moved if not (data_only and self.calls[c][0].control))
         if not targets or not moved:
             return
+        last = max(targets.values())  # (an escape after every target moved none of them)
+        moved = [c for c in moved if self.calls[c][0].index <= last] or moved
         found: dict[int, dict[str, int]] = {}
         if len(moved) == 1:
             found[moved[0]] = targets
         else:
-            for call in moved[:MAX_ATTRIBUTION_RUNS]:
-                alone, err = self.runner.captured(Plan({call}))
-                if alone is not None and err is None:
-                    end = _structure_divergence(self.trace, alone)
-                    found[call] = self._without_drift(self._targets(alone, end))
+            if len(moved) <= MAX_ATTRIBUTION_RUNS:
+                for call in moved:
+                    found[call] = self._moved_by([call])
+            else:  # group testing: halves of the set, into those that move something
+                left = [MAX_GROUP_RUNS]
+                self._bisect(moved, found, left)
+                if left[0] <= 0:
+                    self.decisions.append(
+                        f"attributing hidden edges among {len(moved)} escapes stopped after "
+                        f"{MAX_GROUP_RUNS} captured forwards; targets left go to the nearest "
+                        "escape before them"
+                    )
+            found = {call: hits for call, hits in found.items() if hits}
             attributed = {t for ts in found.values() for t in ts}
             for target, index in targets.items():
                 before = [c for c in moved if self.calls[c][0].index <= index]
@@ -469,18 +531,73 @@ class _Arm:
                 for target in sorted(hits, key=hits.__getitem__):
                     self._edge(escape, target)
 
+    def _moved_by(self, calls: list[int]) -> dict[str, int]:
+        """The targets a captured forward with only ``calls`` perturbed moves."""
+        run, err = self.runner.captured(Plan(set(calls), self.direction))
+        if run is None or err is not None:
+            return {}
+        return self._without_drift(self._targets(run, _structure_divergence(self.trace, run)))
+
+    def _bisect(self, calls: list[int], found: dict[int, dict[str, int]], left: list[int]) -> None:
+        """Group testing over ``calls``, a set of escapes that moves something together:
+        each half is perturbed alone, and the halves that move something are split again,
+        so n escapes of which k matter cost about 2k log2(n) captured forwards (at most
+        ``left[0]``, counted down)."""
+        middle = len(calls) // 2
+        for half in (calls[:middle], calls[middle:]):
+            if left[0] <= 0:
+                return
+            left[0] -= 1
+            hits = self._moved_by(half)
+            if not hits:
+                continue
+            if len(half) == 1:
+                found[half[0]] = hits
+            else:
+                self._bisect(half, found, left)
+
     def _edge(self, escape: Escape, target: str) -> None:
         if target == escape.label or target in _descendants(self.trace, escape.label):
             return  # the graph has a path already: lineage is complete
         edge = HiddenEdge(escape.label, target, escape.via, escape.source)
-        if edge in self.edges:
-            return
-        self.edges.append(edge)
-        self.findings.fail(
-            target, ARM,
-            f"hidden dependency {edge}: perturbing the escaped value moved {target!r}, "
-            "but the graph has no edge for it (see trace.hidden_edges)",
-        )  # fmt: skip
+        if edge not in self.edges:
+            self.edges.append(edge)
+
+    def _direct(self) -> list[HiddenEdge]:
+        """The edges found, less those a chain of others carries: a value that escapes,
+        comes back into a recorded op and escapes again further on moves the end through
+        the second escape, so the edge from the first to the end is dropped (its two
+        direct edges stay). Each edge kept makes its child ``incomplete``."""
+        kept = [edge for edge in self.edges if not self._carried(edge)]
+        for edge in kept:
+            self.findings.incomplete(
+                edge.child, ARM,
+                f"hidden dependency {edge}: perturbing the escaped value moved "
+                f"{edge.child!r}, but the graph has no edge for it (see trace.hidden_edges)",
+            )  # fmt: skip
+        return kept
+
+    def _carried(self, edge: HiddenEdge) -> bool:
+        """Whether another edge into ``edge.child`` starts at a record that ``edge.parent``
+        reaches through recorded edges and the other hidden edges."""
+        others = [e for e in self.edges if e.child == edge.child and e.parent != edge.parent]
+        if not others:
+            return False
+        hidden: dict[str, list[str]] = {}
+        for e in self.edges:
+            if e != edge:
+                hidden.setdefault(e.parent, []).append(e.child)
+        seen: set[str] = set()
+        stack = [edge.parent]
+        while stack:
+            label = stack.pop()
+            if label in seen:
+                continue
+            seen.add(label)
+            stack += hidden.get(label, ())
+            if label in self.trace:
+                stack += self.trace[label].children
+        return any(e.parent in seen and e.parent != edge.parent for e in others)
 
     # -- branch decisions -----------------------------------------------------------------
     def _decided(self, call: int | None, what: str) -> int | None:
@@ -501,6 +618,15 @@ class _Arm:
     def _prefer_control(self, calls: list[int]) -> int:
         control = [c for c in calls if self.calls[c][0].control]
         return (control or calls)[-1]
+
+
+def _two_way(escape: Escape) -> bool:
+    """Whether the escaped value can be moved the other way too (see
+    :func:`~torchlens.replay.escape_values.perturbed_down`): a number or an array or list
+    of them, not a bool, not an int 0."""
+    if escape.type in ("float", "ndarray", "list", "tuple", "complex"):
+        return True
+    return escape.type == "int" and escape.value != "0"
 
 
 def _saved_print(op: Any) -> tuple | None:
@@ -572,6 +698,13 @@ def _descendants(trace: Trace, label: str) -> set[str]:
             seen.add(child)
             stack += trace[child].children
     return seen
+
+
+def _what(err: BaseException | None) -> str:
+    """What a perturbed forward that stopped did, in words."""
+    if isinstance(err, OverBudget):
+        return f"changed how long the run is (it was stopped past {err.what})"
+    return f"raised {_short(err)}"
 
 
 def _short(err: BaseException | None) -> str:

@@ -12,7 +12,10 @@ any capture.
 from __future__ import annotations
 
 import math
+import time
+import warnings
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,6 +30,8 @@ from torchlens.capture.special import SETTLES, SPECIAL_OUTPUTS
 __all__ = [
     "UNCHANGED",
     "perturbed",
+    "Budget",
+    "OverBudget",
     "Plan",
     "PerturbingMode",
     "Diverged",
@@ -57,6 +62,35 @@ def perturbed(value: Any) -> Any:
     return UNCHANGED
 
 
+def perturbed_down(value: Any) -> Any:
+    """``value`` moved the other way from :func:`perturbed` (a float down where that one
+    moves it up, an int up where that one moves it down, an int 0 left alone: -1 is often
+    no valid size or index), so a threshold equal to an escaped value (``x > x.min()
+    .item()``) is crossed one way or the other; :data:`UNCHANGED` where there is no other
+    way (a bool, which flips)."""
+    if isinstance(value, bool):
+        return UNCHANGED
+    if isinstance(value, int):
+        return value + 1 if value > 0 else (value - 1 if value < 0 else UNCHANGED)
+    if isinstance(value, (float, complex)):
+        if isinstance(value, float) and not math.isfinite(value):
+            return UNCHANGED
+        return value - (abs(value) * _RELATIVE + _ABSOLUTE)
+    if isinstance(value, list):
+        items = [perturbed_down(v) for v in values] if (values := value) else []
+        if all(item is UNCHANGED for item in items):
+            return UNCHANGED
+        if all(type(v) is int for v in values) and len(values) > 1:
+            return UNCHANGED  # (sizes: the one move that keeps their sum was made)
+        return [v if item is UNCHANGED else item for v, item in zip(values, items)]
+    if isinstance(value, np.ndarray):
+        if np.issubdtype(value.dtype, np.inexact):
+            return (value - (np.abs(value) * _RELATIVE + _ABSOLUTE)).astype(value.dtype)
+        if np.issubdtype(value.dtype, np.integer) and value.dtype != np.bool_:
+            return value + np.sign(value).astype(value.dtype)
+    return UNCHANGED
+
+
 def _list(values: list) -> Any:
     if values and all(type(v) is int for v in values) and len(values) > 1:
         moved = list(values)  # sizes: one unit moves from the largest to another element
@@ -83,18 +117,84 @@ def _array(array: np.ndarray) -> Any:
     return UNCHANGED
 
 
+class OverBudget(BaseException):
+    """Raised inside one of the completeness arm's forwards when it ran past its
+    :class:`Budget` (a perturbed value made a loop run longer, or forever: ``while True:
+    ...; if float(err) == 0.0: break``). A ``BaseException``, so a model's ``except
+    Exception`` lets it through; ``call`` is the escape call it was raised at (or the
+    number of escape calls made, when it was raised at an op)."""
+
+    def __init__(self, what: str, call: int) -> None:
+        super().__init__(what)
+        self.what, self.call = what, call
+
+
+@dataclass
+class Budget:
+    """What one of the arm's forwards may spend, a small multiple of the ground-truth run:
+    torch calls from its first escape on (``ops``; before it nothing is perturbed) and
+    escape calls (``escapes``) of a plain forward, and wall-clock
+    ``seconds`` for a plain forward under a mode (``light``) and for a captured one."""
+
+    ops: int
+    escapes: int
+    light: float
+    captured: float
+
+    TIMES = 4  # the multiple of the ground-truth run's calls and time
+    SLACK_OPS, SLACK_ESCAPES, SLACK_SECONDS = 1_000, 64, 2.0
+
+    @classmethod
+    def of(cls, ops: int, escapes: int, seconds: float) -> Budget:
+        """The budget for forwards of a model whose ground-truth run made ``ops`` torch
+        calls and ``escapes`` escape calls in ``seconds``."""
+        light = cls.TIMES * 2 * seconds + cls.SLACK_SECONDS  # (a mode's Python call per op)
+        return cls(
+            cls.TIMES * ops + cls.SLACK_OPS, cls.TIMES * escapes + cls.SLACK_ESCAPES,
+            light, light,
+        )  # fmt: skip
+
+    def timed_capture(self, seconds: float, escapes: int = 0) -> None:
+        """Captured forwards may take a small multiple of the capture's ``seconds`` (and of
+        its ``escapes`` calls, where the ground-truth run did not count them)."""
+        self.captured = max(self.captured, self.TIMES * seconds + self.SLACK_SECONDS)
+        self.escapes = max(self.escapes, self.TIMES * escapes + self.SLACK_ESCAPES)
+
+
 class Plan:
     """Which escape calls get perturbed values: ``calls`` (escape call numbers, or None
-    for all); the others give their own. Called as an escape hook, ``plan(call, value)``."""
+    for all); the others give their own. Called as an escape hook, ``plan(call, value)``.
+    ``direction`` is 1 for :func:`perturbed`'s move, -1 for the other way
+    (:func:`perturbed_down`). With a :class:`Budget` (see :meth:`start`), an escape call
+    past it, in number or time, raises :class:`OverBudget`."""
 
-    def __init__(self, calls: Collection[int] | None) -> None:
+    def __init__(self, calls: Collection[int] | None, direction: int = 1) -> None:
         self.calls = None if calls is None else frozenset(calls)  # None: every call
         self.moved: set[int] = set()  # the calls whose values it changed
+        self.direction = direction
+        self.escapes = self.ops = 1 << 62  # escape calls, and calls from the first on, allowed
+        self.deadline = math.inf
+
+    def start(self, budget: Budget | None, captured: bool) -> Plan:
+        """Arm the budget for one forward starting now; returns the plan."""
+        if budget is not None:
+            self.escapes, self.ops = budget.escapes, budget.ops
+            seconds = budget.captured if captured else budget.light
+            self.deadline = time.perf_counter() + seconds
+        return self
+
+    def check(self, call: int) -> None:
+        """Raise :class:`OverBudget` when the forward is past its budget at escape ``call``."""
+        if call >= self.escapes:
+            raise OverBudget(f"{call + 1} escape calls, its budget {self.escapes}", call)
+        if time.perf_counter() > self.deadline:
+            raise OverBudget("its time budget", call)
 
     def __call__(self, call: int, value: Any) -> Any:
+        self.check(call)
         if self.calls is not None and call not in self.calls:
             return value
-        new = perturbed(value)
+        new = perturbed(value) if self.direction > 0 else perturbed_down(value)
         if new is UNCHANGED:
             return value
         self.moved.add(call)
@@ -108,12 +208,14 @@ def _makes_tensors(name: str, result: Any) -> bool:
     return isinstance(result, (tuple, list)) and any(isinstance(r, torch.Tensor) for r in result)
 
 
-def recorded_groups(trace: Any) -> list[list[Any]]:
-    """The ops a trace recorded from its first escape on, one list per function call (its
-    outputs, in order): what :class:`PerturbingMode` sees as one call each."""
+def recorded_groups(trace: Any, from_start: bool = False) -> list[list[Any]]:
+    """The ops a trace recorded from its first escape on (or, ``from_start``, from its
+    first op), one list per function call (its outputs, in order): what
+    :class:`PerturbingMode` sees as one call each."""
     groups: list[list[Any]] = []
     last = None
-    for op in trace.ops[trace.escapes[0].index if trace.escapes else len(trace.ops) :]:
+    start = 0 if from_start else trace.escapes[0].index if trace.escapes else len(trace.ops)
+    for op in trace.ops[start:]:
         if op.func is None:  # (a refresh: no call of the forward's)
             last = None
             continue
@@ -190,6 +292,8 @@ class PerturbingMode(TorchFunctionMode):
     ``("call", j)``, positions in ``vias`` and ``calls``. The rest of the forward would
     run the other branch, which decides nothing more (see ``replay/completeness.py``).
 
+    With ``from_start``, ``calls`` (and ``prints``) start at the forward's first call.
+
     With ``fingerprints``, ``prints`` holds, per call in ``calls``, the
     :func:`fingerprint` of each tensor it returned (None for a call whose outputs the
     capture records its own way): what tells an intermediate that moved, where the
@@ -201,8 +305,10 @@ class PerturbingMode(TorchFunctionMode):
         plan: Callable[[int, Any], Any],
         expected: PerturbingMode | None = None,
         fingerprints: bool = False,
+        from_start: bool = False,
     ) -> None:
         super().__init__()
+        self.from_start = from_start  # note calls from the first, not the first escape on
         self.plan = plan
         self.expected = expected
         self.prints: list[list[tuple | None] | None] | None = [] if fingerprints else None
@@ -211,7 +317,18 @@ class PerturbingMode(TorchFunctionMode):
         self.at: list[int] = []  # per escape call, how many of those ran before it
         self.flipped = False  # whether a bool escape got a perturbed value
         self.diverged: tuple[str, int] | None = None
+        self._max_ops = getattr(plan, "ops", 1 << 62)
+        self._deadline = getattr(plan, "deadline", math.inf)
         self._level = functorch_level()
+
+    def _over(self, calls: int) -> None:
+        """Raise :class:`OverBudget` past the plan's calls (``calls``, those noted from the
+        first escape on: before it nothing is perturbed) or, looked at every 64 calls, its
+        time."""
+        if calls > self._max_ops:
+            raise OverBudget(f"{calls} torch calls, its budget {self._max_ops}", len(self.vias))
+        if not calls & 63 and time.perf_counter() > self._deadline:
+            raise OverBudget("its time budget", len(self.vias))
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -225,15 +342,24 @@ class PerturbingMode(TorchFunctionMode):
                 return opened_body(func)(*args, **kwargs)
             finally:
                 torch._C._pop_torch_function_stack()
-        result = func(*args, **kwargs)
+        if info.escape is None:
+            result = func(*args, **kwargs)
+        else:  # torch's warning of a read (a scalar of a tensor with grad) would name this
+            with warnings.catch_warnings():  # line, torchlens's own, not the model's
+                warnings.simplefilter("ignore")
+                result = func(*args, **kwargs)
         if info.settles:  # (a collective in flight: see special.SETTLES)
             SETTLES[func](result)
-        if (not self.vias and info.escape is None) or self.diverged is not None:
+        noting = bool(self.vias) or self.from_start
+        if (not noting and info.escape is None) or self.diverged is not None:
             return result  # (before the first escape: nothing to note)
         if functorch_level() != self._level:
             return result
-        if self.vias and not info.never_tensor and _makes_tensors(info.name, result):
+        if noting and not info.never_tensor and _makes_tensors(info.name, result):
             self.calls.append(info.name)
+            calls = len(self.calls)
+            if calls > self._max_ops or not calls & 63:
+                self._over(calls)
             if self.prints is not None:
                 self.prints.append(_prints(info.name, result))
             if self.expected is not None:

@@ -321,6 +321,38 @@ _KEEPS_NO_ELEMENT = (
 )
 
 
+def _samples_outside(get: Callable[[int, str, Any], Any]) -> bool:
+    """``grid_sample`` with zero padding whose every sample point lies where no input
+    element is read (outside the input, by more than the kernel's reach): the output is
+    zeros whatever the input holds."""
+    value, grid = get(0, "input", None), get(1, "grid", None)
+    if not isinstance(value, torch.Tensor) or not isinstance(grid, torch.Tensor):
+        return False
+    mode, padding = get(2, "mode", "bilinear"), get(3, "padding_mode", "zeros")
+    corners = bool(get(4, "align_corners", False))
+    if padding != "zeros" or mode not in ("bilinear", "nearest", "bicubic"):
+        return False
+    if grid.numel() == 0 or not grid.is_floating_point() or grid.shape[-1] != value.dim() - 2:
+        return False
+    sizes = torch.tensor(value.shape[2:][::-1], dtype=torch.float64)  # x, y(, z) order
+    g = grid.detach().to(torch.float64, copy=False).cpu()
+    at = (g + 1) / 2 * (sizes - 1) if corners else ((g + 1) * sizes - 1) / 2
+    reach = {"bilinear": 1.0, "nearest": 0.5, "bicubic": 2.0}[mode]  # pixels read around
+    outside = (at < -reach) | (at > sizes - 1 + reach)
+    return bool(outside.any(-1).all())
+
+
+def _bernoulli_settled(get: Callable[[int, str, Any], Any]) -> bool:
+    """``bernoulli(p)`` whose probabilities are all 0: every probe near 0 keeps the draw
+    at 0; the probe that must move it, p set to 1, draws 1 everywhere (no RNG needed)."""
+    p = get(0, "input", None)
+    if not isinstance(p, torch.Tensor) or p.numel() == 0 or not p.is_floating_point():
+        return False
+    if bool(p.any()):
+        return False
+    return bool(torch.bernoulli(torch.ones_like(p)).ne(torch.bernoulli(p)).all())
+
+
 def _is_zero(value: Any) -> bool:
     if isinstance(value, torch.Tensor):
         return value.numel() > 0 and not bool(value.any())
@@ -342,6 +374,16 @@ UNREAD: dict[str, tuple[Unread, ...]] = {
     **dict.fromkeys(["tril", "tril_"], (
         Unread(f"tril {_KEEPS_NO_ELEMENT}", _TARGET, _keeps_no_element(upper=False)),
     )),
+    "grid_sample": (
+        Unread("every sample point lies outside the input, past what the kernel reads, "
+               "with zero padding: no element of the input is read and the output is zeros",
+               _TARGET, _samples_outside),
+    ),
+    "bernoulli": (
+        Unread("every probability is 0: probes near 0 leave every draw 0, so none shows "
+               "the edge; p set to 1 draws 1 everywhere, which proves the probabilities "
+               "are read", _TARGET, _bernoulli_settled),
+    ),
     "where": (
         Unread("the condition is true everywhere: `other` is never read",
                _pos("2", "other"), lambda get: _all_true(get(0, "condition", None))),

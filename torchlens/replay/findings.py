@@ -12,7 +12,7 @@ __all__ = ["Findings"]
 _first = itemgetter(0)
 _VERIFIED = {"verified"}
 _NO_EDGE = "no tensor input: there is no edge for perturbation to prove"
-_RANK = {"passed": 0, "exempt": 0, "unverified": 1, "failed": 2}
+_RANK = {"passed": 0, "exempt": 0, "incomplete": 1, "unverified": 2, "failed": 3}
 
 
 class Findings:
@@ -22,6 +22,9 @@ class Findings:
         self.op_labels = [op.label for op in trace.ops]
         self.failures: list[ReplayFailure] = []
         self.gaps: list[ReplayFailure] = []
+        self.hidden: list[ReplayFailure] = []  # ops reached by a hidden edge: "incomplete"
+        self.model_calls = 0  # times validation called the model (see ReplayStatus)
+        self.differs_from_itself = False  # two plain calls differed (self_difference.py)
         self._replayed: set[str] = set()
         self._verified: set[str] = set()
         self._exempt: dict[str, tuple[str, ...]] = {}  # exempt op -> why, edge by edge
@@ -37,6 +40,11 @@ class Findings:
 
     def unchecked(self, label: str, arm: str, reason: str) -> None:
         self.gaps.append(ReplayFailure(label, arm, reason))
+
+    def incomplete(self, label: str, arm: str, reason: str) -> None:
+        """``label`` reads a value through Python that no recorded edge carries: the graph
+        is incomplete there (not wrong)."""
+        self.hidden.append(ReplayFailure(label, arm, reason))
 
     def replayed(self, label: str) -> None:
         self._replayed.add(label)
@@ -67,7 +75,8 @@ class Findings:
             self._exempt[label] = tuple(reason for _, reason in verdicts) or (_NO_EDGE,)
 
     def status(self, arms: tuple[str, ...], unavailable: bool = False) -> ReplayStatus:
-        """The summary: ``failed`` > ``unavailable`` > ``unverified`` > ``passed``."""
+        """The summary: ``failed`` > ``unavailable`` > ``unverified`` > ``incomplete`` >
+        ``passed``."""
         gap_labels = {gap.label for gap in self.gaps}
         if self.failures:
             state = "failed"
@@ -75,6 +84,8 @@ class Findings:
             state = "unavailable"
         elif self.gaps:
             state = "unverified"
+        elif self.hidden:
+            state = "incomplete"
         else:
             state = "passed"
         return ReplayStatus(
@@ -93,13 +104,16 @@ class Findings:
             exemptions=dict(self._exempt),
             hidden_edges=list(self.hidden_edges),
             decisions=list(self.decisions),
+            model_calls=self.model_calls,
         )
 
     def _verdicts(self, arms: tuple[str, ...]) -> dict[str, OpVerdict]:
         """Each op's outcome per arm: what the arm proved, overruled by what it found (a
         1,000-op trace: about 5 ms, ops with nothing to say copying one prepared dict)."""
         found: dict[str, list[tuple[str, str, str]]] = {}
-        for outcome, items in (("failed", self.failures), ("unverified", self.gaps)):
+        for outcome, items in (
+            ("failed", self.failures), ("unverified", self.gaps), ("incomplete", self.hidden)
+        ):  # fmt: skip
             for item in items:
                 found.setdefault(item.label, []).append((item.arm, outcome, item.reason))
         for item in self.unread:  # edges exempt by a rule: not a verdict, a reason

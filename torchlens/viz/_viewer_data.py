@@ -51,6 +51,11 @@ def viewer_data(
         nodes.append({"id": f"output {i}", "k": "output", "t": "output", "s": label, "g": -1})
         if label in index:
             edges.append([index[label], len(nodes) - 1])
+    hidden = [
+        [index[e.parent], index[e.child]]
+        for e in trace.hidden_edges
+        if e.parent in index and e.child in index
+    ]  # dependencies through Python values validation found: drawn dashed
     repeated = _note_passes(trace, nodes, index)
     hints = _dot_order(nodes, edges) if use_dot else None
     if hints:
@@ -63,9 +68,22 @@ def viewer_data(
         "groups": groups,
         "edges": edges,
         "status": getattr(status, "state", None),
+        "counts": _verdict_counts(trace, status, verdicts),
+        "hidden": hidden,
         "layout": "graphviz" if hints else "page",
         "repeated": repeated,  # layers run more than once: the page offers a rolled view
     }
+
+
+def _verdict_counts(trace: Trace, status: Any, verdicts: dict[str, str]) -> dict[str, int]:
+    """The legend's counts: ops by verdict, as ``status.verdicts`` says (the status the
+    page shows, so its numbers are the status's)."""
+    if status is None:
+        return {}
+    counts: dict[str, int] = {}
+    for state in verdicts.values():
+        counts[state] = counts.get(state, 0) + 1
+    return counts
 
 
 def _note_passes(trace: Trace, nodes: list[dict[str, Any]], index: dict[str, int]) -> int:
@@ -87,9 +105,22 @@ def _note_passes(trace: Trace, nodes: list[dict[str, Any]], index: dict[str, int
 
 
 def op_verdicts(trace: Trace, status: Any) -> tuple[dict[str, str], dict[str, list[str]]]:
-    """Each op's verdict under ``status`` (passed/failed/unverified) and the reasons found."""
+    """Each op's verdict under ``status`` (passed/incomplete/failed/unverified) and the
+    reasons found: ``status.verdicts`` where the status has them (each op's state, arm by
+    arm), else its failures and gaps."""
     if status is None:
         return {}, {}
+    by_op = getattr(status, "verdicts", None)
+    if by_op and status.state != "unavailable":
+        verdicts, reasons = {}, {}
+        for op in trace.ops:
+            verdict = by_op.get(op.label)
+            if verdict is None:
+                continue
+            verdicts[op.label] = verdict.state
+            if verdict.state != "passed" and verdict.reasons:
+                reasons[op.label] = list(verdict.reasons)
+        return verdicts, reasons
     reasons: dict[str, list[str]] = {}
     verdicts: dict[str, str] = {}
     default = "unverified" if status.state == "unavailable" else "passed"

@@ -55,11 +55,13 @@
   };
   window.tlViewerLegend = function (data, nodes, el) {
     if (!data.status) return;
-    const counts = { passed: 0, failed: 0, unverified: 0 };
-    for (const n of nodes) if (n.v) counts[n.v]++;
-    const colours = { passed: "#2e9e4f", failed: "#d0312d", unverified: "#d99a00" };
-    el.innerHTML = `validation: <b>${esc(data.status)}</b>` + Object.keys(counts).map(
+    // the counts are status.verdicts counted (made by Python), never recounted here
+    const counts = data.counts || {};
+    const colours = { passed: "#2e9e4f", incomplete: "#7a4fd0", failed: "#d0312d", unverified: "#d99a00" };
+    let html = `validation: <b>${esc(data.status)}</b>` + Object.keys(colours).filter((k) => k in counts).map(
       (k) => `<i style="background:${colours[k]}"></i>${k} ${counts[k]}`).join("");
+    if (data.hidden && data.hidden.length) html += `<i class="dash"></i>hidden edges ${data.hidden.length}`;
+    el.innerHTML = html;
     el.hidden = false;
   };
 })();

@@ -9,7 +9,7 @@
   const svg = document.getElementById("graph");
   const viewport = document.getElementById("viewport");
   const layers = { frames: byId("frames"), edges: byId("edges"), boxes: byId("boxes") };
-  const RANK = { passed: 1, unverified: 2, failed: 3 };
+  const RANK = { passed: 1, incomplete: 2, unverified: 3, failed: 4 };
 
   // ---- static structure: group ids are 1..G (0 is the whole graph) -------------------------
   const parentOf = new Int32Array(G + 1), depthOf = new Int32Array(G + 1);
@@ -236,6 +236,14 @@
       edges.push(`<path${cls.trim() ? ` class="${cls.trim()}"` : ""} d="${e.d}" marker-end="url(#arrow)"/>`);
       if (label) edges.push(`<text class="pass" x="${e.box.x + e.box.w + 3}" y="${e.box.y + e.box.h / 2}">${esc(label)}</text>`);
     }
+    // hidden edges (dependencies through Python values, found by validation): dashed, from
+    // the box standing for the escaped record to the one standing for the op it reaches
+    for (const [a, b] of DATA.hidden || []) {
+      const pa = pos.get(repOf(a)), pb = pos.get(repOf(b));
+      if (!pa || !pb || pa === pb || !(onScreen(pa) || onScreen(pb))) continue;
+      const ax = pa.x + pa.w / 2, ay = pa.y + pa.h, bx = pb.x + pb.w / 2, by = pb.y;
+      edges.push(`<path class="hidden-edge" d="M${ax},${ay}L${bx},${by}" marker-end="url(#arrow)"/>`);
+    }
     layers.frames.innerHTML = frames.join("");
     layers.edges.innerHTML = edges.join("");
     layers.boxes.innerHTML = boxes.join("");
@@ -267,16 +275,18 @@
       const n = NODES[id];
       cls += " " + n.k + (n.w && n.w.length ? " weighted" : "") + (n.ip ? " inplace" : "");
       cls += (n.v ? " v-" + n.v : "") + (hitSet.has(id) ? " hit" : "") + (id === selected ? " sel" : "");
+      cls += n.esc ? " escapes" : "";
       cls += rolled && n.np ? " passes" : "";
       lines = [`<text x="${p.x + 9}" y="${p.y + 14}" font-weight="bold">${esc(n.t)}</text>`,
         `<text class="sub" x="${p.x + 9}" y="${p.y + 27}">${esc(subLine(n))}</text>`];
       const mod = modLine(n);
       if (mod) lines.push(`<text class="mod" x="${p.x + 9}" y="${p.y + 39}">${esc(mod)}</text>`);
+      if (n.esc) lines.push(`<text class="esc-mark" x="${p.x + p.w - 6}" y="${p.y + 13}" text-anchor="end">⇢py</text>`);
       data = `data-n="${id}"`;
     }
     return `<g class="${cls}" ${data}><rect x="${p.x}" y="${p.y}" width="${p.w}" height="${p.h}" rx="5"/>${lines.join("")}</g>`;
   }
-  function verdictClass(rank) { return rank ? " v-" + ["", "passed", "unverified", "failed"][rank] : ""; }
+  function verdictClass(rank) { return rank ? " v-" + ["", "passed", "incomplete", "unverified", "failed"][rank] : ""; }
 
   // ---- folding, moving, finding ------------------------------------------------------------
   function relayout() { layout(); schedule(); }
