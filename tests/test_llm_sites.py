@@ -220,6 +220,36 @@ def test_a_base_model_without_a_head():
     assert rec[rec.labels[0]].module == "h.1.attn.resid_dropout"
 
 
+@pytest.mark.parametrize(
+    ("build", "base", "want"),
+    [(tiny.gpt_neox, "gpt_neox", "layers.1.attention.dense"),
+     (tiny.opt, "model", "decoder.layers.1.self_attn.out_proj"),
+     (tiny.phi, "model", "layers.1.self_attn.dense")],
+)  # fmt: skip
+def test_base_models_of_the_other_families(build, base, want):
+    full = build()
+    model = getattr(full, base)
+    ids = tiny.ids(3, n=5)
+    sites = tl.llm_sites(model)
+    rec = tl.record(model, ids, save=sites.attn_out(1) | sites.resid_pre(0) | sites.k(1))
+    assert len(rec.labels) == 3 and rec[rec.labels[-1]].module == want
+    ref = _reference(full, ids)
+    got = {rec[lab].module: rec[lab].out for lab in rec.labels}
+    torch.testing.assert_close(got[want], ref["attn_out", 1])
+    torch.testing.assert_close(rec[rec.labels[0]].out, ref["resid_pre", 0])
+
+
+def test_missing_sites_by_hook_name_are_typed_errors():
+    for build, name in [(tiny.opt, "blocks.0.attn.hook_q"), (tiny.opt, "blocks.1.attn.hook_rot_q"),
+                        (tiny.phi, "blocks.1.hook_resid_mid"),
+                        (tiny.gpt_neox, "blocks.0.hook_resid_mid")]:  # fmt: skip
+        with pytest.raises(UnsupportedModelError) as info:
+            tl.llm_sites(build())[name]
+        assert info.value.code == "unsupported_site", name
+    sites = tl.llm_sites(tiny.gpt_neox(parallel=False))
+    assert repr(sites["blocks.0.hook_resid_mid"]) == repr(sites.resid_mid(0))
+
+
 def test_other_families_get_a_typed_error_naming_the_supported_ones():
     # Gemma2: eager attention with logit soft-capping and a LayerNorm after attention and MLP
     gemma2 = tiny.build("Gemma2ForCausalLM", "Gemma2Config", head_dim=8, **tiny._LLAMA_LIKE)

@@ -22,6 +22,14 @@ Each site is one op per layer:
 - ``pattern(L)``: the same op, whose pattern ``tl.attention_pattern(op)`` reads,
   ``(batch, heads, query, key)``, and ``edits.edit_pattern`` edits.
 
+Families differ where their models do (the table in docs/interpretability.md): GPT-NeoX
+and Phi rotate part of each head, so their ``q``/``k`` are the ``cat`` of the rotated and the
+passed features; a parallel block (Phi, GPT-NeoX's default) has no ``resid_mid``; OPT scales
+the query before its heads, so it has no ``q``; BERT is post-LN and follows TransformerLens's
+BERT block (``resid_mid``/``resid_post`` before the LayerNorm after each residual add, so
+``resid_pre(L + 1)`` is the LayerNorm of ``resid_post(L)``). A site a family has no exact op
+for raises ``UnsupportedModelError`` ``unsupported_site``, never another op.
+
 A site counted by its place in a module call (``resid_mid``, ``q``, ``k``, ``v``) counts the
 ops of its function in that call as it is asked about them, in order (``&`` and ``|`` ask
 both sides of every op, so combining them is safe).
