@@ -296,6 +296,26 @@ def test_sites_work_in_intervene_sweep_and_extract(tmp_path):
     torch.testing.assert_close(torch.as_tensor(ex[list(ex)[0]][:]), want)
 
 
+@pytest.mark.parametrize("family", ["gpt-neox", "phi", "opt", "bert-mlm", "gemma"])
+def test_other_families_sites_in_sweep_and_intervene(family):
+    model = FAMILY_BUILDERS[family]()
+    sites = tl.llm_sites(model)
+    clean_ids, corrupt_ids = tiny.prompts()
+    clean, corrupt = tl.trace(model, clean_ids), tl.trace(model, corrupt_ids)
+    metric = edits.logit_diff(3, 7)
+    chosen = {"attn_out 0": sites.attn_out(0), "resid_post 0": sites.resid_post(0),
+              "z 0": sites.z(0)}  # fmt: skip
+    grid = edits.sweep(corrupt, clean, chosen, metric, positions=[3])
+    for s, site in enumerate(chosen.values()):  # -2 is the position axis of each
+        edit = edits.patch(corrupt, clean, site, positions=[3])
+        live = tl.trace(model, corrupt_ids, intervene=edit)
+        assert float(grid.values[s, 0]) == pytest.approx(float(metric(live.output)), abs=1e-5)
+    unpatched = float(metric(corrupt.output))
+    assert any(abs(float(g) - unpatched) > 1e-6 for g in grid.values.flatten())
+    zeroed = tl.trace(model, clean_ids, intervene={sites.k(1): edits.zero(heads=[1])})
+    assert not torch.allclose(zeroed.output.logits, clean.output.logits)
+
+
 def test_a_sweep_over_attention_pattern_patching():
     model = tiny.gpt2_lm()
     sites = tl.llm_sites(model)
