@@ -63,6 +63,33 @@ def mistral(attn: str = "sdpa", sliding_window: int = 3):
     )  # fmt: skip
 
 
+def gpt_neox(parallel: bool = True):
+    """Partial rotary (a quarter of each head) and a fused query/key/value projection."""
+    return build(
+        "GPTNeoXForCausalLM", "GPTNeoXConfig", frozen=True, num_hidden_layers=2, hidden_size=32,
+        num_attention_heads=4, intermediate_size=64, use_parallel_residual=parallel, **_DECODER,
+    )  # fmt: skip
+
+
+def gemma():
+    return build("GemmaForCausalLM", "GemmaConfig", frozen=True, head_dim=8, **_LLAMA_LIKE)
+
+
+def opt():
+    return build(
+        "OPTForCausalLM", "OPTConfig", frozen=True, num_hidden_layers=2, hidden_size=32,
+        num_attention_heads=4, ffn_dim=64, word_embed_proj_dim=32, **_DECODER,
+    )  # fmt: skip
+
+
+def phi():
+    """Partial rotary (half of each head), attention and MLP in parallel."""
+    return build(
+        "PhiForCausalLM", "PhiConfig", frozen=True, num_hidden_layers=2, hidden_size=32,
+        num_attention_heads=4, intermediate_size=64, **_DECODER,
+    )  # fmt: skip
+
+
 def gpt2_lm(layers: int = 2, vocab: int = VOCAB):
     return build(
         "GPT2LMHeadModel", "GPT2Config", n_layer=layers, n_head=2, n_embd=32, vocab_size=vocab,

@@ -22,6 +22,14 @@ Each site is one op per layer:
 - ``pattern(L)``: the same op, whose pattern ``tl.attention_pattern(op)`` reads,
   ``(batch, heads, query, key)``, and ``edits.edit_pattern`` edits.
 
+Families differ where their models do (the table in docs/interpretability.md): GPT-NeoX
+and Phi rotate part of each head, so their ``q``/``k`` are the ``cat`` of the rotated and the
+passed features; a parallel block (Phi, GPT-NeoX's default) has no ``resid_mid``; OPT scales
+the query before its heads, so it has no ``q``; BERT is post-LN and follows TransformerLens's
+BERT block (``resid_mid``/``resid_post`` before the LayerNorm after each residual add, so
+``resid_pre(L + 1)`` is the LayerNorm of ``resid_post(L)``). A site a family has no exact op
+for raises ``UnsupportedModelError`` ``unsupported_site``, never another op.
+
 A site counted by its place in a module call (``resid_mid``, ``q``, ``k``, ``v``) counts the
 ops of its function in that call as it is asked about them, in order (``&`` and ``|`` ask
 both sides of every op, so combining them is safe).
@@ -30,7 +38,7 @@ both sides of every op, so combining them is safe).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from torchlens.errors import InvalidArgumentError, UnsupportedModelError
@@ -39,29 +47,68 @@ from torchlens.selectors import Selector, func, module
 __all__ = ["LLMSites", "llm_sites", "FAMILIES"]
 
 
+_Where = tuple[str, str, int]  # (module address, function, k-th op of it run directly there)
+
+
 @dataclass(frozen=True)
 class _Family:
     """Where one family keeps each part, ``{L}`` standing for the layer."""
 
     embed: str  # the module whose output is resid_pre(0)
     block: str
-    attn: str
-    mlp: str
+    attn: str  # the module that computes q, k, v and the attention op
+    attn_out: str  # the module whose output is attn_out
+    mlp_out: str  # the module whose output is mlp_out
     q: tuple[str, int]  # (function, k-th in the attention call) of the query attention reads
     k: tuple[str, int]
     v: tuple[str, int]
+    resid_mid: _Where | None  # None: attention and MLP read the same stream (parallel)
+    resid_post: _Where | None = None  # None: what the block returns
+    embed_op: _Where | None = None  # resid_pre(0) when no module returns it
+    missing: tuple[tuple[str, str], ...] = ()  # (site, why this family has no exact op)
 
 
+_PARALLEL = "attention and MLP both read resid_pre (a parallel block): there is no resid_mid"
 _GPT2 = _Family("transformer.drop", "transformer.h.{L}", "transformer.h.{L}.attn",
-                "transformer.h.{L}.mlp", ("transpose", 3), ("transpose", 1),
-                ("transpose", 2))  # fmt: skip
+                "transformer.h.{L}.attn", "transformer.h.{L}.mlp", ("transpose", 3),
+                ("transpose", 1), ("transpose", 2),
+                ("transformer.h.{L}", "add", 1))  # fmt: skip
 _LLAMA = _Family("model.embed_tokens", "model.layers.{L}", "model.layers.{L}.self_attn",
-                 "model.layers.{L}.mlp", ("add", 1), ("add", 2), ("transpose", 3))  # fmt: skip
+                 "model.layers.{L}.self_attn", "model.layers.{L}.mlp", ("add", 1), ("add", 2),
+                 ("transpose", 3), ("model.layers.{L}", "add", 1))  # fmt: skip
+# partial rotary: the query attention reads is the ``cat`` of its rotated and its passed part
+_NEOX = _Family("gpt_neox.emb_dropout", "gpt_neox.layers.{L}", "gpt_neox.layers.{L}.attention",
+                "gpt_neox.layers.{L}.attention", "gpt_neox.layers.{L}.mlp", ("cat", 3),
+                ("cat", 4), ("chunk", 3), ("gpt_neox.layers.{L}", "add", 1))  # fmt: skip
+_PHI = _Family("model.embed_dropout", "model.layers.{L}", "model.layers.{L}.self_attn",
+               "model.layers.{L}.self_attn", "model.layers.{L}.mlp", ("cat", 3), ("cat", 4),
+               ("transpose", 3), None, missing=(("resid_mid", _PARALLEL),))  # fmt: skip
+# OPT has no MLP module (fc1, fc2 run in the block) and scales the query before its heads
+_OPT = _Family("", "model.decoder.layers.{L}", "model.decoder.layers.{L}.self_attn",
+               "model.decoder.layers.{L}.self_attn", "model.decoder.layers.{L}.fc2",
+               ("transpose", 1), ("transpose", 2), ("transpose", 3),
+               ("model.decoder.layers.{L}", "add", 1), embed_op=("model.decoder", "add", 1),
+               missing=(("q", "OPT multiplies the query by d_head**-0.5 before splitting it into "
+                         "heads, so no op holds TransformerLens's hook_q; its value is "
+                         "tl.module('<attention>.q_proj').output, (batch, pos, heads * d_head)"),
+                        ))  # fmt: skip
+# BERT is post-LN: TransformerLens's hooks are before each LayerNorm (see the module docstring)
+_BERT = _Family("bert.embeddings", "bert.encoder.layer.{L}",
+                "bert.encoder.layer.{L}.attention.self",
+                "bert.encoder.layer.{L}.attention.output.dense",
+                "bert.encoder.layer.{L}.output.dense", ("transpose", 1), ("transpose", 2),
+                ("transpose", 3), ("bert.encoder.layer.{L}.attention.output", "add", 1),
+                ("bert.encoder.layer.{L}.output", "add", 1))  # fmt: skip
 
 FAMILIES: dict[str, _Family] = {
+    "bert": _BERT,
+    "gemma": _LLAMA,
     "gpt2": _GPT2,
+    "gpt_neox": _NEOX,
     "llama": _LLAMA,
     "mistral": _LLAMA,
+    "opt": _OPT,
+    "phi": _PHI,
     "qwen2": _LLAMA,
 }  # config.model_type -> where its parts are
 
@@ -115,30 +162,60 @@ class LLMSites:
             )
         return pattern.format(L=layer % self.n_layers)
 
+    def _nth(self, where: _Where, layer: int) -> Selector:
+        address, name, n = where
+        return _Nth(self._at(address, layer), name, n)
+
+    def _exact(self, site: str) -> None:
+        why = dict(self._parts.missing).get(site)
+        if why is not None:
+            raise UnsupportedModelError(
+                f"tl.llm_sites has no {site} for this {self.family} model: {why}",
+                code="unsupported_site",
+            )
+
     def resid_pre(self, layer: int) -> Selector:
         """What block ``layer`` reads: the embeddings for 0, else the previous block's output."""
-        if self._at("{L}", layer) == "0":
-            return module(self._parts.embed).output
-        return self.resid_post(layer % self.n_layers - 1)
+        if self._at("{L}", layer) != "0":
+            return module(self._at(self._parts.block, layer % self.n_layers - 1)).output
+        if self._parts.embed_op is not None:
+            return self._nth(self._parts.embed_op, 0)
+        return module(self._parts.embed).output
 
     def resid_mid(self, layer: int) -> Selector:
-        """The residual stream after attention's residual add, before the MLP."""
-        return _Nth(self._at(self._parts.block, layer), "add", 1)
+        """The residual stream after attention's residual add, before the MLP (BERT: before
+        the LayerNorm that follows that add).
+
+        Raises:
+            UnsupportedModelError: ``unsupported_site`` for a parallel block (GPT-NeoX with
+                ``use_parallel_residual``, Phi), which has none.
+        """
+        self._exact("resid_mid")
+        assert self._parts.resid_mid is not None
+        return self._nth(self._parts.resid_mid, layer)
 
     def resid_post(self, layer: int) -> Selector:
-        """What block ``layer`` returns."""
+        """What block ``layer`` returns (BERT: the residual add before its last LayerNorm)."""
+        if self._parts.resid_post is not None:
+            return self._nth(self._parts.resid_post, layer)
         return module(self._at(self._parts.block, layer)).output
 
     def attn_out(self, layer: int) -> Selector:
-        """What the attention module returns (after its output projection)."""
-        return module(self._at(self._parts.attn, layer)).output
+        """What attention adds to the residual stream (after its output projection)."""
+        return module(self._at(self._parts.attn_out, layer)).output
 
     def mlp_out(self, layer: int) -> Selector:
-        """What the MLP module returns."""
-        return module(self._at(self._parts.mlp, layer)).output
+        """What the MLP adds to the residual stream (OPT: ``(batch * pos, d_model)``)."""
+        return module(self._at(self._parts.mlp_out, layer)).output
 
     def q(self, layer: int) -> Selector:
-        """The queries attention reads, after rotary, ``(batch, heads, pos, d_head)``."""
+        """The queries attention reads, after rotary, ``(batch, heads, pos, d_head)``.
+
+        Raises:
+            UnsupportedModelError: ``unsupported_site`` for OPT, which scales the query
+                before splitting it into heads.
+        """
+        self._exact("q")
         return _Nth(self._at(self._parts.attn, layer), *self._parts.q)
 
     def k(self, layer: int) -> Selector:
@@ -204,13 +281,17 @@ def llm_sites(model: Any) -> LLMSites:
     config = getattr(model, "config", None)
     family = getattr(config, "model_type", None)
     parts = FAMILIES.get(family)
+    if family == "opt" and not getattr(config, "do_layer_norm_before", True):
+        parts = None  # post-LN OPT (opt-350m): its block order is another family's
     if parts is None:
         raise UnsupportedModelError(
-            f"tl.llm_sites knows the transformers families {sorted(FAMILIES)}; "
-            f"{type(model).__name__} (model_type {family!r}) is not one: select its "
-            "sites with tl.module(...).output and tl.func(...) instead",
+            f"tl.llm_sites knows the transformers families {sorted(FAMILIES)} (OPT with "
+            f"do_layer_norm_before only); {type(model).__name__} (model_type {family!r}) "
+            "is not one: select its sites with tl.module(...).output and tl.func(...) instead",
             code="unsupported_family",
         )
+    if family == "gpt_neox" and getattr(config, "use_parallel_residual", True):
+        parts = replace(parts, resid_mid=None, missing=(("resid_mid", _PARALLEL),))
     prefix = _prefix(model, parts)
     if prefix:
         parts = _Family(*(_prefixed(prefix, p) for p in vars(parts).values()))
@@ -235,5 +316,10 @@ def _prefix(model: Any, parts: _Family) -> str:
 
 
 def _prefixed(prefix: str, part: Any) -> Any:
-    """``part`` without ``prefix`` at the front (an address, or a (function, n) pair)."""
-    return part.removeprefix(prefix) if isinstance(part, str) else part
+    """``part`` without ``prefix`` at the front (an address, or an (address, function, n)
+    triple; (function, n) pairs and the reasons in ``missing`` are left as they are)."""
+    if isinstance(part, str):
+        return part.removeprefix(prefix)
+    if isinstance(part, tuple) and len(part) == 3:
+        return (_prefixed(prefix, part[0]), *part[1:])
+    return part

@@ -58,7 +58,9 @@ class UnsupportedModelError(TorchLensError, TypeError):
 
     Codes: ``compiled_module``, ``torchscript_module``, ``exported_program``,
     ``not_callable``, ``module_class`` (an ``nn.Module`` class was passed, not an instance),
-    ``pipeline_parallel`` (a ``torch.distributed.pipelining`` pipe, stage or schedule).
+    ``pipeline_parallel`` (a ``torch.distributed.pipelining`` pipe, stage or schedule),
+    ``unsupported_family`` (``tl.llm_sites`` on a model of no family it maps),
+    ``unsupported_site`` (a ``tl.llm_sites`` site that model's family has no exact op for).
     """
 
     code = "unsupported_model"
