@@ -91,6 +91,10 @@ _OPT = _Family("", "model.decoder.layers.{L}", "model.decoder.layers.{L}.self_at
                missing=(("q", "OPT multiplies the query by d_head**-0.5 before splitting it into "
                          "heads, so no op holds TransformerLens's hook_q; its value is "
                          "tl.module('<attention>.q_proj').output, (batch, pos, heads * d_head)"),
+                        ("mlp_out", "OPT runs its MLP on (batch * pos, d_model) rows, so no op "
+                         "holds TransformerLens's hook_mlp_out by position (positions= would "
+                         "pick rows, not positions); its value is "
+                         "tl.module('<block>.fc2').output, (batch * pos, d_model)"),
                         ))  # fmt: skip
 # BERT is post-LN: TransformerLens's hooks are before each LayerNorm (see the module docstring)
 _BERT = _Family("bert.embeddings", "bert.encoder.layer.{L}",
@@ -205,7 +209,13 @@ class LLMSites:
         return module(self._at(self._parts.attn_out, layer)).output
 
     def mlp_out(self, layer: int) -> Selector:
-        """What the MLP adds to the residual stream (OPT: ``(batch * pos, d_model)``)."""
+        """What the MLP adds to the residual stream, ``(batch, pos, d_model)``.
+
+        Raises:
+            UnsupportedModelError: ``unsupported_site`` for OPT, whose MLP runs on
+                ``(batch * pos, d_model)`` rows.
+        """
+        self._exact("mlp_out")
         return module(self._at(self._parts.mlp_out, layer)).output
 
     def q(self, layer: int) -> Selector:
