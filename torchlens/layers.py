@@ -138,8 +138,8 @@ def group_layers(trace: Any) -> Layers:
         tokens = _Tokens(numbered)
         code = tokens.code
         groups: dict[tuple, list[Any]] = {}
-        for stack, (items, ids) in bodies.items():
-            scope = stack[-1][0] if stack else None
+        for call, (items, ids) in bodies.items():
+            scope = call[0] if call else None
             places = _places(ids, tokens) if len(ids) > 1 else _ONE
             for item, place, token in zip(items, places, ids):
                 if item is not None:  # an op, not a nested call
@@ -218,7 +218,8 @@ class _Tokens:
 def _bodies(
     ops: Sequence[Any], held: set[str], types: Mapping[str, str], ids: dict[tuple, int]
 ) -> dict[tuple, tuple[list, list[int]]]:
-    """Each call's own body, by its module stack: ``(items, tokens)``, the items its direct
+    """Each call's own body, by the call (its ``(address, call number)``, ``()`` for the
+    traced callable's own code): ``(items, tokens)``, the items its direct
     ops and ``None`` for each nested call, in order, with their tokens' ints (a nested
     call's token is ``("call", address, class name)``); ``ids`` gets each token's int, in
     order of first sight."""
@@ -234,17 +235,19 @@ def _bodies(
                     break
                 common += 1
             for depth in range(common, len(stack)):  # the calls entered here
-                outer = bodies.get(stack[:depth])
+                caller = stack[depth - 1] if depth else ()
+                outer = bodies.get(caller)
                 if outer is None:
-                    outer = bodies[stack[:depth]] = ([], [])
+                    outer = bodies[caller] = ([], [])
                 address = stack[depth][0]
-                call = ("call", address, types.get(address, ""))
+                entered = ("call", address, types.get(address, ""))
                 outer[0].append(None)
-                outer[1].append(ids.setdefault(call, len(ids)))
+                outer[1].append(ids.setdefault(entered, len(ids)))
             previous = stack
-            body = bodies.get(stack)
+            call = stack[-1] if stack else ()  # one call of a module: one stack
+            body = bodies.get(call)
             if body is None:
-                body = bodies[stack] = ([], [])
+                body = bodies[call] = ([], [])
             items, numbers = body
         parents = op.parents
         reads = () if held.isdisjoint(parents) else tuple([p for p in parents if p in held])
