@@ -10,9 +10,11 @@ reports grouping / capture. Three shapes of trace:
 * ``deep_mlp``: 5,000 Linear + ReLU pairs, no loop: 10,000 layers of one pass;
 * ``shared_depth``: one block applied 1,250 times (ALBERT-style), 8 ops per call.
 
-Measured (2-core shared CPU, medians): grouping is 15-20% of the structure-only capture of
-these traces of tiny tensors (2-5 us per op against 12-35), less against ``tl.trace``
-with values; on the real-model zoo it is mostly under 10% of the structure-only capture.
+Measured (2-core shared CPU under load, medians of 5, three runs each): grouping is 11-15%
+of the structure-only capture of these traces of tiny tensors (10-42 ms against 85-232,
+1-4 us per op; it was 12-22%, 10-49 ms, before tokens became ints and the collector was
+paused while grouping), less against ``tl.trace`` with values; on the real-model zoo it is
+mostly under 10% of the structure-only capture.
 Run:
 ``python benchmarks/bench_layers.py [--repeats N]``.
 """

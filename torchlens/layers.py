@@ -229,11 +229,9 @@ def _bodies(
     for op in ops:
         stack = op.module_stack
         if stack != previous:
-            common = 0
-            for a, b in zip(stack, previous):
-                if a != b:
-                    break
-                common += 1
+            common = len(stack)  # calls still running (a call never resumes once left)
+            while common and stack[common - 1] not in bodies:
+                common -= 1
             for depth in range(common, len(stack)):  # the calls entered here
                 caller = stack[depth - 1] if depth else ()
                 outer = bodies.get(caller)
@@ -287,11 +285,13 @@ def _anchors(ids: list[int], tokens: _Tokens) -> list[int]:
     """Tokens that mark an iteration when they recur: a nested call's address, an op that
     reads parameters, an op with a source line; most frequent first within each kind."""
     counts = Counter(ids)
+    kind = {t: tokens.kind(t) for t, n in counts.items() if n > 1}
+    found = [t for t, k in kind.items() if k < 3]
+    if not found:  # repeated weight-free ops only: no loop
+        return []
     first: dict[int, int] = {}
     for i, token in enumerate(ids):
         first.setdefault(token, i)
-    kind = {t: tokens.kind(t) for t, n in counts.items() if n > 1}
-    found = [t for t, k in kind.items() if k < 3]
     return sorted(found, key=lambda t: (kind[t], -counts[t], first[t]))[:_CANDIDATES]
 
 
