@@ -138,9 +138,15 @@ def group_layers(trace: Any) -> Layers:
         tokens = _Tokens(numbered)
         code = tokens.code
         groups: dict[tuple, list[Any]] = {}
+        seen: dict[tuple[int, ...], list[tuple]] = {}  # the places of a body, by its tokens
         for call, (items, ids) in bodies.items():
             scope = call[0] if call else None
-            places = _places(ids, tokens) if len(ids) > 1 else _ONE
+            places = _ONE
+            if len(ids) > 1:  # each call of a cell runs the same tokens: worked out once
+                run = tuple(ids)
+                places = seen.get(run)
+                if places is None:
+                    places = seen[run] = _places(ids, tokens)
             for item, place, token in zip(items, places, ids):
                 if item is not None:  # an op, not a nested call
                     key = (scope, place, code[token])
