@@ -10,9 +10,13 @@ reports grouping / capture. Three shapes of trace:
 * ``deep_mlp``: 5,000 Linear + ReLU pairs, no loop: 10,000 layers of one pass;
 * ``shared_depth``: one block applied 1,250 times (ALBERT-style), 8 ops per call.
 
-Measured (2-core shared CPU, medians): grouping is 15-20% of the structure-only capture of
-these traces of tiny tensors (2-5 us per op against 12-35), less against ``tl.trace``
-with values; on the real-model zoo it is mostly under 10% of the structure-only capture.
+Measured (2-core shared CPU under load, medians of 5, three runs each against the code
+before): grouping is 7-9% of the structure-only capture of ``rnn_loop`` (6 ms; was 10-18),
+10-15% of ``shared_depth`` (12-20 ms; was 14-18) and 14-20% of ``deep_mlp`` (30-42 ms; was
+29-48), whose 10,000 one-op module calls leave little to share; less against ``tl.trace``
+with values. The grouping pauses the cyclic collector (``torchlens/_gc.py``): the first
+grouping after capturing ``deep_mlp`` took 260 ms with a 210 ms full collection, now 35.
+On the real-model zoo it is mostly under 10% of the structure-only capture.
 Run:
 ``python benchmarks/bench_layers.py [--repeats N]``.
 """

@@ -15,6 +15,7 @@ PACKAGE = Path(tl.__file__).resolve().parent
 LAYERS = {
     "_version": 0, "_table": 0, "_tensors": 0, "errors": 0,
     "_calls": 0,  # the one rule for passing the op (or batch) to a user function
+    "_gc": 0,  # the cyclic collector paused around allocation-heavy passes
     "_views": 0.5,  # read-only views the data model hands out (module calls, summaries)
     "_store": 0.5,  # where saved values live (PayloadStore), re-exported by trace
     "_source": 0.5,  # op.source: the model line behind an op (tl.trace(source=True))

@@ -513,3 +513,47 @@ def test_corblock_steps_with_their_own_norms():
     assert passes["add_1"] == 3 and passes["relu_2"] == 3 and passes["mul_1"] == 3
     norms = [op for op in trace if op.func_name == "batch_norm"]
     assert len(norms) == 6 and all(len(trace.layers[op.layer]) == 1 for op in norms)
+
+
+# -- every op's layer and pass, pinned -------------------------------------------------------
+# "." is an op that is the first pass of its own layer; the grouping may get faster, never
+# different (benchmarks/bench_layers.py times it)
+PINNED = {
+    "loop": (
+        lambda: tl.trace(LoopRNN(3), torch.randn(2, 3, 4)),
+        ". . . . . getitem_1:2 rnn_tanh_cell_1:2 mul_1:2 add_1:2 getitem_1:3 rnn_tanh_cell_1:3"
+        " mul_1:3 add_1:3 .",
+    ),
+    "unrolled": (
+        lambda: tl.trace(Unrolled(), torch.randn(2, 3, 4)),
+        ". . . . . . . getitem_1:2 linear_1:2 linear_2:2 add_1:2 tanh_1:2 sum_1:2 getitem_1:3"
+        " linear_1:3 linear_2:3 add_1:3 tanh_1:3 sum_1:3 .",
+    ),
+    "siamese": (
+        lambda: tl.trace(Siamese(), torch.randn(2, 6), kwargs={"b": torch.randn(2, 6)}),
+        ". . . linear_1:2 relu_1:2 linear_2:2 . .",
+    ),
+    "source_lines": (
+        lambda: tl.trace(SharedThenWrittenTwice(), torch.randn(2, 8), source=True),
+        ". . linear_1:2 .",
+    ),
+    "inner_steps": (
+        lambda: tl.trace(InnerSteps(), torch.randn(2, 2, 8)),
+        ". . . . linear_1:2 linear_1:3 . . . linear_1:4 linear_1:5 linear_1:6 . .",
+    ),
+    "corblock": (
+        lambda: tl.trace(CORblock(times=2).eval(), torch.randn(1, 3, 6, 6)),
+        ". . . . . . . . . conv2d_2:2 . relu_1:2 conv2d_3:2 . add_1:2 relu_2:2 mul_1:2 .",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", PINNED)
+def test_every_op_keeps_its_layer_and_pass(name):
+    make, expected = PINNED[name]
+    trace = make()
+    got = [
+        "." if (op.layer, op.pass_index) == (op.label, 1) else f"{op.layer}:{op.pass_index}"
+        for op in trace
+    ]
+    assert got == expected.split()

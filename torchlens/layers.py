@@ -41,6 +41,7 @@ from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from torchlens._gc import collector_paused
 from torchlens.errors import LookupFailedError
 
 __all__ = ["Layers", "group_layers", "split_pass_key"]
@@ -129,22 +130,33 @@ def group_layers(trace: Any) -> Layers:
     Returns:
         The :class:`Layers`, in order of each layer's first pass.
     """
-    held = {s.label for s in trace.sources if s.kind in ("parameter", "buffer")}
-    groups: dict[tuple, list[Any]] = {}
-    types = {m.address: m.module_type for m in trace.modules}
-    for stack, (items, tokens) in _bodies(trace.ops, held, types).items():
-        scope = stack[-1][0] if stack else None
-        places = _places(tokens) if len(tokens) > 1 else _ONE
-        for item, place, token in zip(items, places, tokens):
-            if item is not None:  # an op, not a nested call
-                key = (scope, place, token[:4])
-                group = groups.get(key)
-                if group is None:
-                    groups[key] = [item]
-                else:
-                    group.append(item)
-    ordered = sorted(groups.values(), key=_first_index)
-    return Layers({ops[0].label: _in_order(ops) for ops in ordered})
+    with collector_paused():
+        held = {s.label for s in trace.sources if s.kind in ("parameter", "buffer")}
+        types = {m.address: m.module_type for m in trace.modules}
+        numbered: dict[tuple, int] = {}
+        bodies = _bodies(trace.ops, held, types, numbered)
+        tokens = _Tokens(numbered)
+        code = tokens.code
+        groups: dict[tuple, list[Any]] = {}
+        seen: dict[tuple[int, ...], list[tuple]] = {}  # the places of a body, by its tokens
+        for call, (items, ids) in bodies.items():
+            scope = call[0] if call else None
+            places = _ONE
+            if len(ids) > 1:  # each call of a cell runs the same tokens: worked out once
+                run = tuple(ids)
+                places = seen.get(run)
+                if places is None:
+                    places = seen[run] = _places(ids, tokens)
+            for item, place, token in zip(items, places, ids):
+                if item is not None:  # an op, not a nested call
+                    key = (scope, place, code[token])
+                    group = groups.get(key)
+                    if group is None:
+                        groups[key] = [item]
+                    else:
+                        group.append(item)
+        ordered = sorted(groups.values(), key=_first_index)
+        return Layers({ops[0].label: _in_order(ops) for ops in ordered})
 
 
 def _first_index(ops: list[Any]) -> int:
@@ -154,120 +166,165 @@ def _first_index(ops: list[Any]) -> int:
 def _in_order(ops: list[Any]) -> tuple[Any, ...]:
     if len(ops) == 1:
         return (ops[0],)
-    if all(a.index < b.index for a, b in zip(ops, ops[1:])):
+    indices = [op.index for op in ops]
+    if indices == sorted(indices):  # the calls of one scope run one after another
         return tuple(ops)
     return tuple(sorted(ops, key=lambda op: op.index))  # a module that calls itself
 
 
+class _Tokens:
+    """Each distinct token as a small int, and what the rule asks of it by that int.
+
+    Tokens are compared, counted and hashed per op; as ints that is cheap. The token
+    without its source line (the layer's key) is worked out once per token; the anchor
+    kind and the call's class only for the bodies that repeat.
+    """
+
+    def __init__(self, ids: dict[tuple, int]) -> None:
+        """Take over ``ids`` (token -> its int, numbered from 0 in order of insertion)."""
+        self.ids = ids
+        self.tuples: list[tuple] = list(ids)  # int -> token
+        self.code: list[int] = list(range(len(ids)))  # int -> its token without the line
+        self._alike: dict[int, int] = {}  # int -> the int a stretch compares (see alike)
+        for token in [token for token in self.tuples if len(token) > 4]:  # source lines
+            self.code[ids[token]] = self.add(token[:4])
+
+    def add(self, token: tuple) -> int:
+        """The int of ``token``, registered on first sight."""
+        number = self.ids.get(token)
+        if number is None:
+            number = self.ids[token] = len(self.tuples)
+            self.tuples.append(token)
+            self.code.append(number)
+            if len(token) > 4:  # an op with its source line
+                self.code[number] = self.add(token[:4])
+        return number
+
+    def kind(self, number: int) -> int:
+        """How strongly a recurring token marks an iteration: 0 a nested call, 1 an op that
+        reads parameters, 2 an op with a source line, 3 none (never an anchor)."""
+        token = self.tuples[number]
+        if token[0] == "call":
+            return 0
+        return 1 if token[3] else 2 if len(token) > 4 else 3
+
+    def alike(self, ids: list[int]) -> list[int]:
+        """``ids`` as stretches compare them: a nested call by its class, an op as itself."""
+        found, out = self._alike, []
+        for number in ids:
+            same = found.get(number)
+            if same is None:
+                token = self.tuples[number]
+                same = self.add(("class", token[2])) if token[0] == "call" else number
+                found[number] = same
+            out.append(same)
+        return out
+
+
 def _bodies(
-    ops: Sequence[Any], held: set[str], types: Mapping[str, str]
-) -> dict[tuple, tuple[list, list]]:
-    """Each call's own body, by its module stack: ``(items, tokens)``, the items its direct
-    ops and ``None`` for each nested call, in order, with their tokens (a nested call's
-    token is ``("call", address, class name)``)."""
-    bodies: dict[tuple, tuple[list, list]] = {}
-    interned: dict[tuple, tuple] = {}
+    ops: Sequence[Any], held: set[str], types: Mapping[str, str], ids: dict[tuple, int]
+) -> dict[tuple, tuple[list, list[int]]]:
+    """Each call's own body, by the call (its ``(address, call number)``, ``()`` for the
+    traced callable's own code): ``(items, tokens)``, the items its direct
+    ops and ``None`` for each nested call, in order, with their tokens' ints (a nested
+    call's token is ``("call", address, class name)``); ``ids`` gets each token's int, in
+    order of first sight."""
+    bodies: dict[tuple, tuple[list, list[int]]] = {}
     previous: tuple = ()
-    body = bodies[()] = ([], [])
+    items, numbers = bodies[()] = ([], [])
     for op in ops:
         stack = op.module_stack
         if stack != previous:
-            common = 0
-            for a, b in zip(stack, previous):
-                if a != b:
-                    break
-                common += 1
-            for depth in range(common, len(stack)):
-                outer = bodies.get(stack[:depth])
+            common = len(stack)  # calls still running (a call never resumes once left)
+            while common and stack[common - 1] not in bodies:
+                common -= 1
+            for depth in range(common, len(stack)):  # the calls entered here
+                caller = stack[depth - 1] if depth else ()
+                outer = bodies.get(caller)
                 if outer is None:
-                    outer = bodies[stack[:depth]] = ([], [])
-                outer[0].append(None)
+                    outer = bodies[caller] = ([], [])
                 address = stack[depth][0]
-                call = ("call", address, types.get(address, ""))
-                outer[1].append(interned.setdefault(call, call))
+                entered = ("call", address, types.get(address, ""))
+                outer[0].append(None)
+                outer[1].append(ids.setdefault(entered, len(ids)))
             previous = stack
-            body = bodies.get(stack)
+            call = stack[-1] if stack else ()  # one call of a module: one stack
+            body = bodies.get(call)
             if body is None:
-                body = bodies[stack] = ([], [])
+                body = bodies[call] = ([], [])
+            items, numbers = body
         parents = op.parents
         reads = () if held.isdisjoint(parents) else tuple([p for p in parents if p in held])
         token = ("op", op.func_name, op.output_index, reads)
         where = op.meta.get("source") if op.meta else None
         if where is not None:
             token = (*token, (where[0], where[1]))
-        body[0].append(op)
-        body[1].append(interned.setdefault(token, token))  # one object per distinct token
+        items.append(op)
+        numbers.append(ids.setdefault(token, len(ids)))
     if not bodies[()][0]:
         del bodies[()]
     return bodies
 
 
-def _places(tokens: list[tuple]) -> list[tuple]:
+def _places(ids: list[int], tokens: _Tokens) -> list[tuple]:
     """The place of each item of one body: its slot in the body's loop, or its ordinal
     among the items of the same token."""
-    places: list[tuple | None] = [None] * len(tokens)
-    anchor, slots = _find_loop(tokens) if len(set(tokens)) < len(tokens) else (None, {})
+    places: list[tuple | None] = [None] * len(ids)
+    anchor, slots = _find_loop(ids, tokens) if len(set(ids)) < len(ids) else (None, {})
     for i, slot in slots.items():
         places[i] = ("loop", anchor, slot)
-    seen: dict[tuple, int] = {}
-    for i, token in enumerate(tokens):
+    seen: dict[int, int] = {}
+    code = tokens.code
+    for i, token in enumerate(ids):
         if places[i] is None:  # counted without the line: ops of a module called from two
-            key = token[:4]  # lines are the same code (the line is the caller's)
+            key = code[token]  # lines are the same code (the line is the caller's)
             seen[key] = number = seen.get(key, 0) + 1
-            places[i] = _at(number)
+            places[i] = _ATS[number] if number < len(_ATS) else ("at", number)
     return places  # type: ignore[return-value]
 
 
-_ATS = [("at", n) for n in range(64)]
+_ATS = [("at", n) for n in range(64)]  # one object for the small ordinals most ops have
 _ONE = (_ATS[1],)
 
 
-def _at(number: int) -> tuple[str, int]:
-    """``("at", number)``, one object for the small numbers most ops have."""
-    return _ATS[number] if number < 64 else ("at", number)
-
-
-def _anchors(tokens: list[tuple]) -> list[tuple]:
+def _anchors(ids: list[int], tokens: _Tokens) -> list[int]:
     """Tokens that mark an iteration when they recur: a nested call's address, an op that
     reads parameters, an op with a source line; most frequent first within each kind."""
-    counts = Counter(tokens)
-    first: dict[tuple, int] = {}
-    for i, token in enumerate(tokens):
+    counts = Counter(ids)
+    kind = {t: tokens.kind(t) for t, n in counts.items() if n > 1}
+    found = [t for t, k in kind.items() if k < 3]
+    if not found:  # repeated weight-free ops only: no loop
+        return []
+    first: dict[int, int] = {}
+    for i, token in enumerate(ids):
         first.setdefault(token, i)
-
-    def kind(token: tuple) -> int:
-        if token[0] == "call":
-            return 0
-        return 1 if token[3] else 2 if len(token) > 4 else 3
-
-    found = [t for t, n in counts.items() if n > 1 and kind(t) < 3]
-    return sorted(found, key=lambda t: (kind(t), -counts[t], first[t]))[:_CANDIDATES]
+    return sorted(found, key=lambda t: (kind[t], -counts[t], first[t]))[:_CANDIDATES]
 
 
-def _find_loop(tokens: list[tuple]) -> tuple[tuple | None, dict[int, object]]:
+def _find_loop(ids: list[int], tokens: _Tokens) -> tuple[int | None, dict[int, object]]:
     """The anchor that lines up the most items, and item position -> slot in the loop
     body for it; ``(None, {})`` when the body has no anchor."""
-    best: tuple[tuple | None, dict[int, object]] = (None, {})
-    for anchor in _anchors(tokens):
-        slots = _align(tokens, anchor)
+    best: tuple[int | None, dict[int, object]] = (None, {})
+    alike = tokens.alike(ids)
+    for anchor in _anchors(ids, tokens):
+        slots = _align(ids, alike, anchor)
         if len(slots) > len(best[1]):
             best = (anchor, slots)
     return best
 
 
-def _align(tokens: list[tuple], anchor: tuple) -> dict[int, object]:
+def _align(ids: list[int], alike: list[int], anchor: int) -> dict[int, object]:
     """Slots of the items that line up across the iterations that ``anchor`` marks.
 
     An iteration may hold the anchor several times (a loop over steps calling one cell
     three times a step): the stretches between anchors then repeat with a period, and an
     item's slot is its stretch's phase in that period and its place in the stretch.
+    Stretches compare ``alike``: nested calls by class, so a step may call its own norm
+    (norm1_0, norm1_1, ...) around shared code whose ops still line up; the calls' own ops
+    are keyed by address, so those modules never merge.
     """
-    at = [i for i, token in enumerate(tokens) if token == anchor]
-    # stretches compare nested calls by class: a step may call its own norm (norm1_0,
-    # norm1_1, ...) around shared code, whose ops still line up; the calls' own ops are
-    # keyed by address, so those modules never merge
-    tokens = [(t[0], t[2]) if t[0] == "call" else t for t in tokens]
-    gaps = [tuple(tokens[a + 1 : b]) for a, b in zip(at, at[1:])]
+    at = [i for i, token in enumerate(ids) if token == anchor]
+    gaps = [tuple(alike[a + 1 : b]) for a, b in zip(at, at[1:])]
     period = _period(gaps)
     if period:
         wrap, complete = gaps[period - 1], len(at) % period == 0
@@ -279,7 +336,7 @@ def _align(tokens: list[tuple], anchor: tuple) -> dict[int, object]:
     for n, (a, gap) in enumerate(zip(at, gaps)):
         if same[n]:
             slots.update({a + 1 + j: (n % period, j) for j in range(len(gap))})
-    before, after = tokens[: at[0]], tokens[at[-1] + 1 :] if complete else []
+    before, after = alike[: at[0]], alike[at[-1] + 1 :] if complete else []
     tail, _, head = _cut(wrap, before, after)
     m, last = len(wrap), period - 1
     slots.update({at[-1] + 1 + j: (last, j) for j in range(tail)})  # the last iteration's tail
@@ -299,7 +356,7 @@ def _period(gaps: list[tuple]) -> int:
     return 1 if len(gaps) == 1 else 0
 
 
-def _cut(template: tuple, before: list[tuple], after: list[tuple]) -> tuple[int, int, int]:
+def _cut(template: tuple, before: list[int], after: list[int]) -> tuple[int, int, int]:
     """Where an iteration's tail (the items after its anchor) ends and the next one's head
     begins, chosen so that the most items line up: the code after the loop starting with
     the tail, the code before it ending with the head (the first step may lack part of it).

@@ -133,7 +133,7 @@ def _recording(
     """Run a block with ``mode`` recording ``model`` (its walked ``modules``, or its
     ``root``, when known),
     Python's cyclic garbage collector paused as in ``tl.trace``
-    (:func:`~torchlens.capture.session.collector_paused`)."""
+    (:func:`~torchlens._gc.collector_paused`)."""
     if _session.active_session() is not None:
         raise ReentrantCaptureError(
             "tl.record was called from inside a forward that is already being captured; "

@@ -8,7 +8,6 @@ in the middle of a capture.
 
 from __future__ import annotations
 
-import gc
 import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -17,6 +16,7 @@ from typing import Any
 import torch
 from torch.overrides import _get_current_function_mode_stack
 
+from torchlens._gc import collector_paused
 from torchlens.capture.builder import TraceBuilder
 from torchlens.capture.failures import trim_torchlens_frames
 from torchlens.capture.hooks import install_module_hooks
@@ -82,25 +82,6 @@ class CaptureSession:
             self._stack.close()
         finally:  # a wrapper of this capture still called (below another thread's) passes
             self.builder.paused = True
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector paused for a capture, as it was after.
-
-    A capture allocates a few objects per op, which triggers collections that walk every
-    object torch holds (~170,000): a fifth of the capture time of a model of small ops.
-    Reference counting still frees everything acyclic at once; cycles wait until the end.
-    Held over the whole capture, up to the frozen trace, so the bookkeeping that dies with
-    the capture (the identity map's weak references) is freed before the collector sees it.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def remove_all(handles: list) -> None:
