@@ -99,6 +99,7 @@ class RecordMode(TorchFunctionMode):
         self.kept_views: dict[str, OpView] = {}  # the same, by label
         self.labeler = Labeler()  # as tl.trace counts labels
         self.counts = self.labeler.counts
+        self._reserved = self.labeler.reserved  # (the same set, filled by reserve())
         self.live = LiveVersions()  # which live tensor holds which version: refreshes
         self.n_ops = 0
         self.paused = False  # set by capture.session.suspended()
@@ -179,25 +180,25 @@ class RecordMode(TorchFunctionMode):
             SETTLES[func](result)
         name = info.name
         if isinstance(result, Tensor) and name not in SPECIAL_OUTPUTS:
-            tensors = [result]
+            n = 1
+            if not writes and not live.slow and name not in _UNSHARING:
+                calls = live.calls = live.calls + 1  # LiveVersions.produced inline (per op)
+                try:
+                    live.entries[id(result)] = (_ref(result), result._version, calls)
+                except RuntimeError:  # an inference tensor made under a mode the model entered
+                    live.remember(result)
+            else:
+                live.produced(name, [result], writes)
         else:
             special = SPECIAL_OUTPUTS.get(name)
             tensors = [t for _, t in (special(args, result) if special else flatten(result)[0])]
             if not tensors:
                 return result
-        n = len(tensors)
-        if n == 1 and not writes and not live.slow and name not in _UNSHARING:
-            live.calls += 1  # LiveVersions.produced inline (the per-op path)
-            tensor = tensors[0]
-            try:
-                live.entries[id(tensor)] = (_ref(tensor), tensor._version, live.calls)
-            except RuntimeError:  # an inference tensor made under a mode the model entered
-                live.remember(tensor)
-        else:
+            n = len(tensors)
             live.produced(name, tensors, writes)
         counts = self.counts
         count = counts.get(name, 0) + 1
-        if self.labeler.reserved:  # a weight of the root named like a label
+        if self._reserved:  # a weight of the root named like a label
             count = self.labeler.count(name)
         counts[name] = count
         index = self.n_ops
@@ -412,25 +413,42 @@ class RecordMode(TorchFunctionMode):
     def _recorded_forward(
         self, module: nn.Module, address: str, forward: Callable[..., Any]
     ) -> Callable[..., Any]:
-        thread, type_name = self._thread, type(module).__name__
+        thread, type_name, live = self._thread, type(module).__name__, self.live
+        entries, key = live.entries, id(module)
 
         def forward_recorded(*args: Any, **kwargs: Any) -> Any:
             if self.paused or _thread_id() != thread:
                 return forward(*args, **kwargs)
-            if len(args) == 1 and not kwargs and self._quiet(args[0]):
-                self._push_frame(id(module), address, type_name)
+            # the one input the latest counted call produced: read without asking (_quiet)
+            entry = None if kwargs or len(args) != 1 else entries.get(id(args[0]))
+            if (
+                entry is not None
+                and entry[2] == live.calls
+                and entry[0]() is args[0]
+                and type(args[0]) is Tensor
+                and not live.slow
+            ):
+                self._push_frame(key, address, type_name)
             else:
                 with _no_torch_function():  # its own bookkeeping is not an op
                     self.read(_call_inputs(args, kwargs))
-                    self._push_frame(id(module), address, type_name)
+                    self._push_frame(key, address, type_name)
             try:
                 output = forward(*args, **kwargs)
             except BaseException:
                 self._pop_frame(None)
                 raise
-            if self.exits is None and self._quiet(output):
-                self._pop_frame(None)
-                return output
+            if self.exits is None:
+                entry = entries.get(id(output))
+                if (
+                    entry is not None
+                    and entry[2] == live.calls
+                    and entry[0]() is output
+                    and type(output) is Tensor
+                    and not live.slow
+                ):  # (_quiet inline)
+                    self._frames, self._type, self._path = self._trail.pop()
+                    return output
             with _no_torch_function():
                 new = self._pop_frame(output)
             return output if new is None else new
