@@ -59,10 +59,11 @@ class _Plan:
     """The rules that may match one function name: save, edits and stop, and whether their
     answers depend only on the name and the module path."""
 
-    __slots__ = ("save", "edits", "stop", "static", "call_labels")
+    __slots__ = ("save", "edits", "stop", "static", "counts")
 
     def __init__(
         self,
+        name: str,
         save: Selector | None,
         edits: list[tuple[int, Selector, Intervention]],
         stop: Selector | None,
@@ -71,7 +72,15 @@ class _Plan:
         rules = [s for s in (save, stop) if s is not None] + [s for _, s, _ in edits]
         self.static = all(s.static for s in rules)
         calls = [s.call_labels for s in rules]  # the calls any rule can match; None: any
-        self.call_labels = None if None in calls else frozenset().union(*calls)
+        # the counts of this name's calls they name (linear_3 -> 3): checked per op
+        self.counts: frozenset[int] | None = None
+        if None not in calls:
+            head = f"{name}_"
+            self.counts = frozenset(
+                int(label[len(head) :])
+                for label in frozenset().union(*calls)
+                if label.startswith(head) and label[len(head) :].isdigit()
+            )
 
     def decide(self, view: OpView) -> tuple[bool, tuple[int, ...], bool] | None:
         """``(save, edit indices, stop)`` for one op, or ``None`` when nothing applies."""
@@ -210,6 +219,8 @@ class RecordMode(TorchFunctionMode):
             plan = self._plans[name] = self._plan_for(name)
         if plan is None:
             return result
+        if type(plan) is _Plan and plan.counts is not None and count not in plan.counts:
+            return result  # rules by label that name other calls (tl.label("linear_3"))
         return self._act(plan, name, count, index, n, (info.inplace, args, kwargs), result)
 
     @property
@@ -280,12 +291,10 @@ class RecordMode(TorchFunctionMode):
 
         edits = [(i, sel, edit) for i, (sel, edit) in enumerate(c.edits) if may(sel)]
         save, stop = (c.save if may(c.save) else None), (c.stop if may(c.stop) else None)
-        return _Plan(save, edits, stop) if save or stop or edits else None
+        return _Plan(name, save, edits, stop) if save or stop or edits else None
 
     def _act(self, plan: _Plan, name: str, count: int, index: int, n: int, call, result):
-        """A call whose name some rule may match: ask, then save, edit or halt."""
-        if plan.call_labels is not None and f"{name}_{count}" not in plan.call_labels:
-            return result  # rules by label that name other calls (tl.label("linear_3"))
+        """A call some rule may match: ask, then save, edit or halt."""
         if plan.static:
             key = (name, self._path)
             decision = self._memo.get(key, _UNSEEN)
