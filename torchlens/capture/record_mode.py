@@ -436,8 +436,15 @@ class RecordMode(TorchFunctionMode):
                 and entry[0]() is args[0]
                 and type(args[0]) is Tensor
                 and not live.slow
-            ):
-                self._push_frame(key, address, type_name)
+                and not self.halt_pending
+            ):  # (_push_frame inline)
+                calls = self._calls
+                call = calls[key] = calls.get(key, 0) + 1
+                self._trail.append((self._frames, self._type, self._path))
+                self._frames += ((address, call),)
+                self._type = type_name
+                if self._paths_needed:
+                    self._path = self._paths.setdefault((self._path, address), len(self._paths) + 1)
             else:
                 with _no_torch_function():  # its own bookkeeping is not an op
                     self.read(_call_inputs(args, kwargs))
