@@ -428,7 +428,11 @@ class RecordMode(TorchFunctionMode):
         def forward_recorded(*args: Any, **kwargs: Any) -> Any:
             if self.paused or _thread_id() != thread:
                 return forward(*args, **kwargs)
-            # the one input the latest counted call produced: read without asking (_quiet)
+            # a tensor the latest counted call produced (or read), nothing counted since: no
+            # write the capture sees can have changed it, so a module call's one input or
+            # output is read without asking its version (which, with this mode on, costs a
+            # torch function call). A write no mode sees (a TorchScript function's) right
+            # before the call is then a refresh at the next read instead.
             entry = None if kwargs or len(args) != 1 else entries.get(id(args[0]))
             if (
                 entry is not None
@@ -454,38 +458,16 @@ class RecordMode(TorchFunctionMode):
             except BaseException:
                 self._pop_frame(None)
                 raise
-            if self.exits is None:
-                entry = entries.get(id(output))
-                if (
-                    entry is not None
-                    and entry[2] == live.calls
-                    and entry[0]() is output
-                    and type(output) is Tensor
-                    and not live.slow
-                ):  # (_quiet inline)
-                    self._frames, self._type, self._path = self._trail.pop()
-                    return output
+            entry = None if self.exits is not None else entries.get(id(output))
+            quiet = entry is not None and entry[2] == live.calls and not live.slow
+            if quiet and entry[0]() is output and type(output) is Tensor:  # (as the input)
+                self._frames, self._type, self._path = self._trail.pop()
+                return output
             with _no_torch_function():
                 new = self._pop_frame(output)
             return output if new is None else new
 
         return forward_recorded
-
-    def _quiet(self, value: Any) -> bool:
-        """Whether ``value`` is a tensor the latest counted call produced (or read), with
-        nothing counted since: no write the capture sees can have changed it, so a module
-        call's one input or output is read without asking its version (which, with this
-        mode on, costs a torch function call). A write no mode sees (a TorchScript
-        function's) right before the call is then a refresh at the next read instead."""
-        live = self.live
-        entry = live.entries.get(id(value))
-        return (
-            entry is not None
-            and entry[2] == live.calls
-            and entry[0]() is value
-            and type(value) is Tensor
-            and not live.slow
-        )
 
     def _enter(self, address: str, module: nn.Module, args: Any, kwargs: dict) -> None:
         """The pre-hook of a submodule with hooks of its own."""
