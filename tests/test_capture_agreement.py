@@ -195,3 +195,38 @@ def test_a_gradient_inside_the_forward_is_counted_alike():
     trace = tl.trace(model, x)
     assert "grad_1" in trace.labels
     assert op_keys(tl.record(model, x, save=EVERY_OP)) == op_keys(trace)
+
+
+def test_only_root_weights_shaped_like_labels_are_reserved():
+    from torchlens.capture.labels import Labeler
+
+    class Root(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            for name in ("w", "linear_1", "linear_01", "relu_x", "add_12"):
+                self.register_parameter(name, nn.Parameter(torch.randn(4, 4)))
+            self.register_buffer("relu_2", torch.zeros(4))
+            self.sub = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return F.linear(F.linear(x, self.linear_1), self.w).relu().relu() + self.relu_2
+
+    labeler = Labeler()
+    model = Root()
+    labeler.reserve(model.named_modules())
+    assert labeler.reserved == {"linear_1", "add_12", "relu_2"}
+    assert [labeler.new("linear"), labeler.new("linear"), labeler.new("relu")] == [
+        "linear_2",
+        "linear_3",
+        "relu_1",
+    ]
+    assert labeler.new("relu") == "relu_3"
+    x = torch.randn(2, 4)
+    trace = tl.trace(model, x)
+    assert [op.label for op in trace if op.func_name in ("linear", "relu")] == [
+        "linear_2",
+        "linear_3",
+        "relu_1",
+        "relu_3",
+    ]
+    assert op_keys(tl.record(model, x, save=EVERY_OP)) == op_keys(trace)

@@ -3,6 +3,8 @@ grads all need, in one place."""
 
 from __future__ import annotations
 
+from collections.abc import Container
+
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
@@ -13,6 +15,7 @@ __all__ = [
     "geometry_end",
     "inner_of",
     "rewrap",
+    "sharing",
     "storage_key",
     "version_of",
     "write_through",
@@ -64,6 +67,15 @@ def storage_key(tensor: torch.Tensor) -> int | None:
         return _storage_address(tensor)
     except (RuntimeError, NotImplementedError):
         return None
+
+
+def sharing(tensors: list[torch.Tensor | None], keys: Container[int]) -> list[torch.Tensor]:
+    """Those of ``tensors`` (``None`` skipped) whose :func:`storage_key` is in ``keys``: one
+    pass without a Python call per tensor (a model's every weight, at the end of a record)."""
+    try:
+        return [t for t in tensors if t is not None and _storage_address(t) in keys]
+    except (RuntimeError, NotImplementedError):  # a tensor without a plain storage
+        return [t for t in tensors if t is not None and storage_key(t) in keys]
 
 
 def _untyped_storage_address(tensor: torch.Tensor) -> int:

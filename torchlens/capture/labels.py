@@ -8,11 +8,14 @@ weight, counts exactly as a trace does.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Container, Iterable
 
 from torch import nn
 
 __all__ = ["Labeler"]
+
+_LABEL_LIKE = re.compile(r".+_[1-9][0-9]*")  # what f"{name}_{count}" can give (count >= 1)
 
 
 class Labeler:
@@ -33,11 +36,15 @@ class Labeler:
     def reserve(self, modules: Iterable[tuple[str, nn.Module]]) -> None:
         """Reserve the addresses of the parameters and buffers of the root's own modules
         (address ``""`` in a :func:`~torchlens.capture.walk.named_modules` walk): the only
-        addresses without a dot, so the only ones an op label can look like."""
+        addresses without a dot, so the only ones an op label can look like. Only names
+        shaped like a label (``name_k``) are kept: no other can clash, and an empty set
+        keeps every count on the per-op fast path."""
         for address, module in modules:
             if not address:
                 for members in (module._parameters, module._buffers):
-                    self.reserved.update(k for k, v in members.items() if v is not None)
+                    self.reserved.update(
+                        k for k, v in members.items() if v is not None and _LABEL_LIKE.fullmatch(k)
+                    )
 
     def count(self, name: str) -> int:
         """The next count of ``name``: its label is ``f"{name}_{count}"``."""

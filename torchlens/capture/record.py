@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from torch import nn
 
-from torchlens._tensors import storage_key
+from torchlens._tensors import sharing
 from torchlens.capture import session as _session
 from torchlens.capture.api import normalize_call
 from torchlens.capture.controls import Controls
@@ -108,11 +107,11 @@ def _protect_kept(
         return  # nothing kept, or only copies
     for _, tensor in flatten((args, kwargs, output))[0]:
         mode.protect(tensor)
-    aliased = mode.aliased_storages  # live: protect() removes what it copied
-    for _, module in modules:
-        for tensor in itertools.chain(module._parameters.values(), module._buffers.values()):
-            if tensor is not None and storage_key(tensor) in aliased:
-                mode.protect(tensor)
+    if not mode.has_aliases:
+        return
+    weights = [t for _, m in modules for d in (m._parameters, m._buffers) for t in d.values()]
+    for tensor in sharing(weights, mode.aliased_storages):
+        mode.protect(tensor)
 
 
 class _RecordSession:

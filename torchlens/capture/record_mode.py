@@ -59,10 +59,11 @@ class _Plan:
     """The rules that may match one function name: save, edits and stop, and whether their
     answers depend only on the name and the module path."""
 
-    __slots__ = ("save", "edits", "stop", "static", "call_labels")
+    __slots__ = ("save", "edits", "stop", "static", "counts")
 
     def __init__(
         self,
+        name: str,
         save: Selector | None,
         edits: list[tuple[int, Selector, Intervention]],
         stop: Selector | None,
@@ -71,7 +72,15 @@ class _Plan:
         rules = [s for s in (save, stop) if s is not None] + [s for _, s, _ in edits]
         self.static = all(s.static for s in rules)
         calls = [s.call_labels for s in rules]  # the calls any rule can match; None: any
-        self.call_labels = None if None in calls else frozenset().union(*calls)
+        # the counts of this name's calls they name (linear_3 -> 3): checked per op
+        self.counts: frozenset[int] | None = None
+        if None not in calls:
+            head = f"{name}_"
+            self.counts = frozenset(
+                int(label[len(head) :])
+                for label in frozenset().union(*calls)
+                if label.startswith(head) and label[len(head) :].isdigit()
+            )
 
     def decide(self, view: OpView) -> tuple[bool, tuple[int, ...], bool] | None:
         """``(save, edit indices, stop)`` for one op, or ``None`` when nothing applies."""
@@ -99,6 +108,7 @@ class RecordMode(TorchFunctionMode):
         self.kept_views: dict[str, OpView] = {}  # the same, by label
         self.labeler = Labeler()  # as tl.trace counts labels
         self.counts = self.labeler.counts
+        self._reserved = self.labeler.reserved  # (the same set, filled by reserve())
         self.live = LiveVersions()  # which live tensor holds which version: refreshes
         self.n_ops = 0
         self.paused = False  # set by capture.session.suspended()
@@ -179,25 +189,25 @@ class RecordMode(TorchFunctionMode):
             SETTLES[func](result)
         name = info.name
         if isinstance(result, Tensor) and name not in SPECIAL_OUTPUTS:
-            tensors = [result]
+            n = 1
+            if not writes and not live.slow and name not in _UNSHARING:
+                calls = live.calls = live.calls + 1  # LiveVersions.produced inline (per op)
+                try:
+                    live.entries[id(result)] = (_ref(result), result._version, calls)
+                except RuntimeError:  # an inference tensor made under a mode the model entered
+                    live.remember(result)
+            else:
+                live.produced(name, [result], writes)
         else:
             special = SPECIAL_OUTPUTS.get(name)
             tensors = [t for _, t in (special(args, result) if special else flatten(result)[0])]
             if not tensors:
                 return result
-        n = len(tensors)
-        if n == 1 and not writes and not live.slow and name not in _UNSHARING:
-            live.calls += 1  # LiveVersions.produced inline (the per-op path)
-            tensor = tensors[0]
-            try:
-                live.entries[id(tensor)] = (_ref(tensor), tensor._version, live.calls)
-            except RuntimeError:  # an inference tensor made under a mode the model entered
-                live.remember(tensor)
-        else:
+            n = len(tensors)
             live.produced(name, tensors, writes)
         counts = self.counts
         count = counts.get(name, 0) + 1
-        if self.labeler.reserved:  # a weight of the root named like a label
+        if self._reserved:  # a weight of the root named like a label
             count = self.labeler.count(name)
         counts[name] = count
         index = self.n_ops
@@ -209,6 +219,8 @@ class RecordMode(TorchFunctionMode):
             plan = self._plans[name] = self._plan_for(name)
         if plan is None:
             return result
+        if type(plan) is _Plan and plan.counts is not None and count not in plan.counts:
+            return result  # rules by label that name other calls (tl.label("linear_3"))
         return self._act(plan, name, count, index, n, (info.inplace, args, kwargs), result)
 
     @property
@@ -279,12 +291,10 @@ class RecordMode(TorchFunctionMode):
 
         edits = [(i, sel, edit) for i, (sel, edit) in enumerate(c.edits) if may(sel)]
         save, stop = (c.save if may(c.save) else None), (c.stop if may(c.stop) else None)
-        return _Plan(save, edits, stop) if save or stop or edits else None
+        return _Plan(name, save, edits, stop) if save or stop or edits else None
 
     def _act(self, plan: _Plan, name: str, count: int, index: int, n: int, call, result):
-        """A call whose name some rule may match: ask, then save, edit or halt."""
-        if plan.call_labels is not None and f"{name}_{count}" not in plan.call_labels:
-            return result  # rules by label that name other calls (tl.label("linear_3"))
+        """A call some rule may match: ask, then save, edit or halt."""
         if plan.static:
             key = (name, self._path)
             decision = self._memo.get(key, _UNSEEN)
@@ -412,46 +422,52 @@ class RecordMode(TorchFunctionMode):
     def _recorded_forward(
         self, module: nn.Module, address: str, forward: Callable[..., Any]
     ) -> Callable[..., Any]:
-        thread, type_name = self._thread, type(module).__name__
+        thread, type_name, live = self._thread, type(module).__name__, self.live
+        entries, key = live.entries, id(module)
 
         def forward_recorded(*args: Any, **kwargs: Any) -> Any:
             if self.paused or _thread_id() != thread:
                 return forward(*args, **kwargs)
-            if len(args) == 1 and not kwargs and self._quiet(args[0]):
-                self._push_frame(id(module), address, type_name)
+            # a tensor the latest counted call produced (or read), nothing counted since: no
+            # write the capture sees can have changed it, so a module call's one input or
+            # output is read without asking its version (which, with this mode on, costs a
+            # torch function call). A write no mode sees (a TorchScript function's) right
+            # before the call is then a refresh at the next read instead.
+            entry = None if kwargs or len(args) != 1 else entries.get(id(args[0]))
+            if (
+                entry is not None
+                and entry[2] == live.calls
+                and entry[0]() is args[0]
+                and type(args[0]) is Tensor
+                and not live.slow
+                and not self.halt_pending
+            ):  # (_push_frame inline)
+                calls = self._calls
+                call = calls[key] = calls.get(key, 0) + 1
+                self._trail.append((self._frames, self._type, self._path))
+                self._frames += ((address, call),)
+                self._type = type_name
+                if self._paths_needed:
+                    self._path = self._paths.setdefault((self._path, address), len(self._paths) + 1)
             else:
                 with _no_torch_function():  # its own bookkeeping is not an op
                     self.read(_call_inputs(args, kwargs))
-                    self._push_frame(id(module), address, type_name)
+                    self._push_frame(key, address, type_name)
             try:
                 output = forward(*args, **kwargs)
             except BaseException:
                 self._pop_frame(None)
                 raise
-            if self.exits is None and self._quiet(output):
-                self._pop_frame(None)
+            entry = None if self.exits is not None else entries.get(id(output))
+            quiet = entry is not None and entry[2] == live.calls and not live.slow
+            if quiet and entry[0]() is output and type(output) is Tensor:  # (as the input)
+                self._frames, self._type, self._path = self._trail.pop()
                 return output
             with _no_torch_function():
                 new = self._pop_frame(output)
             return output if new is None else new
 
         return forward_recorded
-
-    def _quiet(self, value: Any) -> bool:
-        """Whether ``value`` is a tensor the latest counted call produced (or read), with
-        nothing counted since: no write the capture sees can have changed it, so a module
-        call's one input or output is read without asking its version (which, with this
-        mode on, costs a torch function call). A write no mode sees (a TorchScript
-        function's) right before the call is then a refresh at the next read instead."""
-        live = self.live
-        entry = live.entries.get(id(value))
-        return (
-            entry is not None
-            and entry[2] == live.calls
-            and entry[0]() is value
-            and type(value) is Tensor
-            and not live.slow
-        )
 
     def _enter(self, address: str, module: nn.Module, args: Any, kwargs: dict) -> None:
         """The pre-hook of a submodule with hooks of its own."""
