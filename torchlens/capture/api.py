@@ -287,6 +287,8 @@ def _capture(
                 CaptureSession(model, builder, hooks, walked),
             ):
                 output = model(*args, **kwargs)
+            if builder.halt_pending is not None:  # halted on the forward's last op
+                output = None  # (the forward returned it; a halted trace has no output)
         except Exception as err:  # the model's own error: it carries what ran before it
             attach_partial_trace(
                 err, builder, walked.type_name, rng_state, _meta(walked, controls, structure_only)

@@ -175,6 +175,10 @@ class TraceBuilder:
         # called as selected(op, live tensor) when save= selects an op only once a module
         # call has returned its value (tl.module(...).output): gradients are kept for it
         self.late_selected: list[Callable[[Op, Tensor], None]] = []
+        # set by stop_after= (capture/controls.py) once it matched: the forward goes on to
+        # its next op or module call, which raise it, so that the calls returning the op
+        # halted on end first and count as returning it (as tl.record's)
+        self.halt_pending: type[BaseException] | None = None
         self.module_calls: list[ModuleCall] = []
         self.input_labels: list[str] = []
         self._records: dict[str, Op | Source] = {}
@@ -824,6 +828,8 @@ class TraceBuilder:
     ) -> None:
         """A module's forward starts: push it on the module stack (``type_name``: its class
         name, when the caller knows it already)."""
+        if self.halt_pending is not None:  # stop_after= matched: no call starts after it
+            raise self.halt_pending
         counts = self._module_call_counts
         call_index = counts[id(module)] = counts.get(id(module), 0) + 1
         labels = self._labels(inputs)
