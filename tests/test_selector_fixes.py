@@ -152,3 +152,37 @@ def test_a_halt_pending_inside_no_grad_puts_the_grad_mode_back():
     assert torch.is_grad_enabled() and trace.output is None
     assert trace.ops[-1].module_stack[:2] == (("", 2), ("lm_head", 2))
     assert trace.labels[-1] == rec.meta["halted_at"]
+
+
+@pytest.mark.parametrize("name", ["", "<root>"])
+def test_the_root_output_selects_the_same_op_in_trace_and_record(name):
+    model, x = _Blocks(), torch.randn(2, 3)
+    out = tl.module(name).output
+    trace = tl.trace(model, x, save=out)
+    rec = tl.record(model, x, save=out)
+    assert [op.label for op in trace if op.has_out] == rec.labels == trace.output_labels
+    assert rec.labels == ["mul_1"] and _picked(trace, out) == ["mul_1"]
+    assert torch.equal(rec["mul_1"].out, model(x)) and torch.equal(trace["mul_1"].out, model(x))
+    assert ("", 1, "_Blocks") in trace["mul_1"].returned_by
+    assert ("", 1, "_Blocks") in rec["mul_1"].returned_by
+    assert not _picked(trace, tl.module(name, call=2).output)
+    edit = {out: lambda t: t * 0 + 5}  # an edit of what the model returns
+    for run in (tl.trace, tl.record):
+        assert torch.equal(run(model, x, intervene=edit).output, torch.full((2, 3), 5.0))
+        halted = run(model, x, stop_after=out)
+        assert halted.output is None and halted.meta["halted_at"] == "mul_1"
+
+
+def test_the_root_output_of_a_traced_method_in_trace_and_record():
+    from .test_generation import _kwargs, _llama
+
+    model, kwargs = _llama(), _kwargs(do_sample=False)
+    for call, kept in ((0, "whole"), (None, "every")):
+        out = tl.module("<root>", call=call).output
+        trace = tl.trace(model.generate, kwargs=kwargs, save=out)
+        rec = tl.record(model.generate, kwargs=kwargs, save=out)
+        assert [op.label for op in trace if op.has_out] == rec.labels
+        if kept == "whole":  # <root>:0, the whole capture: what generate returned
+            assert rec.labels == trace.output_labels
+        else:  # and the logits each forward call (<root>:1...) returned
+            assert len(rec.labels) == 4 and rec.labels[-1] == trace.output_labels[0]
