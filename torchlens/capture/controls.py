@@ -327,7 +327,11 @@ class Controls:
             for i, (selector, edit) in enumerate(self.edits):
                 if selector.matches(op):
                     self.edit_hits[i] += 1
-                    tensor = self._edit_traced(builder, op, tensor, edit, i)
+                    op._lookup = builder.record  # the ops so far, for the edit to read
+                    try:  # (tl.attention_pattern: was the query packed?)
+                        tensor = self._edit_traced(builder, op, tensor, edit, i)
+                    finally:
+                        del op._lookup
             if self.stop is not None and self.halted_at is None and self.stop.matches(op):
                 self.halted_at = op.label
                 if not op.has_out:  # the op a forward halts on keeps its value
