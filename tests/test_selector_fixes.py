@@ -171,6 +171,7 @@ def test_the_root_output_selects_the_same_op_in_trace_and_record(name):
         assert torch.equal(run(model, x, intervene=edit).output, torch.full((2, 3), 5.0))
         halted = run(model, x, stop_after=out)
         assert halted.output is None and halted.meta["halted_at"] == "mul_1"
+    assert tl.validate(model, x, intervene=edit)  # replay applies the edit as capture did
 
 
 def test_the_root_output_of_a_traced_method_in_trace_and_record():

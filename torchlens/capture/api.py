@@ -126,8 +126,10 @@ def trace(
             graph is recorded but only matching ops keep a value (see ``docs/selectors.md``).
         intervene: ``{selector: fn}``; ``fn(tensor, op)`` returns the value downstream ops
             use instead of each matching op's output (or a ``tl.Intervention``).
-        stop_after: a selector; the forward halts right after the first matching op and
-            the partial trace comes back with ``trace.halted`` True and no output.
+        stop_after: a selector; the forward halts right after the first matching op (once
+            the module calls that return that op have returned, so that they count as
+            returning it, as in ``tl.record``) and the partial trace comes back with
+            ``trace.halted`` True and no output.
         stream_to: a directory to write each value to as it is produced, keeping none in
             memory; the returned trace reads them back lazily (see ``docs/saving.md``).
         save_grads: keep the live autograd graph and hook it, so that after

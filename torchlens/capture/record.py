@@ -51,7 +51,8 @@ def record(
             ops use instead (or a ``tl.Intervention``). Edited ops are kept too.
         stop_after: a selector; the forward halts right after the first matching op (when
             a rule selects ``tl.module(...).output``, once the module calls that return
-            that op have returned, so that they count as returning it).
+            that op have returned, so that they count as returning it; ``tl.module("")``
+            is the model's own call, whose output is what it returned).
         root: the modules a traced function calls, named for addresses, as in
             :func:`~torchlens.capture.api.trace`; or the
             :class:`~torchlens.capture.roots.Root` of ``model`` resolved once for many
