@@ -257,3 +257,84 @@ def test_left_padding_queries_attend_to_nothing_and_the_rest_equal_eager():
         v = attention_inputs(op).value
         v = v.repeat_interleave(4 // v.shape[1], 1)
         torch.testing.assert_close(pattern @ v, op.out)  # what the kernel computed
+
+
+def _gqa_llama(implementation: str):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, num_key_value_heads=2, max_position_embeddings=64,
+        attn_implementation=implementation,
+    )  # fmt: skip
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def _padded_kwargs():
+    torch.manual_seed(1)
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[0, :2] = 0  # left padding: a mask, so transformers packs each decoding step
+    ids = torch.randint(3, 96, (2, 6))
+    return dict(input_ids=ids, attention_mask=mask, max_new_tokens=3, pad_token_id=0,
+                do_sample=False)  # fmt: skip
+
+
+def test_decode_step_patterns_have_query_heads_whatever_transformers_packed():
+    kwargs = _padded_kwargs()
+    trace = tl.trace(_gqa_llama("sdpa").generate, kwargs=kwargs)
+    eager = tl.trace(_gqa_llama("eager").generate, kwargs=_padded_kwargs())
+    calls = [op for op in trace if op.func_name == "scaled_dot_product_attention"]
+    softmaxes = [op for op in eager if op.func_name == "softmax"]
+    assert len(calls) == len(softmaxes) == 6
+    packed = [op for op in calls if tuple(attention_inputs(op).query.shape) == (2, 2, 2, 8)]
+    assert len(packed) == 4  # the decoding steps: query heads packed by key group
+    for op, soft in zip(calls, softmaxes):
+        pattern = tl.attention_pattern(op)
+        assert pattern.shape == soft.out.shape  # (batch, heads, queries, keys)
+        assert pattern.shape[:3] in ((2, 4, 6), (2, 4, 1))
+        torch.testing.assert_close(pattern[1], soft.out[1])  # (row 0 has padding keys)
+        first = 2 if pattern.shape[2] == 6 else 0  # (padding queries: zeros vs even rows)
+        torch.testing.assert_close(pattern[0, :, first:, 2:], soft.out[0, :, first:, 2:])
+    seen = []
+    keep = edits.edit_pattern(lambda p: seen.append(tuple(p.shape)) or p)
+    live = tl.trace(_gqa_llama("sdpa").generate, kwargs=kwargs,
+                    intervene={tl.func("scaled_dot_product_attention"): keep})  # fmt: skip
+    assert torch.equal(live.output, trace.output)
+    assert seen == [(2, 4, 6, 6)] * 2 + [(2, 4, 1, 7)] * 2 + [(2, 4, 1, 8)] * 2
+    # head 3 is query head 3 (key group 1), as in an unpacked call
+    only = edits.edit_pattern(lambda p: torch.cat([p[:, :3], torch.zeros_like(p[:, 3:])], 1))
+    edited = trace.rerun({tl.label(packed[0].label): only}, escapes="recorded")
+    out = edited[packed[0].label].out
+    base = packed[0].out.reshape(2, 4, 1, 8)  # (batch, heads, 1, dim), as transformers unpacks
+    new = out.reshape(2, 4, 1, 8)
+    assert torch.equal(new[:, 3], torch.zeros_like(new[:, 3]))
+    torch.testing.assert_close(new[:, :3], base[:, :3])
+
+
+def test_a_packed_query_is_told_by_its_trace_and_refused_without_one():
+    import gc
+
+    from torchlens.errors import InvalidArgumentError
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 4, 1, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+
+    def packed(q, k, v):  # transformers' pack_gqa: 4 query heads as 2 groups of 2
+        return F.scaled_dot_product_attention(q.reshape(1, 2, 2, 8), k, v)
+
+    def two_queries(q, k, v):  # a real call of 2 queries per head: left as it is
+        return F.scaled_dot_product_attention(q.reshape(1, 2, 2, 8).transpose(-2, -2), k, v)
+
+    trace = tl.trace(packed, (q, k, v))
+    op = trace["scaled_dot_product_attention_1"]
+    pattern = tl.attention_pattern(op)
+    assert pattern.shape == (1, 4, 1, 5)
+    expected = (q @ k.repeat_interleave(2, dim=1).transpose(-2, -1) / 8**0.5).softmax(-1)
+    torch.testing.assert_close(pattern, expected)
+    real = tl.trace(two_queries, (q, k, v))["scaled_dot_product_attention_1"]
+    assert tl.attention_pattern(real).shape == (1, 2, 2, 5)
+    del trace
+    gc.collect()
+    with pytest.raises(InvalidArgumentError) as info:
+        tl.attention_pattern(op)  # its trace is gone: whether it was packed is unknown
+    assert info.value.code == "packed_query_unknown"

@@ -277,18 +277,18 @@ def module_types(calls: Iterable[Any]) -> Mapping[str, str]:
 
 
 def note_returns(calls: Iterable[Any], records: Mapping[str, Any]) -> None:
-    """Set each op's ``returned_by``: the non-root module calls that returned its value,
-    in call order (what a capture noted meanwhile is replaced)."""
+    """Set each op's ``returned_by``: the module calls that returned its value, in call
+    order, the root's (``("", k, type)``: the model's outputs) first (what a capture noted
+    meanwhile is replaced)."""
     seen: set[str] = set()
     for call in calls:
-        if call.address:  # the root's return is trace.outputs
-            frame = (call.address, call.call_index, call.module_type)
-            for label in call.outputs:
-                record = records.get(label)
-                if record is None or not hasattr(record, "returned_by"):  # a source
-                    continue
-                if label in seen:
-                    record.returned_by += (frame,)
-                else:
-                    seen.add(label)
-                    record.returned_by = (frame,)
+        frame = (call.address, call.call_index, call.module_type)
+        for label in call.outputs:
+            record = records.get(label)
+            if record is None or not hasattr(record, "returned_by"):  # a source
+                continue
+            if label in seen:
+                record.returned_by += (frame,)
+            else:
+                seen.add(label)
+                record.returned_by = (frame,)

@@ -29,7 +29,14 @@ import torch
 from torchlens.capture.tree import fill
 from torchlens.errors import InvalidArgumentError, PayloadUnavailableError
 
-__all__ = ["AttentionInputs", "attention_inputs", "attention_pattern", "attend", "SDPA"]
+__all__ = [
+    "AttentionInputs",
+    "attention_inputs",
+    "attention_pattern",
+    "attend",
+    "packed_query",
+    "SDPA",
+]
 
 Tensor = torch.Tensor
 SDPA = "scaled_dot_product_attention"  # the op's func_name
@@ -150,6 +157,59 @@ def _pattern(inputs: AttentionInputs) -> Tensor:
     return pattern.to(inputs.query.dtype)
 
 
+def packed_query(op: Any, inputs: AttentionInputs) -> bool:
+    """Whether ``op``'s query is one decoding step's query heads packed by key group.
+
+    transformers' SDPA attention (``pack_gqa``), for one new token with shared key heads and
+    a mask, reshapes the query ``(batch, heads, 1, dim)`` to ``(batch, kv_heads, n_rep,
+    dim)`` and calls SDPA with ``n_rep`` "queries" per key head. The op alone cannot tell
+    that from a real call of ``n_rep`` queries; the trace can: the query is then a
+    ``reshape``/``view`` of a ``(..., kv_heads * n_rep, 1, dim)`` tensor.
+
+    Raises:
+        InvalidArgumentError: ``packed_query_unknown`` when the query may be packed (a
+            reshape's output, several queries, as many heads as the key) but ``op`` belongs
+            to no live trace, so its producer cannot be read.
+    """
+    q, k = inputs.query, inputs.key
+    if inputs.enable_gqa or q.dim() < 3 or k.dim() < 3 or q.shape[-2] < 2:
+        return False
+    if q.shape[-3] != k.shape[-3] or not op.parent_args:
+        return False
+    label = op.parent_args[0].label
+    ref = getattr(op, "_trace_ref", None)
+    trace = ref() if ref is not None else None
+    lookup = trace.get if trace is not None else getattr(op, "_lookup", None)
+    if lookup is None:
+        if label.rsplit("_", 1)[0] in ("reshape", "view"):
+            raise InvalidArgumentError(
+                f"the query of {op.label!r} may be one decoding step's heads packed by key "
+                "group (transformers' pack_gqa), which only its trace can tell; read the "
+                "pattern from an op of a live trace (trace[label])",
+                code="packed_query_unknown",
+            )
+        return False
+    producer = lookup(label)
+    if producer is None or getattr(producer, "func_name", None) not in ("reshape", "view"):
+        return False
+    source = lookup(producer.parent_args[0].label) if producer.parent_args else None
+    unpacked = (*q.shape[:-3], q.shape[-3] * q.shape[-2], 1, q.shape[-1])
+    return source is not None and tuple(getattr(source, "shape", ())) == unpacked
+
+
+def _unpack(pattern: Tensor) -> Tensor:
+    """``(..., kv_heads, n_rep, keys)`` -> ``(..., heads, 1, keys)``: query head
+    ``g * n_rep + r`` from ``[..., g, r]``."""
+    *lead, groups, n_rep, keys = pattern.shape
+    return pattern.reshape(*lead, groups * n_rep, 1, keys)
+
+
+def _pack(pattern: Tensor, inputs: AttentionInputs) -> Tensor:
+    """The inverse of :func:`_unpack`, to the query's packed shape."""
+    q = inputs.query
+    return pattern.reshape(*pattern.shape[:-3], q.shape[-3], q.shape[-2], pattern.shape[-1])
+
+
 def attention_pattern(op: Any) -> Tensor:
     """The attention probabilities of a ``scaled_dot_product_attention`` op,
     ``(batch, heads, queries, keys)``, rebuilt from its saved q and k, its mask,
@@ -166,6 +226,10 @@ def attention_pattern(op: Any) -> Tensor:
         op: the op (``trace["scaled_dot_product_attention_1"]``); q and k must have been
             saved (the default ``tl.trace`` keeps every value).
 
+    A decoding step whose query transformers packed by key group (see
+    :func:`packed_query`) gives the same ``(batch, heads, 1, keys)`` as an unpacked one:
+    query heads, not key groups.
+
     Returns:
         The pattern, in q's dtype (computed in at least float32); rows sum to 1.
 
@@ -173,6 +237,7 @@ def attention_pattern(op: Any) -> Tensor:
         InvalidArgumentError: ``not_attention`` when ``op`` is not a
             ``scaled_dot_product_attention`` op of a trace.
         PayloadUnavailableError: ``not_saved`` when q, k or the mask was not kept.
+        InvalidArgumentError: ``packed_query_unknown`` (see :func:`packed_query`).
 
     Example:
         >>> import torch, torch.nn.functional as F, torchlens as tl
@@ -182,7 +247,9 @@ def attention_pattern(op: Any) -> Tensor:
         >>> pattern[0, 0, 0].tolist()  # the first query sees only the first key
         [1.0, 0.0, 0.0]
     """
-    return _pattern(attention_inputs(op))
+    inputs = attention_inputs(op)
+    pattern = _pattern(inputs)
+    return _unpack(pattern) if packed_query(op, inputs) else pattern
 
 
 def attend(pattern: Tensor, inputs: AttentionInputs) -> Tensor:

@@ -17,6 +17,7 @@ from torchlens.capture.controls import Controls, trace_candidates
 from torchlens.capture.escapes import EscapeHook
 from torchlens.capture.failures import attach_partial_trace, trim_torchlens_frames
 from torchlens.capture.grads import GradCapture
+from torchlens.capture.hooks import run_exit_hooks
 from torchlens.capture.refusals import check_root
 from torchlens.capture.roots import Root, resolve_root
 from torchlens.capture.session import CaptureSession, collector_paused
@@ -125,8 +126,10 @@ def trace(
             graph is recorded but only matching ops keep a value (see ``docs/selectors.md``).
         intervene: ``{selector: fn}``; ``fn(tensor, op)`` returns the value downstream ops
             use instead of each matching op's output (or a ``tl.Intervention``).
-        stop_after: a selector; the forward halts right after the first matching op and
-            the partial trace comes back with ``trace.halted`` True and no output.
+        stop_after: a selector; the forward halts right after the first matching op (once
+            the module calls that return that op have returned, so that they count as
+            returning it, as in ``tl.record``) and the partial trace comes back with
+            ``trace.halted`` True and no output.
         stream_to: a directory to write each value to as it is produced, keeping none in
             memory; the returned trace reads them back lazily (see ``docs/saving.md``).
         save_grads: keep the live autograd graph and hook it, so that after
@@ -282,11 +285,16 @@ def _capture(
         output = None
         hooks = ((make_source_hook(),) if source else ()) + controls.hooks(builder)
         try:
-            with (
-                controls.halting(model, walked.modules),
-                CaptureSession(model, builder, hooks, walked),
-            ):
-                output = model(*args, **kwargs)
+            with controls.halting(model, walked.modules):
+                with CaptureSession(model, builder, hooks, walked):
+                    output = model(*args, **kwargs)
+                if builder.exit_hooks and builder.halt_pending is None:  # the root's call
+                    out = [t for _, t in flatten(output)[0]]  # ends: tl.module("").output
+                    root = builder.root_call(walked.type_name, out)
+                    new = run_exit_hooks(builder, root, output, out)
+                    output = output if new is None else new
+            if builder.halt_pending is not None:  # halted on the forward's last op
+                output = None  # (the forward returned it; a halted trace has no output)
         except Exception as err:  # the model's own error: it carries what ran before it
             attach_partial_trace(
                 err, builder, walked.type_name, rng_state, _meta(walked, controls, structure_only)

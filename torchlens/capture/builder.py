@@ -175,6 +175,10 @@ class TraceBuilder:
         # called as selected(op, live tensor) when save= selects an op only once a module
         # call has returned its value (tl.module(...).output): gradients are kept for it
         self.late_selected: list[Callable[[Op, Tensor], None]] = []
+        # set by stop_after= (capture/controls.py) once it matched: the forward goes on to
+        # its next op or module call, which raise it, so that the calls returning the op
+        # halted on end first and count as returning it (as tl.record's)
+        self.halt_pending: type[BaseException] | None = None
         self.module_calls: list[ModuleCall] = []
         self.input_labels: list[str] = []
         self._records: dict[str, Op | Source] = {}
@@ -824,6 +828,8 @@ class TraceBuilder:
     ) -> None:
         """A module's forward starts: push it on the module stack (``type_name``: its class
         name, when the caller knows it already)."""
+        if self.halt_pending is not None:  # stop_after= matched: no call starts after it
+            raise self.halt_pending
         counts = self._module_call_counts
         call_index = counts[id(module)] = counts.get(id(module), 0) + 1
         labels = self._labels(inputs)
@@ -882,6 +888,14 @@ class TraceBuilder:
         return self.exit_module(outputs)
 
     # -- finish ---------------------------------------------------------------------------
+    def root_call(self, root_type: str, output_tensors: Sequence[Tensor]) -> ModuleCall:
+        """The call of the whole model (``<root>:1``), returning ``output_tensors``."""
+        # the root module's own calls inside a traced method are calls 1, 2, ... of "":
+        # the whole capture is then call 0
+        first = 0 if any(not call.address for call in self.module_calls) else 1
+        outputs = tuple(map(self.label_of, output_tensors))
+        return ModuleCall("", first, root_type, tuple(self.input_labels), outputs)
+
     def finish(
         self,
         root_type: str,
@@ -896,15 +910,12 @@ class TraceBuilder:
         Saved aliases of ``keep_safe`` tensors (the inputs and outputs, which the caller keeps
         and may edit) are cloned so later edits cannot reach the trace.
         """
-        output_labels = [self.label_of(t) for t in output_tensors]
+        root = self.root_call(root_type, output_tensors)
+        output_labels = list(root.outputs)
         if self.without_grad:
             meta = {**meta, WITHOUT_GRAD: list(self.without_grad)}
         for tensor in keep_safe:
             self.protect(tensor)
-        # the root module's own calls inside a traced method are calls 1, 2, ... of "":
-        # the whole capture is then call 0
-        first = 0 if any(not call.address for call in self.module_calls) else 1
-        root = ModuleCall("", first, root_type, tuple(self.input_labels), tuple(output_labels))
         calls = [root, *self.module_calls]
         labels = root.ops = tuple(map(_label, self.ops))
         for call, start, end in zip(self.module_calls, self._starts, self._ends):

@@ -24,6 +24,7 @@ from torch import nn
 from torchlens._calls import with_second
 from torchlens._tensors import version_of
 from torchlens.capture import rng
+from torchlens.capture.tree import flatten, flatten_call
 from torchlens.errors import (
     InterventionError,
     InvalidArgumentError,
@@ -68,6 +69,19 @@ class Intervention:
 class _Halt(BaseException):
     """Raised after the ``stop_after`` op; a BaseException so ``except Exception`` in model
     code cannot swallow it."""
+
+
+def run_after_halt(halt: type[BaseException], func: Any, args: tuple, kwargs: dict | None) -> Any:
+    """A call made after ``stop_after=`` matched, while the calls returning the op halted on
+    end: ``halt`` is raised at the first call that reads or makes a tensor (unrecorded);
+    calls of no tensor run on, so that ``torch.no_grad()`` and the like still put the grad
+    mode back on their way out."""
+    if flatten_call(args, kwargs or {})[0]:
+        raise halt
+    result = func(*args, **kwargs) if kwargs else func(*args)
+    if flatten(result)[0]:  # a factory (torch.arange): made, not recorded
+        raise halt
+    return result
 
 
 def original_key(label: str) -> str:
@@ -251,18 +265,18 @@ class Controls:
                     continue  # a source returned as is: not an op
                 op.returned_by += (frame,)
                 if save is not None and save.matches(op):
+                    self.saved += 1  # (kept already, as the op halted on: matched too)
                     if not op.has_out:
                         builder.save_extra(label, tensors[k])
-                        self.saved += 1
                     for selected in builder.late_selected:
                         selected(op, tensors[k])
                 for i, selector, edit in edits:
                     if selector.matches(op):
                         self.edit_hits[i] += 1
                         tensors[k] = self._edit_traced(builder, op, tensors[k], edit, i)
-                if stop is not None and stop.matches(op):
-                    self.halted_at = label
-                    raise _Halt
+                if stop is not None and self.halted_at is None and stop.matches(op):
+                    self.halted_at = label  # halts once the calls returning it end
+                    builder.halt_pending = _Halt
             return tensors
 
         return hook
@@ -313,12 +327,18 @@ class Controls:
             for i, (selector, edit) in enumerate(self.edits):
                 if selector.matches(op):
                     self.edit_hits[i] += 1
-                    tensor = self._edit_traced(builder, op, tensor, edit, i)
-            if self.stop is not None and self.stop.matches(op):
+                    op._lookup = builder.record  # the ops so far, for the edit to read
+                    try:  # (tl.attention_pattern: was the query packed?)
+                        tensor = self._edit_traced(builder, op, tensor, edit, i)
+                    finally:
+                        del op._lookup
+            if self.stop is not None and self.halted_at is None and self.stop.matches(op):
                 self.halted_at = op.label
                 if not op.has_out:  # the op a forward halts on keeps its value
                     builder.save_extra(op.label, tensor)
-                raise _Halt
+                # the forward halts at its next op or module call: the calls that return
+                # this op end first, so that they count as returning it, as in tl.record
+                builder.halt_pending = _Halt
             return tensor
 
         return hook

@@ -18,6 +18,7 @@ from torchlens.capture.autocast import any_autocast as _any_autocast
 from torchlens.capture.autocast import autocast_state
 from torchlens.capture.builder import TraceBuilder
 from torchlens.capture.composite import opened_body
+from torchlens.capture.controls import run_after_halt
 from torchlens.capture.escapes import escape_call
 from torchlens.capture.failures import note_model_error
 from torchlens.capture.grad_calls import backward_call
@@ -63,6 +64,8 @@ class CaptureMode(TorchFunctionMode):
             elif info.escape is not None and functorch_level() == self._level:
                 return escape_call(self.builder, info.escape, func, args, kwargs)
             return func(*args, **kwargs) if kwargs else func(*args)
+        if self.op_hooks and self.builder.halt_pending:  # stop_after= matched
+            return run_after_halt(self.builder.halt_pending, func, args, kwargs)
         kwargs = kwargs or {}
         if info.opens and (info.opens is True or info.opens(args, kwargs)):
             return self._open(info.name, func, args, kwargs)

@@ -50,7 +50,8 @@ def record(
             ops use instead (or a ``tl.Intervention``). Edited ops are kept too.
         stop_after: a selector; the forward halts right after the first matching op (when
             a rule selects ``tl.module(...).output``, once the module calls that return
-            that op have returned, so that they count as returning it).
+            that op have returned, so that they count as returning it; ``tl.module("")``
+            is the model's own call, whose output is what it returned).
         root: the modules a traced function calls, named for addresses, as in
             :func:`~torchlens.capture.api.trace`; or the
             :class:`~torchlens.capture.roots.Root` of ``model`` resolved once for many
@@ -80,8 +81,11 @@ def record(
     mode.add_inputs(args, kwargs)
     output = None
     try:
-        with controls.halting(model, walked.modules), _recording(model, mode, root=walked):
-            output = model(*args, **kwargs)
+        with controls.halting(model, walked.modules):
+            with _recording(model, mode, root=walked):
+                output = model(*args, **kwargs)
+            if mode.exits is not None and not mode.halt_pending:  # tl.module("").output
+                output = _root_returned(mode, walked, output)
     except Exception as err:  # the model's error then ends at the model's line
         trim_torchlens_frames(err)  # (module calls pass through capture/follow.py)
         raise
@@ -95,6 +99,15 @@ def record(
     # module outputs are kept when the call returns, possibly out of execution order
     kept = sorted(mode.kept, key=lambda view: view.index)
     return Recording(kept, mode.store, output, meta)
+
+
+def _root_returned(mode: RecordMode, root: Root, output: Any) -> Any:
+    """The call of the whole model returned ``output``: ``tl.module("").output`` rules
+    act on it as on any module call's (the model's own calls inside a traced method are
+    ``<root>:1``..., the whole capture then ``<root>:0``, as ``tl.trace`` numbers them)."""
+    called = any(mode._calls.get(id(module)) for address, module in root.modules if not address)
+    new = mode.exits.on_exit(("", 0 if called else 1), root.type_name, output)
+    return output if new is None else new
 
 
 def _protect_kept(

@@ -28,7 +28,14 @@ from torch.overrides import TorchFunctionMode
 from torchlens._tensors import storage_key, version_of
 from torchlens.capture.builder import REFRESH_FUNC_NAME
 from torchlens.capture.composite import group_address, opened_body
-from torchlens.capture.controls import Controls, Intervention, _Halt, apply_edit, original_key
+from torchlens.capture.controls import (
+    Controls,
+    Intervention,
+    _Halt,
+    apply_edit,
+    original_key,
+    run_after_halt,
+)
 from torchlens.capture.escapes import escaped_tensors
 from torchlens.capture.failures import note_model_error
 from torchlens.capture.hooks import _call_inputs, _tensors_in, follow_calls
@@ -145,7 +152,7 @@ class RecordMode(TorchFunctionMode):
                 return self._escape(func, args, kwargs)
             return func(*args, **kwargs) if kwargs else func(*args)
         if self.halt_pending:  # the op stop_after matched has left every call returning it
-            raise _Halt
+            return run_after_halt(_Halt, func, args, kwargs)
         if info.opens and (info.opens is True or info.opens(args, kwargs or {})):
             return self._open(info.name, func, args, kwargs or {})
         live = self.live

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from torchlens._calls import with_second
-from torchlens.attention import attend, attention_inputs, attention_pattern
+from torchlens.attention import _pack, attend, attention_inputs, attention_pattern, packed_query
 from torchlens.edits._helpers import _on_axis, _on_heads, not_comparable
 from torchlens.errors import InterventionError, InvalidArgumentError
 
@@ -71,7 +71,7 @@ def edit_pattern(fn: Callable[..., Tensor]) -> Callable[[Tensor, Any], Tensor]:
                 f"edit_pattern edits scaled_dot_product_attention ops of tl.trace: {err}",
                 code="bad_edit",
             ) from None
-        pattern = attention_pattern(op)
+        pattern = attention_pattern(op)  # query heads, even of a packed decoding step
         new = call(pattern, op)
         if not isinstance(new, Tensor) or tuple(new.shape) != tuple(pattern.shape):
             got = tuple(new.shape) if isinstance(new, Tensor) else type(new).__name__
@@ -80,6 +80,8 @@ def edit_pattern(fn: Callable[..., Tensor]) -> Callable[[Tensor, Any], Tensor]:
                 f"of the shape it was given, {tuple(pattern.shape)}",
                 code="bad_edit",
             )
+        if packed_query(op, inputs):  # back to the call's packed (kv_heads, n_rep) layout
+            new = _pack(new, inputs)
         return attend(new, inputs).to(t.dtype)
 
     return edit
