@@ -331,11 +331,13 @@ class ModeLog(nn.Module):
 def test_first_look_runs_before_the_capture_and_settles_a_harmless_escape():
     # the ground-truth rerun counts the escapes, the first look runs next (warm, before
     # the capture), and when nothing moved, the float escape is moved the other way once
-    # (issue 50: a threshold equal to the value is crossed one way only); no capture more
+    # (issue 50: a threshold equal to the value is crossed one way only), right after it,
+    # still before the capture (where a forward is cheaper); no capture more
     model = ModeLog(scale_by_escape=False)
     status = _status(model, torch.randn(2, 4))
     assert status.state == "passed" and "completeness" in status.arms
-    assert model.modes == ["_Unrecorded", "PerturbingMode", "CaptureMode", "PerturbingMode"]
+    assert model.modes == ["_Unrecorded", "PerturbingMode", "PerturbingMode", "CaptureMode"]
+    assert status.model_calls == 4
     assert not status.decisions and not status.hidden_edges
 
 
@@ -558,3 +560,41 @@ def test_a_model_that_differs_from_itself_is_not_blamed_on_its_escapes():
     assert all("differs between two plain calls" in f.reason for f in status.unchecked)
     assert not status.hidden_edges
     assert any("nothing perturbed" in decision for decision in status.decisions)
+
+
+class ModeThreshold(nn.Module):
+    """``x > x.min().item()`` (crossed only by moving the value down), or a bool escape
+    alone (which has no other way to move); notes the function mode of each forward."""
+
+    def __init__(self, threshold: bool) -> None:
+        super().__init__()
+        self.threshold = threshold
+        self.modes: list[str] = []
+
+    def forward(self, x):
+        stack = torch.overrides._get_current_function_mode_stack()
+        self.modes.append(type(stack[-1]).__name__ if stack else "none")
+        if self.threshold:
+            return (x > x.min().item()).float() * x
+        if bool((x > 100).any()):
+            return x * 2
+        return x + 1
+
+
+def test_the_other_way_is_probed_before_the_capture_and_found_there():
+    # the first look moved nothing: the forward with the number moved the other way runs
+    # next, before the capture, and the arm uses it (its only light forward after is none)
+    model = ModeThreshold(threshold=True)
+    status = _status(model, torch.randn(3, 5))
+    assert status.state == "incomplete"
+    assert [str(e).split(" at ")[0] for e in status.hidden_edges] == ["min_1 -> gt_1 via .item()"]
+    assert model.modes[:4] == ["_Unrecorded", "PerturbingMode", "PerturbingMode", "CaptureMode"]
+    assert "PerturbingMode" not in model.modes[4:]  # (the rest are captured forwards)
+
+
+def test_a_bool_escape_alone_gets_no_forward_the_other_way():
+    model = ModeThreshold(threshold=False)
+    status = _status(model, torch.randn(3, 5))
+    assert status.state == "passed" and not status.hidden_edges
+    assert model.modes == ["_Unrecorded", "PerturbingMode", "CaptureMode"]
+    assert status.model_calls == 3

@@ -169,7 +169,13 @@ def replay(
     if watched is not None and watched.vias and not uncopied and not moved_parameters:
         calls += 1
         try:
-            first = look_first(model, spare, (start, host), state, watched, budget)
+            # (with a reference, the forward the other way is run now too, where it is
+            # cheaper, when the arm will want it: see look_first)
+            seen = None if intervene is not None else reference
+            first = look_first(
+                model, spare, (start, host), state, watched, budget, seen, (atol, rtol)
+            )
+            calls += first.down is not None
         except Exception:  # noqa: BLE001 - validation returns: the arm runs it again later
             first = None
     began = time.perf_counter()

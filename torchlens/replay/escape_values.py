@@ -171,6 +171,7 @@ class Plan:
     def __init__(self, calls: Collection[int] | None, direction: int = 1) -> None:
         self.calls = None if calls is None else frozenset(calls)  # None: every call
         self.moved: set[int] = set()  # the calls whose values it changed
+        self.downs: set[int] = set()  # of those, the ones perturbed_down moves too
         self.direction = direction
         self.escapes = self.ops = 1 << 62  # escape calls, and calls from the first on, allowed
         self.deadline = math.inf
@@ -198,6 +199,9 @@ class Plan:
         if new is UNCHANGED:
             return value
         self.moved.add(call)
+        if self.direction > 0 and not isinstance(value, bool):
+            if perturbed_down(value) is not UNCHANGED:
+                self.downs.add(call)
         return new
 
 
