@@ -70,12 +70,3 @@ class Labeler:
     def peek(self, name: str) -> str:
         """The label :meth:`new` would give next, without taking it (an op that raised)."""
         return f"{name}_{self._next(name)}"
-
-    def issued(self) -> list[str]:
-        """Every label given so far, by name (candidates for a selector that matched none)."""
-        return [
-            label
-            for name, n in self.counts.items()
-            for label in (f"{name}_{i}" for i in range(1, n + 1))
-            if label not in self.reserved and label not in self.taken
-        ]
