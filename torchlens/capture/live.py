@@ -14,15 +14,18 @@ through ``x.data``, a recorded in-place write into its storage since its value w
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch import nn
 
-from torchlens._tensors import storage_key
+from torchlens._tensors import geometry as _geometry
+from torchlens._tensors import storage_key, version_of
 from torchlens.capture.tree import _SLOTS, ATOMS, flatten_call, plain_slice
 
-__all__ = ["LiveVersions", "LiveEntry"]
+__all__ = ["LiveVersions", "LiveEntry", "SeenByRecord", "same_value"]
 
 Tensor = torch.Tensor
 _Parameter = nn.Parameter
@@ -35,9 +38,9 @@ LiveEntry = tuple[Any, "int | None", int]
 class LiveVersions:
     """Which live tensor holds which version; see the module docstring."""
 
-    __slots__ = ("entries", "calls", "writers", "unshared", "inference", "slow")
+    __slots__ = ("entries", "calls", "writers", "unshared", "inference", "slow", "since", "on")
 
-    def __init__(self) -> None:
+    def __init__(self, on_refresh: Callable[[Tensor], None], on_unseen: Any = None) -> None:
         self.entries: dict[int, LiveEntry] = {}
         self.calls = 0  # the calls counted so far (ops, and refreshes: one call each)
         self.writers: dict[Any, list[int]] = {}  # storage -> call counts of writes into it
@@ -45,6 +48,11 @@ class LiveVersions:
         # under torch.inference_mode() most new tensors have no version: told apart first
         self.inference = torch.is_inference_mode_enabled()
         self.slow = self.inference  # every read asks stale(): unversioned or unshared values
+        # the autograd sequence number now: a value first seen with a later grad_fn was made
+        # during the forward, out of sight (capture/unseen.py); None: no autograd here
+        self.since = _sequence_now() if on_unseen is not None else None
+        # called at each refresh, in order; and with each value made out of sight
+        self.on = (on_refresh, on_unseen)
 
     def remember(self, tensor: Tensor) -> None:
         """``tensor``'s current value is counted now."""
@@ -64,7 +72,10 @@ class LiveVersions:
         remembered (a source: an input, a weight, a constant)."""
         entry = self.entries.get(id(tensor))
         if entry is None or entry[0]() is not tensor:
-            self.remember(tensor)
+            if self.made_unseen(tensor):  # counted as an op, as tl.trace records it
+                self.on[1](tensor)
+            else:
+                self.remember(tensor)
             return False
         version = entry[1]
         if version is None:
@@ -73,6 +84,12 @@ class LiveVersions:
             return True
         return bool(self.unshared) and self._written_since(tensor, entry[2], self.unshared)
 
+    def made_unseen(self, tensor: Tensor) -> bool:
+        """Whether ``tensor``, seen first now, got autograd history during the forward:
+        computed out of the capture's sight (``capture/unseen.py``)."""
+        node = tensor.grad_fn if self.since is not None else None
+        return node is not None and node._sequence_nr() > self.since
+
     def _written_since(self, tensor: Tensor, since: int, among: Any = None) -> bool:
         key = storage_key(tensor)
         if key is None or among is not None and key not in among:
@@ -80,11 +97,10 @@ class LiveVersions:
         writes = self.writers.get(key)
         return bool(writes) and writes[-1] > since
 
-    def read(self, args: tuple, kwargs: dict | None) -> list[Tensor]:
-        """The tensors of a call's arguments whose reads are refreshes, in the order
+    def read(self, args: tuple, kwargs: dict | None) -> None:
+        """Read a call's arguments: each whose read is a refresh is counted, in the order
         ``TraceBuilder.arguments`` reads them (usually none: the common call, tensors and
         atoms side by side, is checked here in one pass)."""
-        stale: list[Tensor] = []
         if len(args) <= len(_SLOTS) and all(type(v) in ATOMS for v in (kwargs or {}).values()):
             entries, unshared = self.entries, self.unshared
             try:
@@ -99,32 +115,27 @@ class LiveVersions:
                             or entry[1] != arg._version
                             or unshared
                         ) and self.stale(arg):
-                            self._counted(arg, stale)
+                            self._counted(arg)
                     elif not (kind in ATOMS or kind is slice and plain_slice(arg)):
                         break  # nested: walked below
                 else:
-                    return stale
+                    return
             except RuntimeError:  # an inference tensor has no version: walked below
                 pass
-        for _, tensor in flatten_call(args, kwargs or {})[0]:
-            if self.stale(tensor):
-                self._counted(tensor, stale)
-        return stale
+        self.read_all([tensor for _, tensor in flatten_call(args, kwargs or {})[0]])
 
-    def read_all(self, tensors: list[Tensor]) -> list[Tensor]:
-        """Those of ``tensors`` (a module call's inputs or outputs, an escape's, the
-        forward's outputs) whose reads are refreshes, in order."""
-        stale: list[Tensor] = []
+    def read_all(self, tensors: list[Tensor]) -> None:
+        """Read ``tensors`` (a module call's inputs or outputs, an escape's, the forward's
+        outputs): each whose read is a refresh is counted, in order."""
         for tensor in tensors:
             if self.stale(tensor):
-                self._counted(tensor, stale)
-        return stale
+                self._counted(tensor)
 
-    def _counted(self, tensor: Tensor, stale: list[Tensor]) -> None:
+    def _counted(self, tensor: Tensor) -> None:
         """A refresh of ``tensor``: a call of its own, its value counted from now on."""
         self.calls += 1
         self.remember(tensor)
-        stale.append(tensor)
+        self.on[0](tensor)
 
     def produced(self, name: str, tensors: list[Tensor], inplace: bool) -> None:
         """A call counted as ops produced ``tensors`` (written in place: ``inplace``)."""
@@ -140,3 +151,75 @@ class LiveVersions:
                 if key is not None:
                     self.writers.setdefault(key, []).append(self.calls)
             self.remember(tensor)
+
+
+def _sequence_now() -> int | None:
+    """The autograd sequence number of a node made now (None: autograd is off here, as
+    under ``torch.inference_mode()``)."""
+    with torch.enable_grad(), torch._C.DisableTorchFunction():
+        node = torch.empty(0, requires_grad=True).view(0).grad_fn
+    return None if node is None else node._sequence_nr()
+
+
+class SeenByRecord:
+    """What :func:`~torchlens.capture.unseen.record_unseen` reads of a capture (under the
+    names :class:`~torchlens.capture.builder.TraceBuilder` gives them), for a capture that
+    keeps no labels: a live tensor is named ``(call that counted its value, its id)``, so
+    names sort in the order values were counted, as a trace's records do.
+
+    Args:
+        live: the capture's live versions.
+        count: called as ``count(name, tensor)`` to count the opaque op that made ``tensor``.
+        inputs: ids of the forward's input tensors.
+        modules: the ``(address, module)`` pairs named so far.
+    """
+
+    def __init__(
+        self, live: LiveVersions, count: Callable[[str, Tensor], None], inputs: list[int],
+        modules: list[tuple[str, nn.Module]],
+    ) -> None:  # fmt: skip
+        self.live, self.count, self.named_modules = live, count, modules
+        self.input_labels = [(live.entries[key][2], key) for key in inputs if key in live.entries]
+
+    @property
+    def _live(self) -> dict[int, tuple[Any, tuple[int, int]]]:
+        return {key: (entry[0], (entry[2], key)) for key, entry in self.live.entries.items()}
+
+    @property
+    def _records(self) -> list[tuple[int, int]]:
+        return sorted(label for _, label in self._live.values())
+
+    def _current_label(self, tensor: Tensor) -> tuple[int, int] | None:
+        entry = self.live.entries.get(id(tensor))
+        return (entry[2], id(tensor)) if entry is not None and entry[0]() is tensor else None
+
+    def label_of(self, tensor: Tensor) -> tuple[int, int] | None:
+        """Read ``tensor`` as the capture does (a source, a refresh, or made out of sight)."""
+        self.live.stale(tensor)
+        return self._current_label(tensor)
+
+    def record_call(self, name: str, *_: Any, **__: Any) -> list[Any]:
+        """Count the opaque op that made ``outputs`` (``args[4]``, as the builder's)."""
+        tensor = _[4][0]
+        self.count(name, tensor)
+        return [SimpleNamespace(label=self._current_label(tensor), meta={})]
+
+
+def same_value(live: LiveVersions, tensor: Tensor) -> bool:
+    """Whether a live tensor holds ``tensor``'s value under another object: the same
+    memory, layout, dtype and version (``Tensor.as_subclass``), as
+    ``TraceBuilder._same_memory`` finds it among saved values."""
+    key = storage_key(tensor)
+    if key is None:
+        return False
+    where = (_geometry(tensor), tensor.dtype, version_of(tensor))
+    for entry in list(live.entries.values()):
+        other = entry[0]()
+        if (
+            other is not None
+            and other is not tensor
+            and storage_key(other) == key
+            and (_geometry(other), other.dtype, version_of(other)) == where
+        ):
+            return True
+    return False

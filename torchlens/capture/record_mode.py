@@ -40,13 +40,14 @@ from torchlens.capture.escapes import escaped_tensors
 from torchlens.capture.failures import note_model_error
 from torchlens.capture.hooks import _call_inputs, _tensors_in, follow_calls
 from torchlens.capture.labels import Labeler
-from torchlens.capture.live import LiveVersions
+from torchlens.capture.live import LiveVersions, SeenByRecord, same_value
 from torchlens.capture.mode import _inplace_targets, _read_arguments, functorch_level
 from torchlens.capture.naming import FUNC_INFOS, func_info
 from torchlens.capture.record_exit import ExitTracker
 from torchlens.capture.roots import Root, resolve_root
 from torchlens.capture.special import SETTLES, SPECIAL_OUTPUTS
 from torchlens.capture.tree import ATOMS, fill, flatten, flatten_call
+from torchlens.capture.unseen import record_unseen
 from torchlens.recording import OpView
 from torchlens.selectors import Selector
 from torchlens.trace import MemoryPayloadStore
@@ -116,7 +117,9 @@ class RecordMode(TorchFunctionMode):
         self.labeler = Labeler()  # as tl.trace counts labels
         self.counts = self.labeler.counts
         self._reserved = self.labeler.reserved  # (the same set, filled by reserve())
-        self.live = LiveVersions()  # which live tensor holds which version: refreshes
+        # which live tensor holds which version: refreshes and values made out of sight
+        self.live = LiveVersions(self._refresh, self._unseen)
+        self._inputs: list[int] = []  # ids of the forward's input tensors
         self.n_ops = 0
         self.paused = False  # set by capture.session.suspended()
         self._plans: dict[str, _Plan | None] = {}
@@ -170,6 +173,9 @@ class RecordMode(TorchFunctionMode):
                     if kind is Tensor or kind is _Parameter:
                         entry = entries.get(id(arg))
                         if entry is None or entry[0]() is not arg:
+                            if kind is Tensor and live.made_unseen(arg):
+                                fresh = False
+                                break
                             entries[id(arg)] = (_ref(arg), arg._version, live.calls)
                         elif entry[1] != arg._version:
                             fresh = False
@@ -180,8 +186,7 @@ class RecordMode(TorchFunctionMode):
             except RuntimeError:  # an inference tensor has no version: read() asks
                 fresh = False
         if not fresh:  # values changed behind the capture's back: refresh ops, as tl.trace
-            for tensor in live.read(_read_arguments(func, args), kwargs):
-                self._refresh(tensor)
+            live.read(_read_arguments(func, args), kwargs)
         writes = info.inplace or kwargs and ("out" in kwargs or kwargs.get("inplace") is True)
         if writes:  # a call that may write into a kept value (see _inplace_targets)
             writes = bool(_inplace_targets(info.inplace, args, kwargs or {}))
@@ -240,6 +245,21 @@ class RecordMode(TorchFunctionMode):
         input sources are."""
         for _, tensor in flatten(args)[0] + flatten(kwargs)[0]:
             self.live.remember(tensor)
+            self._inputs.append(id(tensor))
+
+    def _unseen(self, tensor: Tensor) -> None:
+        """``tensor``, seen first now, was made during the forward out of the capture's
+        sight: counted as the op ``tl.trace`` records for it (``capture/unseen.py``), or
+        as a source (the same value under another object, or a value linked to nothing)."""
+        if not same_value(self.live, tensor):
+            host = SeenByRecord(self.live, self._count_unseen, self._inputs, self.modules)
+            if record_unseen(host, tensor) is not None:
+                return
+        self.live.remember(tensor)
+
+    def _count_unseen(self, name: str, tensor: Tensor) -> None:
+        self.live.produced(name, [tensor], False)
+        self._refresh(tensor, name)
 
     def _escape(self, func: Any, args: tuple, kwargs: dict | None) -> Any:
         """A call that reads values into Python (``.item()``): what it reads is read as
@@ -262,30 +282,25 @@ class RecordMode(TorchFunctionMode):
                     break
             else:
                 return
-        for tensor in live.read_all(tensors):
-            self._refresh(tensor)
+        live.read_all(tensors)
 
-    def _refresh(self, tensor: Tensor) -> None:
+    def _refresh(self, tensor: Tensor, name: str = REFRESH_FUNC_NAME) -> None:
         """Count the ``refresh`` op ``tl.trace`` records for ``tensor`` (see
-        :class:`~torchlens.capture.live.LiveVersions`); keep it when save= selects it.
-        Like a trace's, it is no call an edit or stop_after acts on."""
-        name = REFRESH_FUNC_NAME
+        :class:`~torchlens.capture.live.LiveVersions`), or another op the capture records
+        itself (``name``: a value made out of sight); keep it when save= selects it. Like
+        a trace's, it is no call an edit or stop_after acts on."""
         count = self.labeler.count(name)
         index = self.n_ops
         self.n_ops = index + 1
         if self.exits is not None:
             self.exits.note(name, count, index, (), tensor)
-        self._refreshed(count, index, tensor)
-
-    def _refreshed(self, count: int, index: int, tensor: Tensor) -> None:
-        """What a recording does with a refresh: keep it when ``save=`` selects it."""
         save = self.controls.save
-        if save is None or save.func_names is not None and REFRESH_FUNC_NAME not in save.func_names:
+        if save is None or save.func_names is not None and name not in save.func_names:
             return
-        label = f"{REFRESH_FUNC_NAME}_{count}"
+        label = f"{name}_{count}"
         if save.call_labels is not None and label not in save.call_labels:
             return
-        view = OpView(label, index, REFRESH_FUNC_NAME, 0, self._frames, tensor, self._type)
+        view = OpView(label, index, name, 0, self._frames, tensor, self._type)
         if save.matches(view):
             self._keep(view, tensor)
             self.controls.saved += 1
