@@ -163,7 +163,6 @@ class TraceBuilder:
         # when asked for a version: they are told apart first
         self._inference = torch.is_inference_mode_enabled()
         self.payload_filter = payload_filter
-        self.paused = False  # set while capture is suspended (reference runs)
         self.named_modules: list[tuple[str, nn.Module]] = []  # filled by register_model
         self.model_buffers: list[Tensor] = []  # updated in place by forwards; see finish
         # called as observe(record, live tensor, alias_of) each time a record takes a tensor;

@@ -54,7 +54,8 @@ class Follower:
         names: the capture's :class:`~torchlens.capture.roots.ModuleNames`.
         factory: makes the recording call of a module (as ``hooks.wrap_forwards``'s).
         skip: ids of the modules not to follow (wrapped already, or the traced module).
-        owner: what holds the capture's ``paused`` flag (a builder or a record mode).
+        owner: the capture's :class:`~torchlens.capture.hooks.ModuleTracker`: calls pass
+            straight through while it is not on.
         on_new: called with the ``(address, module)`` pairs each newly named module adds.
     """
 
@@ -77,7 +78,7 @@ class Follower:
     def call(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:
         """Run ``module(*args, **kwargs)`` recorded as a call at its address."""
         torch_call = _torch_call
-        if self.owner.paused:
+        if not self.owner.on:
             return torch_call(module, *args, **kwargs)
         entry = self._calls.get(id(module))
         if entry is None:

@@ -17,27 +17,32 @@ hooks: ops that its pre-hooks run fall before its call, those of its forward hoo
 it, and the call returns what those hooks made of the output, as the model sees it.
 
 Calls from other threads, and calls while the capture is suspended, pass straight through:
-two threads running the same model never see each other's module calls.
+two threads running the same model never see each other's module calls. One
+:class:`ModuleTracker` per capture installs all of these and removes them again.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from torchlens.capture.builder import TraceBuilder
 from torchlens.capture.follow import Follower
 from torchlens.capture.roots import ModuleNames, Root, resolve_root
 from torchlens.capture.tree import fill, flatten
 
+if TYPE_CHECKING:
+    from torchlens.capture.builder import TraceBuilder
+
 __all__ = [
     "ForwardWrap",
+    "ModuleTracker",
     "follow_calls",
     "install_module_hooks",
     "run_exit_hooks",
@@ -122,23 +127,70 @@ def wrap_forwards(
     return done
 
 
+class ModuleTracker:
+    """Follows the module calls of one capture, whatever its policy (``tl.trace``,
+    ``tl.record``, ``tl.extract``, ``find_nonfinite``): :meth:`enter` installs every
+    mechanism it needs (forward wrappers, hook pairs, the follower of modules outside the
+    root), :meth:`exit` removes them all, on every exit path. The wrappers record only
+    while :attr:`on` holds, on the thread that made the tracker: before :meth:`enter`,
+    after :meth:`exit` and inside :meth:`suspended` every call passes straight through."""
+
+    __slots__ = ("on", "thread", "_done")
+
+    def __init__(self) -> None:
+        self.on = False
+        self.thread = _thread_id()
+        self._done: list[ForwardWrap | RemovableHandle | Follower] = []
+
+    def enter(
+        self,
+        root: Root,
+        calls: Any,
+        on_new: Callable[[list[tuple[str, nn.Module]]], None] | None,
+        *,
+        with_kwargs: bool = True,
+    ) -> None:
+        """Follow the calls of ``root`` (its walk made once, for the whole capture):
+        ``calls`` gives ``traced_forward``, ``enter_own`` and ``exit_own`` as
+        :func:`wrap_forwards` takes them; ``on_new`` is told the modules first named
+        during the forward."""
+        self._done = follow_calls(root, self, on_new, calls, with_kwargs=with_kwargs)
+        self.on = True
+
+    def exit(self) -> None:
+        """Stop following and remove everything :meth:`enter` installed."""
+        self.on = False
+        done, self._done = self._done, []
+        for handle in done:
+            handle.remove()
+
+    @contextmanager
+    def suspended(self) -> Iterator[None]:
+        """Let every module call pass through for the block (a reference run)."""
+        was, self.on = self.on, False
+        try:
+            yield
+        finally:
+            self.on = was
+
+
 def install_module_hooks(
-    model: Any, builder: TraceBuilder, root: Root | None = None
-) -> list[ForwardWrap | RemovableHandle | Follower]:
-    """Follow every module call of the capture into ``builder``: the modules of ``root``
-    (the walk ``register_model`` was given, ``builder.named_modules``) by wrappers, any
-    other module called on this thread by a :class:`~torchlens.capture.follow.Follower`;
-    returns what to remove when the capture ends."""
+    model: Any, builder: TraceBuilder, tracker: ModuleTracker, root: Root | None = None
+) -> None:
+    """Follow every module call of the capture into ``builder`` with ``tracker``: the
+    modules of ``root`` (the walk ``register_model`` was given, ``builder.named_modules``)
+    by wrappers, any other module called on this thread by a
+    :class:`~torchlens.capture.follow.Follower`."""
     if root is None:
         root = resolve_root(model)
         if not builder.named_modules:
             builder.register_model(model, root.modules)
-    return follow_calls(root, builder, builder.add_modules, _ModuleCalls(builder))
+    tracker.enter(root, _ModuleCalls(builder, tracker), builder.add_modules)
 
 
 def follow_calls(
     root: Root,
-    owner: Any,
+    owner: ModuleTracker,
     on_new: Callable[[list[tuple[str, nn.Module]]], None] | None,
     calls: Any,
     *,
@@ -147,8 +199,8 @@ def follow_calls(
     """Wrap the modules of ``root`` (``calls.traced_forward``, ``calls.enter_own`` and
     ``calls.exit_own`` as :func:`wrap_forwards` takes them) and, unless the traced
     callable is a module itself, follow every other module call on this thread with the
-    same factory; ``owner.paused`` pauses both. Used by ``tl.trace`` and ``tl.record``
-    alike; returns what to remove."""
+    same factory; ``owner`` (the capture's tracker) switches both off. Returns what to
+    remove (:meth:`ModuleTracker.exit` does)."""
     done = wrap_forwards(
         root.modules, calls.traced_forward, calls.enter_own, calls.exit_own,
         with_kwargs=with_kwargs, wrap_root=root.itself is None,
@@ -167,17 +219,19 @@ def follow_calls(
 class _ModuleCalls:
     """The wrapped forwards and hooks of one capture, bound to its builder."""
 
-    def __init__(self, builder: TraceBuilder) -> None:
+    def __init__(self, builder: TraceBuilder, tracker: ModuleTracker) -> None:
         self.builder = builder
-        self.thread = _thread_id()
+        self.tracker = tracker
+        self.thread = tracker.thread
 
     def traced_forward(
         self, module: nn.Module, address: str, forward: Callable[..., Any]
     ) -> Callable[..., Any]:
-        builder, thread, type_name = self.builder, self.thread, type(module).__name__
+        builder, tracker, thread = self.builder, self.tracker, self.thread
+        type_name = type(module).__name__
 
         def forward_traced(*args: Any, **kwargs: Any) -> Any:
-            if builder.paused or _thread_id() != thread:
+            if not tracker.on or _thread_id() != thread:
                 return forward(*args, **kwargs)
             if len(args) == 1 and not kwargs and isinstance(args[0], torch.Tensor):
                 inputs = args  # the common one-tensor call, without the walk
@@ -197,7 +251,7 @@ class _ModuleCalls:
         return forward_traced
 
     def _active(self) -> bool:
-        return not self.builder.paused and _thread_id() == self.thread
+        return self.tracker.on and _thread_id() == self.thread
 
     def enter_own(self, address: str, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if self._active():

@@ -71,7 +71,7 @@ class CaptureMode(TorchFunctionMode):
             return self._open(info.name, func, args, kwargs)
         if info.inplace and not args and kwargs:  # torch.nn.init passes tensor=...
             args, kwargs = _target_first(args, kwargs)
-        elif info.name == "backward":  # the .grad it writes are its outputs
+        elif info.backward:  # the .grad it writes are its outputs
             args, kwargs = backward_call(func, args, kwargs, self.builder)
         try:
             parent_args, args_template, kwargs_template = self.builder.arguments(

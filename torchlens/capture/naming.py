@@ -119,6 +119,7 @@ class FuncInfo:
     opens: bool | Callable[[tuple, dict], bool] = False
     escape: str | None = None  # its value leaves torch (ESCAPES): recorded as an escape
     settles: bool = False  # returns with its outputs still being written (special.SETTLES)
+    backward: bool = False  # a backward call: the .grad it writes are its outputs (grad_calls)
 
 
 # func -> its FuncInfo. The capture modes read it directly on their per-op paths (a dict
@@ -142,8 +143,8 @@ def func_info(func: Callable[..., Any]) -> FuncInfo:
     except (KeyError, TypeError):
         pass
     info = _describe(func)
-    if _settles(func):
-        info = replace(info, settles=True)
+    if _settles(func) or info.name == "backward":
+        info = replace(info, settles=_settles(func), backward=info.name == "backward")
     try:
         FUNC_INFOS[func] = info
     except TypeError:  # unhashable callables are described afresh each time

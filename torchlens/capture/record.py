@@ -128,11 +128,11 @@ def _protect_kept(
 
 
 class _RecordSession:
-    """What ``capture.session`` sees of a running record: its mode, and a ``paused`` flag."""
+    """What ``capture.session`` sees of a running record: its mode and module tracker."""
 
     def __init__(self, mode: RecordMode) -> None:
         self.mode = mode
-        self.builder = mode  # suspended() pauses ``session.builder``
+        self.tracker = mode.tracker
 
 
 @contextmanager
@@ -154,9 +154,9 @@ def _recording(
     with ExitStack() as stack:
         _session._local.session = _RecordSession(mode)
         stack.callback(_session._clear_session)
-        stack.callback(setattr, mode, "paused", True)  # its wrappers pass calls through after
         stack.enter_context(_session.collector_paused())
-        stack.callback(_session.remove_all, mode.install_hooks(model, modules, root))
+        stack.callback(mode.tracker.exit)  # its wrappers pass calls through after
+        mode.install_hooks(model, modules, root)
         stack.enter_context(mode)
         try:
             yield

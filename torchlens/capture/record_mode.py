@@ -38,7 +38,7 @@ from torchlens.capture.controls import (
 )
 from torchlens.capture.escapes import escaped_tensors
 from torchlens.capture.failures import note_model_error
-from torchlens.capture.hooks import _call_inputs, _tensors_in, follow_calls
+from torchlens.capture.hooks import ModuleTracker, _call_inputs, _tensors_in
 from torchlens.capture.labels import Labeler
 from torchlens.capture.live import LiveVersions, SeenByRecord, same_value
 from torchlens.capture.mode import _inplace_targets, _read_arguments, functorch_level
@@ -121,7 +121,7 @@ class RecordMode(TorchFunctionMode):
         self.live = LiveVersions(self._refresh, self._unseen)
         self._inputs: list[int] = []  # ids of the forward's input tensors
         self.n_ops = 0
-        self.paused = False  # set by capture.session.suspended()
+        self.tracker = ModuleTracker()  # its module calls (install_hooks)
         self._plans: dict[str, _Plan | None] = {}
         self._memo: dict[tuple[str, int], Any] = {}
         self._aliases: dict[Any, list[str]] = {}
@@ -135,7 +135,6 @@ class RecordMode(TorchFunctionMode):
         self._paths_needed = any(rule.static for rule in controls.rules)  # any memo at all
         self._paths: dict[tuple[int, str], int] = {}
         self._calls: dict[int | str, int] = {}  # module ids; addresses of opened groups
-        self._thread = threading.get_ident()
         self.exits = ExitTracker(self) if controls.at_exit else None
         # stop_after matched, but a rule asks what module calls return: the forward goes on
         # until the next op or module call, so that the calls returning the halt op (a
@@ -421,34 +420,35 @@ class RecordMode(TorchFunctionMode):
         model: Any,
         modules: list[tuple[str, nn.Module]] | None = None,
         root: Root | None = None,
-    ) -> list[Any]:
+    ) -> None:
         """Follow the module calls of ``model`` as ``tl.trace`` does (``capture/hooks.py``):
         each module of its root with its ``forward`` wrapped, or a pair of hooks for one
         with hooks of its own, so that ops run by those hooks fall inside or outside the
         module call exactly as in ``tl.trace``; every other module called on this thread
         followed (``capture/follow.py``). ``modules``: the root's walk, when made already.
-        Returns what to remove when the recording ends."""
+        ``self.tracker.exit()`` removes them."""
         if root is None:
             root = resolve_root(model) if modules is None else _root_of(model, modules)
         self._type = root.type_name  # the root call's name, as the trace's root names it
         self.modules = list(root.modules)
         self.labeler.reserve(self.modules)
-        calls = _Calls(self._recorded_forward, self._enter, self._exit)
-        return follow_calls(root, self, self._add_modules, calls)
+        self.tracker.enter(root, self, self._add_modules)
 
     def _add_modules(self, modules: list[tuple[str, nn.Module]]) -> None:
         """Modules first seen during the forward (``capture/follow.py``)."""
         self.modules.extend(modules)
         self.labeler.reserve(modules)
 
-    def _recorded_forward(
+    def traced_forward(
         self, module: nn.Module, address: str, forward: Callable[..., Any]
     ) -> Callable[..., Any]:
-        thread, type_name, live = self._thread, type(module).__name__, self.live
+        """The recording ``forward`` of ``module`` at ``address`` (the tracker's wrapper)."""
+        tracker, type_name, live = self.tracker, type(module).__name__, self.live
+        thread = tracker.thread
         entries, key = live.entries, id(module)
 
         def forward_recorded(*args: Any, **kwargs: Any) -> Any:
-            if self.paused or _thread_id() != thread:
+            if not tracker.on or _thread_id() != thread:
                 return forward(*args, **kwargs)
             # a tensor the latest counted call produced (or read), nothing counted since: no
             # write the capture sees can have changed it, so a module call's one input or
@@ -491,9 +491,9 @@ class RecordMode(TorchFunctionMode):
 
         return forward_recorded
 
-    def _enter(self, address: str, module: nn.Module, args: Any, kwargs: dict) -> None:
-        """The pre-hook of a submodule with hooks of its own."""
-        if not self.paused and _thread_id() == self._thread:
+    def enter_own(self, address: str, module: nn.Module, args: Any, kwargs: dict) -> None:
+        """The pre-hook of a submodule with hooks of its own (the tracker's hook pair)."""
+        if self.tracker.on and _thread_id() == self.tracker.thread:
             with _no_torch_function():
                 self.read(_call_inputs(args, kwargs))
                 self._push_frame(id(module), address, type(module).__name__)
@@ -527,9 +527,9 @@ class RecordMode(TorchFunctionMode):
         if self._paths_needed:
             self._path = self._paths.setdefault((self._path, address), len(self._paths) + 1)
 
-    def _exit(self, module: nn.Module, args: Any, kwargs: dict, output: Any) -> Any:
+    def exit_own(self, module: nn.Module, args: Any, kwargs: dict, output: Any) -> Any:
         """The forward hook of a submodule with hooks of its own."""
-        if self.paused or _thread_id() != self._thread or not self._frames:
+        if not self.tracker.on or _thread_id() != self.tracker.thread or not self._frames:
             return None
         with _no_torch_function():
             return self._pop_frame(output)
@@ -544,14 +544,6 @@ class RecordMode(TorchFunctionMode):
         if self.exits is not None and output is not None:
             return self.exits.on_exit(frame, type_name, output)
         return None
-
-
-class _Calls:
-    """What :func:`~torchlens.capture.hooks.follow_calls` takes: the recording forward
-    factory and the hook pair of a module with hooks of its own."""
-
-    def __init__(self, traced_forward: Any, enter_own: Any, exit_own: Any) -> None:
-        self.traced_forward, self.enter_own, self.exit_own = traced_forward, enter_own, exit_own
 
 
 def _root_of(model: Any, modules: list[tuple[str, nn.Module]]) -> Root:

@@ -19,7 +19,7 @@ from torch.overrides import _get_current_function_mode_stack
 from torchlens._gc import collector_paused
 from torchlens.capture.builder import TraceBuilder
 from torchlens.capture.failures import trim_torchlens_frames
-from torchlens.capture.hooks import install_module_hooks
+from torchlens.capture.hooks import ModuleTracker, install_module_hooks
 from torchlens.capture.mode import CaptureMode, OpHook
 from torchlens.capture.roots import Root
 from torchlens.errors import ReentrantCaptureError
@@ -29,7 +29,6 @@ __all__ = [
     "active_session",
     "collector_paused",
     "refuse_reentry",
-    "remove_all",
     "suspended",
 ]
 
@@ -64,6 +63,7 @@ class CaptureSession:
         self.root = root  # (capture/roots.py; resolved from the model when not given)
         self.builder = builder
         self.mode = CaptureMode(builder, op_hooks)
+        self.tracker = ModuleTracker()  # its module calls
         self._stack = ExitStack()
 
     def __enter__(self) -> CaptureSession:
@@ -71,23 +71,15 @@ class CaptureSession:
         with ExitStack() as stack:
             _local.session = self
             stack.callback(_clear_session)
-            stack.callback(remove_all, install_module_hooks(self.model, self.builder, self.root))
+            stack.callback(self.tracker.exit)
+            install_module_hooks(self.model, self.builder, self.tracker, self.root)
             stack.enter_context(self.mode)
             self._stack = stack.pop_all()
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         trim_torchlens_frames(exc)  # a model's error then ends at the model's line
-        try:
-            self._stack.close()
-        finally:  # a wrapper of this capture still called (below another thread's) passes
-            self.builder.paused = True
-
-
-def remove_all(handles: list) -> None:
-    """Remove each hook handle or forward wrapper (one exit callback for all of them)."""
-    for handle in handles:
-        handle.remove()
+        self._stack.close()  # (a wrapper still called after, below another thread's, passes)
 
 
 def _clear_session() -> None:
@@ -108,12 +100,11 @@ def suspended() -> Iterator[None]:
             popped.append(mode)
             if mode is session.mode:
                 break
-    session.builder.paused = True
     _local.session = None
     try:
-        yield
+        with session.tracker.suspended():
+            yield
     finally:
         _local.session = session
-        session.builder.paused = False
         for mode in reversed(popped):
             torch._C._push_on_torch_function_stack(mode)
