@@ -222,6 +222,28 @@ def test_a_value_made_out_of_sight_takes_its_index_in_the_recording_whatever_its
     assert named and all(a == b for a, b in named)
 
 
+@torch.jit.script
+def _scripted_log(x):
+    return torch.log(x)
+
+
+class NanOutOfSight(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return _scripted_log(self.lin(x) - 100.0).relu()
+
+
+def test_the_nan_finder_names_a_value_made_out_of_sight_as_the_trace_does():
+    model, x = NanOutOfSight(), torch.randn(2, 4)
+    trace = tl.trace(model, x)
+    report = tl.find_nonfinite(model, x)
+    assert report.op.label == "script__scripted_log_1"
+    assert trace[report.op.label].index == report.op.index == 2
+
+
 def test_a_value_made_out_of_sight_under_no_grad_stays_a_source_in_both():
     model, x = GatedBlock(), torch.randn(2, 4)
     with torch.no_grad():

@@ -293,6 +293,11 @@ class RecordMode(TorchFunctionMode):
         self.n_ops = index + 1
         if self.exits is not None:
             self.exits.note(name, count, index, (), tensor)
+        self._refreshed(name, count, index, tensor)
+
+    def _refreshed(self, name: str, count: int, index: int, tensor: Tensor) -> None:
+        """What a recording does with an op the capture counts itself: keep it when
+        ``save=`` selects it."""
         save = self.controls.save
         if save is None or save.func_names is not None and name not in save.func_names:
             return

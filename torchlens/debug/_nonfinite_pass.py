@@ -27,7 +27,6 @@ from torch import nn
 
 from torchlens._source import SourceLine
 from torchlens._tensors import storage_key, version_of
-from torchlens.capture.builder import REFRESH_FUNC_NAME
 from torchlens.capture.controls import Controls, _Halt
 from torchlens.capture.mode import _inplace_targets
 from torchlens.capture.record_mode import RecordMode
@@ -263,11 +262,10 @@ class NonFiniteMode(RecordMode):
         """Not ``None``: every function name reaches :meth:`_act`."""
         return _KEEPS if name in _KEEPS_FINITE else _KEEPS_WHEN.get(name, _CHECK)
 
-    def _refreshed(self, count: int, index: int, tensor: Tensor) -> None:
-        """A value changed behind the capture's back (a ``refresh`` op in a trace): checked
-        as any op's output."""
-        plan = self._plan_for(REFRESH_FUNC_NAME)
-        self._act(plan, REFRESH_FUNC_NAME, count, index, 1, (False, (), None), tensor)
+    def _refreshed(self, name: str, count: int, index: int, tensor: Tensor) -> None:
+        """A value changed behind the capture's back (a ``refresh`` op in a trace), or made
+        out of its sight: checked as any op's output."""
+        self._act(self._plan_for(name), name, count, index, 1, (False, (), None), tensor)
 
     def _protect(self, inplace: bool, args: tuple, kwargs: dict) -> None:
         """Before a call writes into tensors: note whether its arguments were proven finite
