@@ -36,9 +36,9 @@ from torchlens._tensors import (
 )
 from torchlens._tensors import geometry as _geometry
 from torchlens.capture.alias_copies import copies_before_write
-from torchlens.capture.composite import group_address
 from torchlens.capture.escapes import EscapeHook, type_name
 from torchlens.capture.labels import Labeler
+from torchlens.capture.module_stack import ModuleStack
 from torchlens.capture.sinks import PayloadSink
 from torchlens.capture.source import caller_line
 from torchlens.capture.tree import _POSITIONS, _SLOTS, ATOMS, flatten_call, plain_slice
@@ -178,7 +178,7 @@ class TraceBuilder:
         # its next op or module call, which raise it, so that the calls returning the op
         # halted on end first and count as returning it (as tl.record's)
         self.halt_pending: type[BaseException] | None = None
-        self.module_calls: list[ModuleCall] = []
+        self.stack = ModuleStack()  # the module calls
         self.input_labels: list[str] = []
         self._records: dict[str, Op | Source] = {}
         # id(tensor) -> (weak reference, label of its current value, version at that time,
@@ -192,22 +192,16 @@ class TraceBuilder:
         # storage -> [(call count, label)] of the in-place writes into it, in order
         self._writers: dict[int, list[tuple[int, str]]] = defaultdict(list)
         self._call_count = 0
-        self._module_call_counts: dict[int | str, int] = {}
-        # the open calls, innermost last, each with its index in module_calls, the module
-        # stack (self._frames) it replaced, to pop back to, and its module (None: a group)
-        self._open_calls: list[tuple[ModuleCall, int, tuple[tuple[str, int], ...], Any]] = []
-        # per module call, the ops recorded while it was open: ops[start:end] (end None
-        # while open); ops are only appended, so a call's ops are one run of them
-        self._starts: list[int] = []
-        self._ends: list[int | None] = []
-        # the open module calls as (address, call number), outermost first: one tuple, shared
-        # by every op recorded meanwhile
-        self._frames: tuple[tuple[str, int], ...] = ()
 
     @property
     def module_stack(self) -> tuple[tuple[str, int], ...]:
         """The open module calls as ``(address, call number)``, outermost first."""
-        return self._frames
+        return self.stack.frames
+
+    @property
+    def module_calls(self) -> list[ModuleCall]:
+        """The module calls so far, in the order they started."""
+        return self.stack.calls
 
     # -- sources --------------------------------------------------------------------------
     def register_model(
@@ -339,13 +333,11 @@ class TraceBuilder:
         A weight put in place again (the next call, the next decoding step) is the source
         already recorded at that address while it holds the same value.
         """
-        for call, _, _, module in reversed(self._open_calls):
-            if module is None:
-                continue
+        for call_address, module in self.stack.open_modules():
             for kind, members in (("parameter", module._parameters), ("buffer", module._buffers)):
                 for name, member in members.items():
                     if member is tensor:
-                        address = f"{call.address}.{name}" if call.address else name
+                        address = f"{call_address}.{name}" if call_address else name
                         return self._weight_source(kind, address, tensor)
         return None
 
@@ -688,7 +680,7 @@ class TraceBuilder:
             parents: tuple[str, ...] = (parent_args[0][0],)
         else:
             parents = tuple(dict.fromkeys(map(_first, parent_args)))
-        frames = self._frames
+        frames = self.stack.frames
         requires_grad = tensor.requires_grad
         # positional, in field order: the per-op path, where keywords cost measurably
         op = Op(
@@ -829,11 +821,10 @@ class TraceBuilder:
         name, when the caller knows it already)."""
         if self.halt_pending is not None:  # stop_after= matched: no call starts after it
             raise self.halt_pending
-        counts = self._module_call_counts
-        call_index = counts[id(module)] = counts.get(id(module), 0) + 1
+        call_index = self.stack.count(id(module))
         labels = self._labels(inputs)
         call = ModuleCall(address, call_index, type_name or type(module).__name__, labels)
-        self._push(call, module)
+        self.stack.push(call, len(self.ops), module)
 
     def _labels(self, tensors: Sequence[Tensor]) -> tuple[str, ...]:
         """``label_of`` each tensor; a module call's one tensor (the usual call, once on
@@ -852,20 +843,11 @@ class TraceBuilder:
             return (entry[1],)
         return (self.label_of(tensor),)
 
-    def _push(self, call: ModuleCall, module: nn.Module | None = None) -> None:
-        self._open_calls.append((call, len(self.module_calls), self._frames, module))
-        self._frames += ((call.address, call.call_index),)
-        self.module_calls.append(call)
-        self._starts.append(len(self.ops))
-        self._ends.append(None)
-
     def exit_module(self, outputs: Sequence[Tensor]) -> ModuleCall | None:
         """A module's forward returned: pop it and note what it returned; returns the call."""
-        if not self._open_calls:
-            return None
-        call, index, self._frames, _ = self._open_calls.pop()
-        self._ends[index] = len(self.ops)
-        call.outputs = self._labels(outputs)
+        call = self.stack.pop(len(self.ops))
+        if call is not None:
+            call.outputs = self._labels(outputs)
         return call
 
     def record(self, label: str) -> Op | Source | None:
@@ -875,12 +857,10 @@ class TraceBuilder:
     def enter_group(self, name: str, inputs: Sequence[Tensor]) -> None:
         """An opened composite function starts (``capture/composite.py``): a call like a
         module's, at the enclosing module's address plus ``"." + name``."""
-        parent = self._frames[-1][0] if self._frames else ""
-        address = group_address(parent, name)
-        counts = self._module_call_counts  # str keys: apart from modules' ids
-        call_index = counts[address] = counts.get(address, 0) + 1
+        address = self.stack.group_address(name)
+        call_index = self.stack.count(address)  # str keys: apart from modules' ids
         labels = self._labels(inputs)
-        self._push(ModuleCall(address, call_index, name, labels))
+        self.stack.push(ModuleCall(address, call_index, name, labels), len(self.ops))
 
     def exit_group(self, outputs: Sequence[Tensor]) -> ModuleCall | None:
         """An opened composite function returned ``outputs`` (or raised: none)."""
@@ -889,11 +869,8 @@ class TraceBuilder:
     # -- finish ---------------------------------------------------------------------------
     def root_call(self, root_type: str, output_tensors: Sequence[Tensor]) -> ModuleCall:
         """The call of the whole model (``<root>:1``), returning ``output_tensors``."""
-        # the root module's own calls inside a traced method are calls 1, 2, ... of "":
-        # the whole capture is then call 0
-        first = 0 if any(not call.address for call in self.module_calls) else 1
         outputs = tuple(map(self.label_of, output_tensors))
-        return ModuleCall("", first, root_type, tuple(self.input_labels), outputs)
+        return self.stack.root(root_type, tuple(self.input_labels), outputs)
 
     def finish(
         self,
@@ -915,10 +892,9 @@ class TraceBuilder:
             meta = {**meta, WITHOUT_GRAD: list(self.without_grad)}
         for tensor in keep_safe:
             self.protect(tensor)
-        calls = [root, *self.module_calls]
-        labels = root.ops = tuple(map(_label, self.ops))
-        for call, start, end in zip(self.module_calls, self._starts, self._ends):
-            call.ops = labels[start:end]  # a call still open (halted inside) runs to the end
+        calls = [root, *self.stack.calls]
+        root.ops = tuple(map(_label, self.ops))
+        self.stack.close(root.ops)
         trace = Trace(
             ops=self.ops,
             sources=self.sources,
