@@ -28,17 +28,16 @@ from torch import nn
 from torchlens._escapes import short_repr
 from torchlens._store import WrittenOver
 from torchlens._tensors import (
-    _storage_address,
     dense,
     geometry_end,
     storage_key,
     version_of,
 )
 from torchlens._tensors import geometry as _geometry
-from torchlens.capture.alias_copies import copies_before_write
 from torchlens.capture.escapes import EscapeHook, type_name
 from torchlens.capture.labels import Labeler
 from torchlens.capture.module_stack import ModuleStack
+from torchlens.capture.payloads import ASK, PayloadKeeper
 from torchlens.capture.sinks import PayloadSink
 from torchlens.capture.source import caller_line
 from torchlens.capture.tree import _POSITIONS, _SLOTS, ATOMS, flatten_call, plain_slice
@@ -69,8 +68,7 @@ UNSEEN_COMPUTATION = "unseen computation"  # the path of a constant with autogra
 # the path of a constant first seen after calls inside a torch.func transform
 TRANSFORM_RESULT = "after a torch.func transform"
 WITHOUT_GRAD = "constants_seen_without_grad"  # trace.meta key: their labels
-_KEPT_AS_IS = frozenset({Tensor, nn.Parameter})  # saved undetached; see _save
-_ASK: Any = object()  # an argument the callee reads itself (a version counter not read yet)
+_ASK = ASK  # an argument the callee reads itself (a version counter not read yet)
 # the version noted for an op's output (not in place) that is an nn.Parameter the capture
 # did not know (an offloading hook making a module's weight): its next read asks label_of,
 # which finds whether it sits in an open module's _parameters by then (_current_weight)
@@ -129,9 +127,6 @@ class TraceBuilder:
     # out of sight cannot be told from one the forward closes over (capture/unseen.py)
     without_grad: tuple[str, ...] = ()
     escape_hook: EscapeHook | None = None
-    # refresh label -> how to make its value from saved ones (_keep_as_writes), until
-    # protect keeps it so: a class default too, set on the instance at the first
-    _recipes: dict[str, WrittenOver] | None = None
     # whether calls ran inside a torch.func transform (vmap, grad), unrecorded: the
     # constants first seen after that may be what it returned (note_transform_call)
     _transformed = False
@@ -145,7 +140,8 @@ class TraceBuilder:
     ) -> None:
         self.ops: list[Op] = []
         self.sources: list[Source] = []
-        self.store = MemoryPayloadStore(
+        # the values kept: to a sink as produced, when one is given, instead of memory
+        self.payloads = PayloadKeeper(MemoryPayloadStore(
             default_missing=None
             if save_payloads
             else (
@@ -153,11 +149,9 @@ class TraceBuilder:
                 "this trace was captured with structure_only=True, so it holds no "
                 "values; trace again without structure_only to read activations",
             )
-        )
-        self._values, self._versions = self.store.values, self.store.versions
-        self.sink = sink  # when given, values go to it as produced instead of memory
-        if sink is not None:
-            self.store = sink.attach(self.store)
+        ), sink)  # fmt: skip
+        self.store, self.sink = self.payloads.store, sink
+        self._values, self._versions = self.payloads.values, self.payloads.versions
         self.save_payloads = save_payloads
         # under torch.inference_mode() most new tensors are inference tensors, which raise
         # when asked for a version: they are told apart first
@@ -187,8 +181,6 @@ class TraceBuilder:
         self._owned: dict[int, tuple[str, str, Tensor]] = {}  # id -> (kind, address, tensor)
         self._wrappers = Wrappers()  # recorded wrapper subclass values (wrappers.py)
         self.labeler = Labeler(self._records)  # op labels, as every capture counts them
-        # storage -> the labels of the saved values aliasing it: one label, or a list of them
-        self._aliases: dict[int, str | list[str]] = {}
         # storage -> [(call count, label)] of the in-place writes into it, in order
         self._writers: dict[int, list[tuple[int, str]]] = defaultdict(list)
         self._call_count = 0
@@ -256,7 +248,7 @@ class TraceBuilder:
         if self.save_payloads:
             # buffers are often updated in place by C++ kernels (batch norm statistics),
             # out of the capture's sight: copy them now rather than alias them
-            self._save(label, tensor, copy=copy or kind == "buffer")
+            self.payloads.save(label, tensor, copy=copy or kind == "buffer")
         self._remember(tensor, label)
         return source
 
@@ -297,7 +289,7 @@ class TraceBuilder:
         weight = self._current_weight(tensor)
         if weight is not None:
             return weight
-        same = self._same_memory(tensor)
+        same = self.payloads.same_memory(tensor)
         if same is not None:  # a recorded value under another object (as_subclass)
             self._remember(tensor, same)
             return same
@@ -374,26 +366,6 @@ class TraceBuilder:
         # (FSDP frees the parameters it gathered when the module's forward ends)
         self._add_source(label, kind, address, tensor, copy=True)
         return label
-
-    def _same_memory(self, tensor: Tensor) -> str | None:
-        """The label of a saved value that ``tensor``, an object not seen before, is: the
-        same memory, layout, dtype and version. ``Tensor.as_subclass`` (torchvision's
-        tv_tensors) makes such objects out of the capture's sight."""
-        key = storage_key(tensor)
-        aliases = self._aliases.get(key) if key is not None else None
-        if not aliases:
-            return None
-        geometry, version = _geometry(tensor), version_of(tensor)
-        for label in reversed((aliases,) if type(aliases) is str else aliases):
-            value = self._values.get(label)
-            if (
-                value is not None
-                and value.dtype == tensor.dtype
-                and self._versions.get(label) == version
-                and _geometry(value) == geometry
-            ):
-                return label
-        return None
 
     def _made_during_forward(self, tensor: Tensor) -> bool:
         """Whether ``tensor`` (with autograd history, and no recorded op that made it) got
@@ -587,44 +559,13 @@ class TraceBuilder:
             ):
                 return
             writes.append((label, region))
-        if self._recipes is None:  # the first one: a dict of the instance's own
-            self._recipes = {}
-        self._recipes[op.label] = WrittenOver(stale, tuple(writes), geometry)
+        self.payloads.recipes[op.label] = WrittenOver(stale, tuple(writes), geometry)
 
     # -- ops ------------------------------------------------------------------------------
     def protect(self, target: Tensor) -> None:
-        """Clone every saved alias of ``target``'s storage before it is written in place.
-
-        Aliases of one memory are copied together (:func:`copies_before_write`), so
-        memory they shared in the forward is copied once.
-        """
-        key = storage_key(target)
-        if key is None:
-            return
-        aliases = self._aliases.pop(key, ())
-        if not aliases:  # (the usual write: into memory no saved value shares)
-            return
-        values, versions, recipes = self._values, self._versions, self._recipes
-        intact = []  # (label, value) of the aliases still holding their saved value
-        for label in (aliases,) if type(aliases) is str else aliases:
-            value = values.get(label)
-            # a value a write out of sight overwrote already (inside a TorchScript
-            # function) stays as it is: the store reports it, a copy would vouch for it
-            if value is not None and version_of(value) == versions.get(label):
-                recipe = recipes.pop(label, None) if recipes else None
-                if recipe is not None:  # the writes over the stale value: no copy
-                    self.store.keep_written_over(label, recipe)
-                else:
-                    intact.append((label, value))
-        for label, copy in copies_before_write(intact):
-            if copy is None:  # quint4x2 cannot be copied
-                self.store.mark_missing(
-                    label, "payload_overwritten",
-                    f"the value saved for {label!r} was written in place during the "
-                    f"forward, and {values[label].dtype} values cannot be copied before that",
-                )  # fmt: skip
-                continue
-            self.store.set(label, copy, version_of(copy))
+        """Copy every saved alias of ``target``'s storage before it is written in place
+        (:meth:`~torchlens.capture.payloads.PayloadKeeper.protect`)."""
+        self.payloads.protect(target)
 
     def record_call(
         self,
@@ -705,7 +646,7 @@ class TraceBuilder:
                 version = None
         if self.save_payloads:
             if self.payload_filter is None or self.payload_filter(op):
-                self._save(label, tensor, False, version)
+                self.payloads.save(label, tensor, False, version)
             else:
                 self.store.mark_missing(
                     label, "not_saved", f"{label!r} was not selected by save=; trace again "
@@ -747,52 +688,15 @@ class TraceBuilder:
         ``tensor`` as ``op``, and the saved value is the edited one."""
         op.shape, op.dtype, op.device = tuple(tensor.shape), tensor.dtype, tensor.device
         op.requires_grad = tensor.requires_grad
-        if self._recipes:  # (an edited refresh is its edited value, not its writes)
-            self._recipes.pop(op.label, None)
+        self.payloads.recipes.pop(op.label, None)  # (an edited refresh: its edited value)
         if self.save_payloads:
-            self._save(op.label, tensor, copy=False)
+            self.payloads.save(op.label, tensor, copy=False)
         self._remember(tensor, op.label)
 
     def save_extra(self, key: str, value: Tensor) -> None:
         """Keep a value under a key that is not a record label (an edit's original value)."""
         if self.save_payloads:
-            self._save(key, value, copy=False)
-
-    def _save(self, label: str, tensor: Tensor, copy: bool, version: Any = _ASK) -> None:
-        """Keep ``tensor``'s value under ``label``: an alias, copied before anything writes
-        into it (see :meth:`protect`), or a copy now (``copy``). ``version`` is passed
-        where the caller has read it already."""
-        if self.sink is not None:  # written now, so later in-place writes cannot reach it
-            self.sink.put(label, tensor.detach())
-            return
-        # the tensor itself, detached when first read (MemoryPayloadStore.get): detaching
-        # makes an alias object, the dearest step of keeping a value, and a graph the
-        # tensor holds is held by the model's output anyway
-        value = tensor if type(tensor) in _KEPT_AS_IS else tensor.detach()
-        key = None
-        if not copy:
-            try:  # storage_key inline (the per-op path)
-                key = _storage_address(value)
-            except (RuntimeError, NotImplementedError):  # no plain storage: copied
-                pass
-        if key is None:
-            value = tensor.detach().clone()
-            version = version_of(value)
-        else:
-            aliases = self._aliases.get(key)
-            if aliases is None:  # the common case: a fresh storage, no list made for it
-                self._aliases[key] = label
-            elif type(aliases) is str:
-                self._aliases[key] = [aliases, label]
-            else:
-                aliases.append(label)
-            if version is _ASK:  # an alias shares the tensor's version counter
-                version = version_of(value)
-        self._values[label] = value  # MemoryPayloadStore.set inline (the per-op path)
-        if version is not None:
-            self._versions[label] = version
-        elif label in self._versions:  # a copy without a version replaced a versioned alias
-            del self._versions[label]
+            self.payloads.save(key, value, copy=False)
 
     # -- escapes --------------------------------------------------------------------------
     def record_escape(self, via: str, tensors: Sequence[Tensor], value: Any) -> Any:
@@ -909,9 +813,9 @@ class TraceBuilder:
         )
         self._live.clear()
         self._owned.clear()
-        self._aliases.clear()
+        self.payloads.aliases.clear()
         self._writers.clear()
-        self.__dict__.pop("_recipes", None)
+        self.payloads.recipes.clear()
         self.__dict__.pop("label_of", None)  # set by _note_unshared: a cycle through self
         self.__dict__.pop("arguments", None)
         return trace

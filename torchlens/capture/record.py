@@ -116,15 +116,16 @@ def _protect_kept(
     """Copy kept values that alias tensors the caller keeps and may edit in place: the
     inputs, the output, and the model's parameters and buffers (``modules``: the next
     forward or optimizer step writes into those)."""
-    if not mode.kept or not mode.has_aliases:
+    payloads = mode.payloads
+    if not mode.kept or not payloads.aliases:
         return  # nothing kept, or only copies
     for _, tensor in flatten((args, kwargs, output))[0]:
-        mode.protect(tensor)
-    if not mode.has_aliases:
+        payloads.protect(tensor)
+    if not payloads.aliases:
         return
     weights = [t for _, m in modules for d in (m._parameters, m._buffers) for t in d.values()]
-    for tensor in sharing(weights, mode.aliased_storages):
-        mode.protect(tensor)
+    for tensor in sharing(weights, payloads.aliases):
+        payloads.protect(tensor)
 
 
 class _RecordSession:

@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from torchlens._tensors import storage_key, version_of
 from torchlens.capture.builder import REFRESH_FUNC_NAME
 from torchlens.capture.composite import group_address, opened_body
 from torchlens.capture.controls import (
@@ -43,6 +42,7 @@ from torchlens.capture.labels import Labeler
 from torchlens.capture.live import LiveVersions, SeenByRecord, same_value
 from torchlens.capture.mode import _inplace_targets, _read_arguments, functorch_level
 from torchlens.capture.naming import FUNC_INFOS, func_info
+from torchlens.capture.payloads import PayloadKeeper
 from torchlens.capture.record_exit import ExitTracker
 from torchlens.capture.roots import Root, resolve_root
 from torchlens.capture.special import SETTLES, SPECIAL_OUTPUTS
@@ -111,7 +111,8 @@ class RecordMode(TorchFunctionMode):
         super().__init__()
         self.controls = controls
         self.clone = clone
-        self.store = MemoryPayloadStore()
+        self.payloads = PayloadKeeper(MemoryPayloadStore())  # the values kept, as a trace's
+        self.store = self.payloads.store
         self.kept: list[OpView] = []
         self.kept_views: dict[str, OpView] = {}  # the same, by label
         self.labeler = Labeler()  # as tl.trace counts labels
@@ -124,7 +125,6 @@ class RecordMode(TorchFunctionMode):
         self.tracker = ModuleTracker()  # its module calls (install_hooks)
         self._plans: dict[str, _Plan | None] = {}
         self._memo: dict[tuple[str, int], Any] = {}
-        self._aliases: dict[Any, list[str]] = {}
         # the open calls as (address, call number), outermost first; the class name of the
         # innermost (the root's outside every call); and for each open call, the three as
         # they were before it, to pop back to in one step
@@ -189,7 +189,7 @@ class RecordMode(TorchFunctionMode):
         writes = info.inplace or kwargs and ("out" in kwargs or kwargs.get("inplace") is True)
         if writes:  # a call that may write into a kept value (see _inplace_targets)
             writes = bool(_inplace_targets(info.inplace, args, kwargs or {}))
-            if self._aliases:
+            if self.payloads.aliases:
                 self._protect(info.inplace, args, kwargs or {})
         try:
             result = func(*args, **kwargs) if kwargs else func(*args)
@@ -385,13 +385,7 @@ class RecordMode(TorchFunctionMode):
         return new
 
     def _keep(self, view: OpView, tensor: Tensor) -> None:
-        value = tensor.detach()
-        key = None if self.clone else storage_key(value)
-        if key is None:
-            value = value.clone()
-        else:
-            self._aliases.setdefault(key, []).append(view.label)
-        self.store.set(view.label, value, version_of(value))
+        self.payloads.save(view.label, tensor.detach(), self.clone)
         if view._store is None:
             view._store = self.store
             self.kept.append(view)
@@ -400,24 +394,7 @@ class RecordMode(TorchFunctionMode):
     def _protect(self, inplace: bool, args: tuple, kwargs: dict) -> None:
         """Copy kept values that alias a tensor about to be written in place."""
         for target in _inplace_targets(inplace, args, kwargs):
-            self.protect(target)
-
-    @property
-    def aliased_storages(self) -> Mapping[Any, list[str]]:
-        """Storage key -> labels of the kept values aliasing that storage (not copies)."""
-        return self._aliases
-
-    @property
-    def has_aliases(self) -> bool:
-        """Whether a kept value is an alias of a live tensor (not a copy)."""
-        return bool(self._aliases)
-
-    def protect(self, tensor: Tensor) -> None:
-        """Copy kept values that share ``tensor``'s storage (it may be written later)."""
-        key = storage_key(tensor)
-        for label in self._aliases.pop(key, ()) if key is not None else ():
-            value = self.store.values[label].clone()
-            self.store.set(label, value, version_of(value))
+            self.payloads.protect(target)
 
     # -- module calls ---------------------------------------------------------------------
     def install_hooks(

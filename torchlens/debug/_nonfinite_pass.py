@@ -251,7 +251,7 @@ class NonFiniteMode(RecordMode):
         self._before: tuple[tuple, Any, list[tuple[Tensor, Tensor | None]]] | None = None
         self._outside: set[Any] | None = None  # storages of inputs, parameters, buffers
         self._copy_all = False  # set once something outside was written: copy every target
-        self._aliases = {_NO_STORAGE: []}  # never empty: in-place calls reach _protect
+        self.payloads.aliases[_NO_STORAGE] = []  # never empty: in-place calls reach _protect
 
     @property
     def halted_at(self) -> str | None:
