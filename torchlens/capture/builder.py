@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import operator
 import weakref
-from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -36,6 +35,7 @@ from torchlens._tensors import (
 from torchlens._tensors import geometry as _geometry
 from torchlens.capture.escapes import EscapeHook, type_name
 from torchlens.capture.labels import Labeler
+from torchlens.capture.live import LiveVersions
 from torchlens.capture.module_stack import ModuleStack
 from torchlens.capture.payloads import ASK, PayloadKeeper
 from torchlens.capture.sinks import PayloadSink
@@ -113,15 +113,10 @@ class TraceBuilder:
             is produced (streaming capture); values then never stay in memory.
     """
 
-    # storages reached through ``x.data``, whose version counter is not ``x``'s: a write
-    # through one alias leaves the other's version as it was, so reads of these storages
-    # also ask the recorded writers (see _note_unshared). A class default, replaced on the
-    # instance at the first ``.data``: one more instance attribute would take the builder
-    # past the size at which CPython shares attribute keys, and every attribute read of
-    # the per-op path would get slower (+2.6% instructions per op)
-    _unshared_versions: frozenset[int] = frozenset()
     # the escapes recorded (record_escape), and the hook that may replace escaped values:
-    # class defaults too, set on the instance only when used, for the same reason
+    # class defaults, set on the instance only when used: one more instance attribute
+    # would take the builder past the size at which CPython shares attribute keys, and
+    # every attribute read of the per-op path would get slower (+2.6% instructions per op)
     escapes: Sequence[Escape] = ()
     # constants first seen while grad was off: without autograd history, a value computed
     # out of sight cannot be told from one the forward closes over (capture/unseen.py)
@@ -153,9 +148,6 @@ class TraceBuilder:
         self.store, self.sink = self.payloads.store, sink
         self._values, self._versions = self.payloads.values, self.payloads.versions
         self.save_payloads = save_payloads
-        # under torch.inference_mode() most new tensors are inference tensors, which raise
-        # when asked for a version: they are told apart first
-        self._inference = torch.is_inference_mode_enabled()
         self.payload_filter = payload_filter
         self.named_modules: list[tuple[str, nn.Module]] = []  # filled by register_model
         self.model_buffers: list[Tensor] = []  # updated in place by forwards; see finish
@@ -175,15 +167,12 @@ class TraceBuilder:
         self.stack = ModuleStack()  # the module calls
         self.input_labels: list[str] = []
         self._records: dict[str, Op | Source] = {}
-        # id(tensor) -> (weak reference, label of its current value, version at that time,
-        # call count at that time: writes into its storage after it are what a refresh redoes)
-        self._live: dict[int, tuple] = {}
+        # which live tensor holds which value, and the writes into each storage (live.py)
+        self.live = LiveVersions()
+        self._live, self._writers = self.live.entries, self.live.writers
         self._owned: dict[int, tuple[str, str, Tensor]] = {}  # id -> (kind, address, tensor)
         self._wrappers = Wrappers()  # recorded wrapper subclass values (wrappers.py)
         self.labeler = Labeler(self._records)  # op labels, as every capture counts them
-        # storage -> [(call count, label)] of the in-place writes into it, in order
-        self._writers: dict[int, list[tuple[int, str]]] = defaultdict(list)
-        self._call_count = 0
 
     @property
     def module_stack(self) -> tuple[tuple[str, int], ...]:
@@ -262,7 +251,7 @@ class TraceBuilder:
             same = before is not None and before[0]() is tensor and before[2] == version
             for observe in self.observers:
                 observe(self._records[label], tensor, before[1] if same else None)
-        self._live[key] = (weakref.ref(tensor), label, version, self._call_count)
+        self._live[key] = (weakref.ref(tensor), label, version, self.live.calls)
 
     def _current_label(self, tensor: Tensor) -> str | None:
         entry = self._live.get(id(tensor))
@@ -436,13 +425,9 @@ class TraceBuilder:
         trusted alone. From the first such alias on, every argument is labelled by
         :meth:`_label_of_unshared` (the per-op path of a forward without ``.data`` stays as
         it is: these methods are replaced on this builder only)."""
-        key = storage_key(tensor)
-        if key is None:
-            return
-        if not self._unshared_versions:
+        if self.live.note_unshared(tensor):
             self.label_of = self._label_of_unshared  # type: ignore[method-assign]
             self.arguments = self._walked_arguments  # type: ignore[method-assign]
-        self._unshared_versions = self._unshared_versions | {key}
 
     def _label_of_unshared(self, tensor: Tensor) -> str:
         """:meth:`label_of`, also asking the recorded writers of a storage that a ``.data``
@@ -453,7 +438,7 @@ class TraceBuilder:
             and entry[0]() is tensor
             and entry[2] is not None
             and entry[2] == tensor._version
-            and storage_key(tensor) in self._unshared_versions
+            and storage_key(tensor) in self.live.unshared
         ):
             return self._unversioned(tensor, entry[1], entry[3])
         return TraceBuilder.label_of(self, tensor)
@@ -462,11 +447,9 @@ class TraceBuilder:
         """:meth:`label_of` for an inference tensor, which has no version counter (under
         ``torch.inference_mode()``): a recorded write into its storage since its value was
         taken (call count ``since``) is what a moved version would have said."""
-        key = storage_key(tensor)
-        writes = self._writers.get(key) if key is not None else None
-        if writes and writes[-1][0] > since:
-            return self._refresh(tensor, label, since)
-        return label
+        return (
+            self._refresh(tensor, label, since) if self.live.written_since(tensor, since) else label
+        )
 
     def _refresh(
         self, tensor: Tensor, stale_label: str, since: int, stale_version: int | None = None
@@ -512,7 +495,7 @@ class TraceBuilder:
                     at[region, record.dtype] = writer
         parents = [stale_label, *writers]
         refs = [ArgRef(label, str(i)) for i, label in enumerate(parents)]
-        self._call_count += 1  # a call of its own, not part of the previous one
+        self.live.calls += 1  # a call of its own, not part of the previous one
         op = self._new_op(REFRESH_FUNC_NAME, None, (), {}, refs, tensor, 0, False)
         op.meta["reason"] = "value changed in place through another tensor"
         op.meta["geometry"] = geometry  # with the writers', replay can redo the writes
@@ -522,7 +505,7 @@ class TraceBuilder:
             writers
             and stale_version is not None
             and version_of(tensor) == stale_version + since_stale
-            and key not in self._unshared_versions
+            and key not in self.live.unshared
         ):
             self._keep_as_writes(op, tensor, geometry)
         return op.label
@@ -580,7 +563,8 @@ class TraceBuilder:
         rng_state: dict[str, Tensor] | None = None,
     ) -> list[Op]:
         """Record the outputs of one function call as ops; returns them."""
-        self._call_count += 1
+        live = self.live
+        live.calls += 1
         if name == "data" or name == "set_data":  # x.data, x.data = y: an alias with a
             self._note_unshared(outputs[0])  # version counter of its own
         if len(outputs) == 1 and not inplace:  # the common case, without the loop
@@ -598,7 +582,7 @@ class TraceBuilder:
             if inplace and name != "set_data":  # (x.data = y writes no memory: y's is x's)
                 key = storage_key(tensor)
                 if key is not None:
-                    self._writers[key].append((self._call_count, op.label))
+                    self._writers[key].append((live.calls, op.label))
                     op.meta["geometry"] = _geometry(tensor)  # where it wrote, for replay
             ops.append(op)
         return ops
@@ -625,7 +609,7 @@ class TraceBuilder:
         requires_grad = tensor.requires_grad
         # positional, in field order: the per-op path, where keywords cost measurably
         op = Op(
-            label, len(self.ops), name, self._call_count, output_index, parents,
+            label, len(self.ops), name, self.live.calls, output_index, parents,
             tuple(parent_args), frames[-1][0] if frames else "", frames, tuple(tensor.shape),
             tensor.dtype, tensor.device, requires_grad, inplace, [], "", func,
             args_template, kwargs_template, rng_state, {}, (), self.store,
@@ -637,7 +621,7 @@ class TraceBuilder:
             self._wrappers.note(tensor)
         self.ops.append(op)
         records[label] = op
-        if self._inference and tensor.is_inference():  # no version counter: no raise
+        if self.live.inference and tensor.is_inference():  # no version counter: no raise
             version = None
         else:
             try:  # version_of inline (the per-op path)
@@ -655,7 +639,7 @@ class TraceBuilder:
         if self.observers:
             self._remember(tensor, label, version)
         else:  # _remember inline (the per-op path)
-            self._live[id(tensor)] = (weakref.ref(tensor), label, version, self._call_count)
+            self._live[id(tensor)] = (weakref.ref(tensor), label, version, self.live.calls)
         return op
 
     def note_returned_weight(self, op: Op, tensor: Tensor) -> None:
@@ -742,7 +726,7 @@ class TraceBuilder:
             and entry[0]() is tensor
             and entry[2] is not None  # an inference tensor: label_of asks
             and entry[2] == tensor._version
-            and not self._unshared_versions
+            and not self.live.unshared
         ):
             return (entry[1],)
         return (self.label_of(tensor),)

@@ -1,19 +1,21 @@
-"""The live-tensor versions of a capture that keeps no graph (``tl.record``, ``tl.extract``,
-``find_nonfinite``): enough to count a ``refresh`` op exactly where ``tl.trace`` records one.
+"""The live-tensor map of every capture: which live tensor holds which value.
 
-:class:`~torchlens.capture.builder.TraceBuilder` maps every live tensor to the record of its
-current value and the version counter at that moment; a tensor read again after its version
-moved without the capture seeing the write (a write through a view, a buffer a kernel
-updates) gets a ``refresh`` op. :class:`LiveVersions` keeps the same map without labels and
-answers, per read, whether that read is such a refresh, by the same rules
-(``TraceBuilder.label_of``, ``_unversioned``, ``_label_of_unshared``): a version that
-moved; for a tensor without a version counter (an inference tensor) or a storage reached
-through ``x.data``, a recorded in-place write into its storage since its value was taken.
+:class:`LiveVersions` maps every live tensor (by identity, checked through a weak
+reference) to the label of its current value (``tl.trace``; a recording keeps none), the
+version counter at that moment and the call count then, and logs the in-place writes into
+each storage. A tensor read again after its version moved without the capture seeing the
+write (a write through a view, a buffer a kernel updates) gets a ``refresh`` op; so does
+one without a version counter (an inference tensor) or reached through ``x.data``, after a
+recorded write into its storage since its value was taken. The trace asks this map in
+``TraceBuilder.label_of``; a capture that keeps no graph (``tl.record``, ``tl.extract``,
+``find_nonfinite``) in :meth:`LiveVersions.stale`, by the same rules, so both count a
+``refresh`` at the same reads.
 """
 
 from __future__ import annotations
 
 import weakref
+from collections import defaultdict
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -30,9 +32,10 @@ __all__ = ["LiveVersions", "LiveEntry", "SeenByRecord", "same_value"]
 Tensor = torch.Tensor
 _Parameter = nn.Parameter
 _ref = weakref.ref
-# id(tensor) -> (weak reference, version when its value was counted (None: an inference
-# tensor), call count then): the writes into its storage after that call are what change it
-LiveEntry = tuple[Any, "int | None", int]
+# id(tensor) -> (weak reference, label of its value (None in a recording), version when its
+# value was counted (None: an inference tensor), call count then): the writes into its
+# storage after that call are what change it
+LiveEntry = tuple[Any, "str | None", Any, int]
 
 
 class LiveVersions:
@@ -40,10 +43,11 @@ class LiveVersions:
 
     __slots__ = ("entries", "calls", "writers", "unshared", "inference", "slow", "since", "on")
 
-    def __init__(self, on_refresh: Callable[[Tensor], None], on_unseen: Any = None) -> None:
+    def __init__(self, on_refresh: Any = None, on_unseen: Any = None) -> None:
         self.entries: dict[int, LiveEntry] = {}
         self.calls = 0  # the calls counted so far (ops, and refreshes: one call each)
-        self.writers: dict[Any, list[int]] = {}  # storage -> call counts of writes into it
+        # storage -> [(call count, label)] of the in-place writes into it, in order
+        self.writers: defaultdict[Any, list[tuple[int, str | None]]] = defaultdict(list)
         self.unshared: frozenset[Any] = frozenset()  # storages reached through x.data
         # under torch.inference_mode() most new tensors have no version: told apart first
         self.inference = torch.is_inference_mode_enabled()
@@ -51,8 +55,9 @@ class LiveVersions:
         # the autograd sequence number now: a value first seen with a later grad_fn was made
         # during the forward, out of sight (capture/unseen.py); None: no autograd here
         self.since = _sequence_now() if on_unseen is not None else None
-        # called at each refresh, in order; and with each value made out of sight
-        self.on = (on_refresh, on_unseen)
+        # called at each refresh stale() finds, in order; and with each value made out of
+        # sight (a trace, which asks label_of, passes neither)
+        self.on: tuple[Callable[[Tensor], None], Any] = (on_refresh, on_unseen)
 
     def remember(self, tensor: Tensor) -> None:
         """``tensor``'s current value is counted now."""
@@ -65,7 +70,7 @@ class LiveVersions:
                 version = None
         if version is None:  # reads must ask stale(): the inline checks read versions
             self.slow = True
-        self.entries[id(tensor)] = (_ref(tensor), version, self.calls)
+        self.entries[id(tensor)] = (_ref(tensor), None, version, self.calls)
 
     def stale(self, tensor: Tensor) -> bool:
         """Whether reading ``tensor`` now is a refresh; a tensor not seen before is
@@ -77,12 +82,12 @@ class LiveVersions:
             else:
                 self.remember(tensor)
             return False
-        version = entry[1]
+        version = entry[2]
         if version is None:
-            return self._written_since(tensor, entry[2])
+            return self.written_since(tensor, entry[3])
         if version != tensor._version:
             return True
-        return bool(self.unshared) and self._written_since(tensor, entry[2], self.unshared)
+        return bool(self.unshared) and self.written_since(tensor, entry[3], self.unshared)
 
     def made_unseen(self, tensor: Tensor) -> bool:
         """Whether ``tensor``, seen first now, got autograd history during the forward:
@@ -90,12 +95,26 @@ class LiveVersions:
         node = tensor.grad_fn if self.since is not None else None
         return node is not None and node._sequence_nr() > self.since
 
-    def _written_since(self, tensor: Tensor, since: int, among: Any = None) -> bool:
+    def written_since(self, tensor: Tensor, since: int, among: Any = None) -> bool:
+        """Whether a recorded write went into ``tensor``'s storage (one of ``among``,
+        when given) after call ``since``: what a moved version would say, for a tensor
+        without a trustworthy one."""
         key = storage_key(tensor)
         if key is None or among is not None and key not in among:
             return False
         writes = self.writers.get(key)
-        return bool(writes) and writes[-1] > since
+        return bool(writes) and writes[-1][0] > since
+
+    def note_unshared(self, tensor: Tensor) -> bool:
+        """``tensor`` came from ``x.data``: an alias with a version counter of its own, so
+        its storage's versions are no longer to be trusted alone. Returns whether it is
+        the first such storage."""
+        key = storage_key(tensor)
+        first = not self.unshared
+        if key is not None:
+            self.unshared = self.unshared | {key}
+            self.slow = True
+        return first and key is not None
 
     def read(self, args: tuple, kwargs: dict | None) -> None:
         """Read a call's arguments: each whose read is a refresh is counted, in the order
@@ -111,8 +130,8 @@ class LiveVersions:
                         if (
                             entry is None
                             or entry[0]() is not arg
-                            or entry[1] is None
-                            or entry[1] != arg._version
+                            or entry[2] is None
+                            or entry[2] != arg._version
                             or unshared
                         ) and self.stale(arg):
                             self._counted(arg)
@@ -140,16 +159,13 @@ class LiveVersions:
     def produced(self, name: str, tensors: list[Tensor], inplace: bool) -> None:
         """A call counted as ops produced ``tensors`` (written in place: ``inplace``)."""
         self.calls += 1
-        if name == "data" or name == "set_data":  # an alias with a version counter of its own
-            key = storage_key(tensors[0])
-            if key is not None:
-                self.unshared = self.unshared | {key}
-                self.slow = True
+        if name == "data" or name == "set_data":
+            self.note_unshared(tensors[0])
         for tensor in tensors:
             if inplace and name != "set_data":
                 key = storage_key(tensor)
                 if key is not None:
-                    self.writers.setdefault(key, []).append(self.calls)
+                    self.writers[key].append((self.calls, None))
             self.remember(tensor)
 
 
@@ -179,11 +195,11 @@ class SeenByRecord:
         modules: list[tuple[str, nn.Module]],
     ) -> None:  # fmt: skip
         self.live, self.count, self.named_modules = live, count, modules
-        self.input_labels = [(live.entries[key][2], key) for key in inputs if key in live.entries]
+        self.input_labels = [(live.entries[key][3], key) for key in inputs if key in live.entries]
 
     @property
     def _live(self) -> dict[int, tuple[Any, tuple[int, int]]]:
-        return {key: (entry[0], (entry[2], key)) for key, entry in self.live.entries.items()}
+        return {key: (entry[0], (entry[3], key)) for key, entry in self.live.entries.items()}
 
     @property
     def _records(self) -> list[tuple[int, int]]:
@@ -191,7 +207,7 @@ class SeenByRecord:
 
     def _current_label(self, tensor: Tensor) -> tuple[int, int] | None:
         entry = self.live.entries.get(id(tensor))
-        return (entry[2], id(tensor)) if entry is not None and entry[0]() is tensor else None
+        return (entry[3], id(tensor)) if entry is not None and entry[0]() is tensor else None
 
     def label_of(self, tensor: Tensor) -> tuple[int, int] | None:
         """Read ``tensor`` as the capture does (a source, a refresh, or made out of sight)."""

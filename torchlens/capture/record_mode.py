@@ -175,8 +175,8 @@ class RecordMode(TorchFunctionMode):
                             if kind is Tensor and live.made_unseen(arg):
                                 fresh = False
                                 break
-                            entries[id(arg)] = (_ref(arg), arg._version, live.calls)
-                        elif entry[1] != arg._version:
+                            entries[id(arg)] = (_ref(arg), None, arg._version, live.calls)
+                        elif entry[2] != arg._version:
                             fresh = False
                             break
                     elif kind not in ATOMS:
@@ -204,7 +204,7 @@ class RecordMode(TorchFunctionMode):
             if not writes and not live.slow and name not in _UNSHARING:
                 calls = live.calls = live.calls + 1  # LiveVersions.produced inline (per op)
                 try:
-                    live.entries[id(result)] = (_ref(result), result._version, calls)
+                    live.entries[id(result)] = (_ref(result), None, result._version, calls)
                 except RuntimeError:  # an inference tensor made under a mode the model entered
                     live.remember(result)
             else:
@@ -277,7 +277,7 @@ class RecordMode(TorchFunctionMode):
             entries = live.entries
             for tensor in tensors:  # the common read: each holds the value counted (inline)
                 entry = entries.get(id(tensor))
-                if entry is None or entry[0]() is not tensor or entry[1] != tensor._version:
+                if entry is None or entry[0]() is not tensor or entry[2] != tensor._version:
                     break
             else:
                 return
@@ -440,7 +440,7 @@ class RecordMode(TorchFunctionMode):
             entry = None if kwargs or len(args) != 1 else entries.get(id(args[0]))
             if (
                 entry is not None
-                and entry[2] == live.calls
+                and entry[3] == live.calls
                 and entry[0]() is args[0]
                 and type(args[0]) is Tensor
                 and not live.slow
@@ -463,7 +463,7 @@ class RecordMode(TorchFunctionMode):
                 self._pop_frame(None)
                 raise
             entry = None if self.exits is not None else entries.get(id(output))
-            quiet = entry is not None and entry[2] == live.calls and not live.slow
+            quiet = entry is not None and entry[3] == live.calls and not live.slow
             if quiet and entry[0]() is output and type(output) is Tensor:  # (as the input)
                 self._frames, self._type, self._path = self._trail.pop()
                 return output
