@@ -605,11 +605,11 @@ class TraceBuilder:
             parents: tuple[str, ...] = (parent_args[0][0],)
         else:
             parents = tuple(dict.fromkeys(map(_first, parent_args)))
-        frames = self.stack.frames
+        frames, live = self.stack.frames, self.live
         requires_grad = tensor.requires_grad
         # positional, in field order: the per-op path, where keywords cost measurably
         op = Op(
-            label, len(self.ops), name, self.live.calls, output_index, parents,
+            label, len(self.ops), name, live.calls, output_index, parents,
             tuple(parent_args), frames[-1][0] if frames else "", frames, tuple(tensor.shape),
             tensor.dtype, tensor.device, requires_grad, inplace, [], "", func,
             args_template, kwargs_template, rng_state, {}, (), self.store,
@@ -621,7 +621,7 @@ class TraceBuilder:
             self._wrappers.note(tensor)
         self.ops.append(op)
         records[label] = op
-        if self.live.inference and tensor.is_inference():  # no version counter: no raise
+        if live.inference and tensor.is_inference():  # no version counter: no raise
             version = None
         else:
             try:  # version_of inline (the per-op path)
@@ -639,7 +639,7 @@ class TraceBuilder:
         if self.observers:
             self._remember(tensor, label, version)
         else:  # _remember inline (the per-op path)
-            self._live[id(tensor)] = (weakref.ref(tensor), label, version, self.live.calls)
+            self._live[id(tensor)] = (weakref.ref(tensor), label, version, live.calls)
         return op
 
     def note_returned_weight(self, op: Op, tensor: Tensor) -> None:

@@ -1,7 +1,7 @@
 """How a capture follows module calls: each module of its root has its ``forward`` wrapped.
 
 (Modules outside the root, called from a traced method or function or built during the
-forward, are followed by ``capture/follow.py``; :func:`follow_calls` installs both.)
+forward, are followed by ``capture/follow.py``; :meth:`ModuleTracker.enter` installs both.)
 
 The wrapper is an attribute of the module instance (``module.__dict__["forward"]``), which
 ``nn.Module.__call__`` finds before the class's ``forward``; it is removed again on every
@@ -43,7 +43,6 @@ if TYPE_CHECKING:
 __all__ = [
     "ForwardWrap",
     "ModuleTracker",
-    "follow_calls",
     "install_module_hooks",
     "run_exit_hooks",
     "wrap_forwards",
@@ -147,14 +146,24 @@ class ModuleTracker:
         root: Root,
         calls: Any,
         on_new: Callable[[list[tuple[str, nn.Module]]], None] | None,
-        *,
-        with_kwargs: bool = True,
     ) -> None:
         """Follow the calls of ``root`` (its walk made once, for the whole capture):
         ``calls`` gives ``traced_forward``, ``enter_own`` and ``exit_own`` as
-        :func:`wrap_forwards` takes them; ``on_new`` is told the modules first named
-        during the forward."""
-        self._done = follow_calls(root, self, on_new, calls, with_kwargs=with_kwargs)
+        :func:`wrap_forwards` takes them, and, unless the traced callable is a module
+        itself, every other module call on this thread goes to the same factory (a
+        :class:`~torchlens.capture.follow.Follower`); ``on_new`` is told the modules first
+        named during the forward."""
+        self._done = wrap_forwards(
+            root.modules, calls.traced_forward, calls.enter_own, calls.exit_own,
+            with_kwargs=True, wrap_root=root.itself is None,
+        )  # fmt: skip
+        if root.itself is None:
+            # (a traced module: its tree is wrapped, and nothing else is followed.
+            # Following costs every module call of the forward about 5 us inside a capture,
+            # measured on 200 Linear+ReLU calls: 7.5 -> 8.4 ms, more than the wrappers)
+            skip = {id(module) for _, module in root.modules}
+            follower = Follower(ModuleNames(root), calls.traced_forward, skip, self, on_new)
+            self._done.append(follower.install())
         self.on = True
 
     def exit(self) -> None:
@@ -186,34 +195,6 @@ def install_module_hooks(
         if not builder.named_modules:
             builder.register_model(model, root.modules)
     tracker.enter(root, _ModuleCalls(builder, tracker), builder.add_modules)
-
-
-def follow_calls(
-    root: Root,
-    owner: ModuleTracker,
-    on_new: Callable[[list[tuple[str, nn.Module]]], None] | None,
-    calls: Any,
-    *,
-    with_kwargs: bool = True,
-) -> list[ForwardWrap | RemovableHandle | Follower]:
-    """Wrap the modules of ``root`` (``calls.traced_forward``, ``calls.enter_own`` and
-    ``calls.exit_own`` as :func:`wrap_forwards` takes them) and, unless the traced
-    callable is a module itself, follow every other module call on this thread with the
-    same factory; ``owner`` (the capture's tracker) switches both off. Returns what to
-    remove (:meth:`ModuleTracker.exit` does)."""
-    done = wrap_forwards(
-        root.modules, calls.traced_forward, calls.enter_own, calls.exit_own,
-        with_kwargs=with_kwargs, wrap_root=root.itself is None,
-    )  # fmt: skip
-    if root.itself is not None:
-        # a traced module: its tree is wrapped, and nothing else is followed. Following
-        # costs every module call of the forward about 5 us inside a capture (measured on
-        # 200 Linear+ReLU calls: 7.5 -> 8.4 ms), more than the wrappers themselves; a
-        # traced method (tl.trace(model.forward, x)) follows modules outside the tree
-        return done
-    skip = {id(module) for _, module in root.modules}
-    done.append(Follower(ModuleNames(root), calls.traced_forward, skip, owner, on_new).install())
-    return done
 
 
 class _ModuleCalls:
