@@ -323,6 +323,48 @@ def disagree(out: Path, mesh) -> dict:
     return outcome
 
 
+class GroupReduce(MLP):
+    """The MLP with its hidden activations summed over a process group (a c10d all-reduce);
+    ``group=None``: no all-reduce (a rank outside the group)."""
+
+    def __init__(self, group) -> None:
+        super().__init__()
+        self.group = group
+
+    def forward(self, x):
+        h = torch.relu(self.fc1(x))
+        if self.group is not None:
+            dist.all_reduce(h, group=self.group)
+        return self.fc2(h)
+
+
+def subgroups(out: Path, mesh) -> dict:
+    """Collectives of subgroups replay in lockstep with their own group's ranks: a group of
+    both ranks made with new_group, and a group of rank 0 alone, whose all-reduce rank 1
+    never runs (checked with the whole world, rank 0 would wait for rank 1 until timeout)."""
+    from torchlens.distributed import lockstep
+
+    rank = dist.get_rank()
+    pair, solo = dist.new_group([0, 1]), dist.new_group([0])
+    result = {}
+    lockstep.TIMEOUT, before = 20.0, lockstep.TIMEOUT
+    try:
+        for name, group in (("pair", pair), ("solo", solo if rank == 0 else None)):
+            torch.manual_seed(0)
+            model, x = GroupReduce(group), inputs("mlp", rank)
+            trace = tl.trace(model, x)
+            reduces = [op for op in trace if tl.distributed.is_collective(op)]
+            result[name] = {
+                "state": tl.replay(model, x).state,
+                "groups": [list(lockstep.group_of(op)[1]) for op in reduces],
+                "own_name": all(lockstep.group_of(op)[0] == group.group_name for op in reduces),
+            }
+            dist.barrier()
+    finally:
+        lockstep.TIMEOUT = before
+    return result
+
+
 KEPT: list = []  # traces and replay results kept past destroy_process_group (case "keep")
 
 
@@ -370,6 +412,8 @@ def main() -> None:
         try:
             if case == "diverge":
                 result = diverge(out / case, mesh)
+            elif case == "subgroups":
+                result = subgroups(out / case, mesh)
             elif case == "keep":
                 result = keep(out / case, mesh)
             elif case == "disagree":

@@ -39,7 +39,15 @@ needs_gloo = pytest.mark.skipif(
 def launch(tmp_path_factory):
     out = tmp_path_factory.mktemp("ranks")
     # "disagree" last: its replays leave the ranks at different collective counts
-    cases = [*CASES, "diverge", "extract_tp-mlp", "extract_tp-transformer", "keep", "disagree"]
+    cases = [
+        *CASES,
+        "diverge",
+        "extract_tp-mlp",
+        "extract_tp-transformer",
+        "keep",
+        "subgroups",
+        "disagree",
+    ]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc_per_node=2", str(WORKER), str(out), *cases]  # fmt: skip
     done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=300)
@@ -201,6 +209,17 @@ def test_traces_kept_past_destroy_hold_no_process_group(launch):
     for rank in (0, 1):
         assert "error" not in results["keep", rank], results["keep", rank].get("error")
         assert results["keep", rank]["reaches"] == []
+
+
+@needs_gloo
+def test_lockstep_waits_for_the_ranks_of_the_collectives_own_group(launch):
+    _, results, _ = launch
+    for rank in (0, 1):
+        pair = results["subgroups", rank]["pair"]
+        assert pair == {"state": "passed", "groups": [[0, 1]], "own_name": True}
+    # a group of rank 0 alone: its all-reduce is checked with no one else
+    assert results["subgroups", 0]["solo"] == {"state": "passed", "groups": [[0]], "own_name": True}
+    assert results["subgroups", 1]["solo"] == {"state": "passed", "groups": [], "own_name": True}
 
 
 def test_assemble_shards_partials_and_replicas():

@@ -82,14 +82,6 @@ def restore_groups(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     return tuple(_live(a) for a in args), {k: _live(v) for k, v in kwargs.items()}
 
 
-def group_of(op: Any) -> GroupRef | None:
-    """The process group a recorded collective ran in (None: the default group)."""
-    for value in [*op.args_template, *op.kwargs_template.values()]:
-        if type(value) is GroupRef:
-            return value
-    return None
-
-
 def _unbound_mesh(mesh: Any, done: dict[int, Any]) -> Any:
     """A copy of ``mesh`` equal to it that holds no ``ProcessGroup`` (nor do the meshes it
     refers to); ``done`` maps the meshes copied so far to their copies."""
