@@ -107,8 +107,10 @@ def _plain(value: Any, meshes: dict[int, Any]) -> Any:
     if type(value).__name__ == "DTensor" and hasattr(value, "_spec"):
         spec = value._spec
         if getattr(spec.mesh, "_pg_registry", None) or value.requires_grad:
-            spec = dataclasses.replace(spec, mesh=_unbound_mesh(spec.mesh, meshes))
-            return type(value)(value._local_tensor.detach(), spec, requires_grad=False)
+            unbound = object.__new__(type(spec))  # a copy on the unbound mesh (no checks
+            unbound.__dict__.update(spec.__dict__)  # rerun: the spec is valid as it is)
+            unbound.__dict__["mesh"] = _unbound_mesh(spec.mesh, meshes)
+            return type(value)(value._local_tensor.detach(), unbound, requires_grad=False)
         return value
     return value.detach() if value.requires_grad else value
 
