@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from torchlens.capture.tree import fill
+from torchlens.capture import fill
 from torchlens.errors import InvalidArgumentError, PayloadUnavailableError
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "attention_inputs",
     "attention_pattern",
     "attend",
+    "pack_pattern",
     "packed_query",
     "SDPA",
 ]
@@ -204,8 +205,17 @@ def _unpack(pattern: Tensor) -> Tensor:
     return pattern.reshape(*lead, groups * n_rep, 1, keys)
 
 
-def _pack(pattern: Tensor, inputs: AttentionInputs) -> Tensor:
-    """The inverse of :func:`_unpack`, to the query's packed shape."""
+def pack_pattern(pattern: Tensor, inputs: AttentionInputs) -> Tensor:
+    """The inverse of :func:`_unpack`, to the query's packed shape: an edited pattern goes
+    back into the op's layout (``tl.rerun``'s attention edits, in ``edits``).
+
+    Args:
+        pattern: a pattern in ``(..., heads, 1, keys)`` form.
+        inputs: the op's :class:`AttentionInputs`, whose query gives the packed shape.
+
+    Returns:
+        ``pattern`` reshaped to ``(..., query heads, queries, keys)`` of the query.
+    """
     q = inputs.query
     return pattern.reshape(*pattern.shape[:-3], q.shape[-3], q.shape[-2], pattern.shape[-1])
 

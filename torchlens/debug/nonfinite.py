@@ -20,13 +20,17 @@ import torch
 from torch import nn
 
 from torchlens._source import SourceLine
-from torchlens.capture import rng
-from torchlens.capture.api import normalize_call
-from torchlens.capture.controls import _Halt, _restore_buffers, _snapshot_buffers
-from torchlens.capture.record import _recording
-from torchlens.capture.refusals import check_traceable
-from torchlens.capture.tree import flatten
-from torchlens.capture.walk import named_modules
+from torchlens.capture import (
+    Halt,
+    check_traceable,
+    flatten,
+    named_modules,
+    normalize_call,
+    recording_session,
+    restore_buffers,
+    rng,
+    snapshot_buffers,
+)
 from torchlens.debug._nonfinite_pass import CulpritOp, NonFiniteMode, is_nonfinite
 from torchlens.errors import InvalidArgumentError
 from torchlens.recording import Recording
@@ -208,15 +212,15 @@ def _run(mode: NonFiniteMode) -> NonFiniteMode:
     """
     state = rng.snapshot()
     call = mode.call
-    buffers = _snapshot_buffers(module for _, module in call.modules or ())
+    buffers = snapshot_buffers(module for _, module in call.modules or ())
     mode.add_inputs(call.args, call.kwargs)
     try:
-        with _recording(call.model, mode, call.modules):
+        with recording_session(call.model, mode, call.modules):
             call.output = call.model(*call.args, **call.kwargs)
         mode.read([t for _, t in flatten(call.output)[0]])  # as a trace's end reads them
-    except _Halt:
+    except Halt:
         rng.restore(state)
-        _restore_buffers(buffers)
+        restore_buffers(buffers)
     return mode
 
 

@@ -18,8 +18,7 @@ from typing import Any
 
 import torch
 
-from torchlens.capture.controls import _parse_intervene, apply_edit
-from torchlens.capture.tree import fill, flatten
+from torchlens.capture import apply_edit, fill, flatten, parse_intervene
 from torchlens.errors import InterventionError, InvalidArgumentError, PayloadUnavailableError
 from torchlens.replay.exemptions import MUTATES_ARGUMENTS
 from torchlens.replay.interpreter import Interpreter, Unreplayable, calls
@@ -262,14 +261,14 @@ def rerun(trace: Trace, edits: Mapping[Any, Any], *, escapes: str = "raise") -> 
         >>> float(what_if.output.abs().sum()), trace["relu_1"].out.shape
         (0.0, torch.Size([2, 3]))
     """
-    from torchlens.capture.controls import trace_candidates
+    from torchlens.capture import trace_candidates
     from torchlens.selectors import require_match
 
     if escapes not in ESCAPE_POLICIES:
         raise InvalidArgumentError(
             f"escapes must be one of {ESCAPE_POLICIES}, got {escapes!r}", code="bad_escapes"
         )
-    parsed = _parse_intervene(edits)
+    parsed = parse_intervene(edits)
     walker = _WhatIf(trace, parsed, escapes)
     for ops in calls(trace):
         walker.visit(ops)
@@ -292,7 +291,7 @@ def rerun_output(trace: Trace, edits: Mapping[Any, Any], flat: Any = None) -> An
     """``rerun(trace, edits).output`` without building the what-if trace, for sweeps that
     read only the output (their selectors were checked to match); ``flat`` is
     ``flatten(trace.output)``, computed once for many calls."""
-    walker = _WhatIf(trace, _parse_intervene(edits))
+    walker = _WhatIf(trace, parse_intervene(edits))
     with torch.no_grad():
         for ops in calls(trace):
             walker.visit(ops)

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from torchlens.capture.tree import fill, flatten
+from torchlens.capture import fill, flatten
 from torchlens.io._encode import Unencodable, decode, encode, encode_output
 from torchlens.io._funcs import UnresolvableFunc, func_ref, resolve_func
 from torchlens.io._payloads import dtype_name, parse_dtype

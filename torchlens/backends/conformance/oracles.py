@@ -16,7 +16,7 @@ import torch
 
 from torchlens.backends.conformance.cases import ConformanceCase
 from torchlens.backends.protocol import BackendProtocol
-from torchlens.capture.tree import flatten
+from torchlens.capture import flatten
 from torchlens.replay.lint import lint
 from torchlens.trace import Trace
 
