@@ -28,6 +28,7 @@ import torch
 
 from torchlens.capture import fill
 from torchlens.errors import InvalidArgumentError, PayloadUnavailableError
+from torchlens.trace import lookup_of
 
 __all__ = [
     "AttentionInputs",
@@ -178,9 +179,7 @@ def packed_query(op: Any, inputs: AttentionInputs) -> bool:
     if q.shape[-3] != k.shape[-3] or not op.parent_args:
         return False
     label = op.parent_args[0].label
-    ref = getattr(op, "_trace_ref", None)
-    trace = ref() if ref is not None else None
-    lookup = trace.get if trace is not None else getattr(op, "_lookup", None)
+    lookup = lookup_of(op)
     if lookup is None:
         if label.rsplit("_", 1)[0] in ("reshape", "view"):
             raise InvalidArgumentError(

@@ -32,6 +32,7 @@ from torchlens.errors import (
     PayloadUnavailableError,
 )
 from torchlens.selectors import Candidates, Selector, as_selector, require_match
+from torchlens.trace import lookup_while
 
 __all__ = [
     "Intervention",
@@ -333,11 +334,10 @@ class Controls:
             for i, (selector, edit) in enumerate(self.edits):
                 if selector.matches(op):
                     self.edit_hits[i] += 1
-                    op._lookup = builder.record  # the ops so far, for the edit to read
-                    try:  # (tl.attention_pattern: was the query packed?)
+                    # the ops so far, for the edit to read (tl.attention_pattern asks
+                    # whether the query was packed)
+                    with lookup_while(op, builder.record):
                         tensor = self._edit_traced(builder, op, tensor, edit, i)
-                    finally:
-                        del op._lookup
             if self.stop is not None and self.halted_at is None and self.stop.matches(op):
                 self.halted_at = op.label
                 if not op.has_out:  # the op a forward halts on keeps its value

@@ -235,6 +235,12 @@ class RecordMode(TorchFunctionMode):
         """The open module calls as ``(address, call number)``, outermost first."""
         return self._frames
 
+    @property
+    def module_type(self) -> str:
+        """The class name of the innermost open module call (the root's outside any), as an
+        op made now names it: for a mode that makes its own op views (find_nonfinite)."""
+        return self._type
+
     def add_inputs(self, args: tuple, kwargs: dict) -> None:
         """The forward's inputs: their values are counted from the start, as a trace's
         input sources are."""
@@ -373,8 +379,8 @@ class RecordMode(TorchFunctionMode):
         else:
             self._aliases.setdefault(key, []).append(view.label)
         self.store.set(view.label, value, version_of(value))
-        if view._store is None:
-            view._store = self.store
+        if view.store is None:
+            view.store = self.store
             self.kept.append(view)
             self.kept_views[view.label] = view
 

@@ -40,7 +40,7 @@ from torchlens.capture import (
     owned_tensors,
 )
 from torchlens.recording import OpView
-from torchlens.replay.tolerances import comparable
+from torchlens.replay import comparable
 from torchlens.trace import MemoryPayloadStore
 
 __all__ = ["Culprit", "CulpritOp", "ForwardCall", "NonFiniteMode", "is_nonfinite"]
@@ -382,10 +382,10 @@ class NonFiniteMode(RecordMode):
                 values[parent] = targets[id(arg)]
         store = MemoryPayloadStore()
         op = CulpritOp(
-            label, index, name, k, self._frames, tensor, self._type,
+            label, index, name, k, self.module_stack, tensor, self.module_type,
             parents=tuple(parents), source=source,
         )  # fmt: skip
-        op._store = store
+        op.store = store
         store.set(label, tensor.detach().clone(), None)
         self.culprit = Culprit(op, values, needs_copy)
         self.controls.halted_at = label

@@ -34,7 +34,7 @@ from torchlens.capture import (
 from torchlens.debug._nonfinite_pass import CulpritOp, NonFiniteMode, is_nonfinite
 from torchlens.errors import InvalidArgumentError
 from torchlens.recording import Recording
-from torchlens.replay.tolerances import comparable
+from torchlens.replay import comparable
 from torchlens.trace import Op, Trace
 
 __all__ = ["NonFiniteReport", "ValueStats", "find_nonfinite", "is_nonfinite"]
@@ -200,7 +200,7 @@ def find_nonfinite(
         recording = Recording([], mode.store, mode.call.output, meta)
         return NonFiniteReport(recording, None, mode.n_ops, inf)
     op = culprit.op
-    recording = Recording([op], op._store, None, {**meta, "n_ops": op.index + 1})
+    recording = Recording([op], op.store, None, {**meta, "n_ops": op.index + 1})
     return NonFiniteReport(recording, op, op.index + 1, inf, culprit.parent_values)
 
 

@@ -26,8 +26,7 @@ import torch
 
 from torchlens.capture import FUNC_INFOS, SETTLES, SPECIAL_OUTPUTS, FuncInfo, side_writes
 from torchlens.distributed.lockstep import check_lockstep
-from torchlens.replay.exemptions import PROVEN_BY_RULE
-from torchlens.replay.interpreter import LOCKSTEP
+from torchlens.replay import LOCKSTEP, PROVEN_BY_RULE
 
 __all__ = ["COLLECTIVE_RULE", "FUNCTIONAL", "C10D", "register", "is_collective"]
 

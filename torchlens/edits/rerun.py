@@ -20,8 +20,7 @@ import torch
 
 from torchlens.capture import apply_edit, fill, flatten, parse_intervene
 from torchlens.errors import InterventionError, InvalidArgumentError, PayloadUnavailableError
-from torchlens.replay.exemptions import MUTATES_ARGUMENTS
-from torchlens.replay.interpreter import Interpreter, Unreplayable, calls
+from torchlens.replay import MUTATES_ARGUMENTS, Interpreter, Unreplayable, calls
 from torchlens.selectors import as_selector
 from torchlens.trace import Trace
 
@@ -126,7 +125,7 @@ class _WhatIf(Interpreter):
             if value is None and op_hits:
                 value = op.out
             if op_hits:  # the op as the edit sees it: its inputs read as in this run
-                seen = _copy(op, _store=_Overlay(self.trace.store, self.new))
+                seen = _copy(op, store=_Overlay(self.trace.store, self.new))
             for _, edit in op_hits:
                 value = apply_edit(edit, value, seen, inplace=False)
             if op_hits:
@@ -316,7 +315,7 @@ def _new_trace(trace: Trace, walker: _WhatIf) -> Trace:
             ops.append(op)
             continue
         meta = {**op.meta, "intervened": True} if op.label in edited else dict(op.meta)
-        ops.append(_copy(op, meta=meta, _store=store, shape=tuple(value.shape), dtype=value.dtype))
+        ops.append(_copy(op, meta=meta, store=store, shape=tuple(value.shape), dtype=value.dtype))
     output = _output(trace, walker)
     meta = {**trace.meta, "intervened": list(walker.edited)}
     meta.pop("interventions", None)
