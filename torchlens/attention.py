@@ -206,7 +206,7 @@ def _unpack(pattern: Tensor) -> Tensor:
 
 def pack_pattern(pattern: Tensor, inputs: AttentionInputs) -> Tensor:
     """The inverse of :func:`_unpack`, to the query's packed shape: an edited pattern goes
-    back into the op's layout (``tl.rerun``'s attention edits, in ``edits``).
+    back into the op's layout (``trace.rerun``'s attention edits, in ``edits``).
 
     Args:
         pattern: a pattern in ``(..., heads, 1, keys)`` form.

@@ -133,7 +133,7 @@ def _check_same(new: Tensor, old: Tensor, label: str, inplace: bool) -> None:
 
 def parse_intervene(intervene: Any) -> list[tuple[Selector, Intervention]]:
     """``intervene=`` as ``(selector, edit)`` pairs, checked once: the capture and
-    ``tl.rerun`` (in ``edits``) read the same argument the same way.
+    ``trace.rerun`` (in ``edits``) read the same argument the same way.
 
     Raises:
         InvalidArgumentError: when ``intervene`` is not a mapping of selectors to edits.

@@ -24,7 +24,7 @@ from torchlens.replay.tolerances import TOLERANCES, comparable, tolerance
 __all__ = [
     "validate", "replay", "check_trace", "lint", "ReplayStatus", "ReplayFailure", "OpVerdict",
     # for the packages above: validate=True's two halves (tl.trace, the CLI), the
-    # interpreter that tl.rerun subclasses, the tolerances diff and find_nonfinite compare
+    # interpreter that trace.rerun subclasses, the tolerances diff and find_nonfinite compare
     # with, and the exemption tables distributed extends
     "before_trace", "attach_status", "Interpreter", "Unreplayable", "calls", "LOCKSTEP",
     "TOLERANCES", "tolerance", "comparable", "GROWS_TARGET", "MUTATES_ARGUMENTS",
