@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 from pathlib import Path
 
@@ -125,14 +126,22 @@ def test_public_signatures():
 #       An underscored attribute a package attaches to an object it does not own (the
 #       capture's marks on wrapped forwards) belongs to the packages that attach it, when no
 #       class declares it. The same name in two packages is ambiguous: a package that
-#       defines the name itself is not flagged for it.
+#       defines the name itself is not flagged for it. A name no package of torchlens
+#       declares or attaches is torch's or Python's (``tensor._version``, ``module._buffers``,
+#       ``torch._C``, ``sys._getframe``, a namedtuple's ``_fields``): not this rule's concern.
 SHARED = "torchlens"
 
-# Attributes that a torchlens class defines under the same name as a torch or Python
-# internal: an access of these is torch's or Python's, not another package's.
+# Underscored names whose accesses are never another package's, with why: a torchlens
+# class may define the same name (a protocol, or torch's own attribute on its subclasses).
 FOREIGN_PRIVATE = {
     "_repr_html_": "IPython's rich display protocol, which Trace, Op and the reports implement",
-}
+    **dict.fromkeys(
+        ("_version", "_base", "_cdata", "_modules", "_parameters", "_buffers",
+         "_forward_hooks", "_forward_pre_hooks"),
+        "torch's Tensor and nn.Module internals, which the capture reads on the model's "
+        "tensors and modules",
+    ),
+}  # fmt: skip
 
 # Crossings that remain on purpose, each saying why and until when; the test fails when one
 # no longer occurs, so the list only shrinks.
@@ -160,6 +169,7 @@ class _Module:
         return f"{self.shown}:{node.lineno}"
 
 
+@functools.cache
 def _modules(root: Path) -> tuple[set[str], list[_Module]]:
     subpackages = {p.parent.name for p in root.glob("*/__init__.py")}
     return subpackages, [_Module(root, p, subpackages) for p in sorted(root.rglob("*.py"))]
