@@ -113,10 +113,10 @@ def test_public_signatures():
 # A package is a first-level subpackage of torchlens (torchlens.capture, torchlens.replay,
 # ...); the top-level modules (trace.py, recording.py, _store.py, ...) are one shared
 # package, "torchlens". Across package lines:
-#   (a) no name starting with "_" is imported, and no module starting with "_" inside another
-#       subpackage. The underscored top-level modules (_tensors.py, _store.py, ...) are the
-#       library's shared internals: any package may import their public names, never their
-#       underscored ones;
+#   (a) no name starting with "_" is imported (or read off an imported module), and no module
+#       starting with "_" inside another subpackage. The underscored top-level modules
+#       (_tensors.py, _store.py, ...) are the library's shared internals: any package may
+#       import their public names, never their underscored ones;
 #   (b) a package's modules are reached through its public face: ``from torchlens.replay
 #       import lint``, not ``from torchlens.replay.lint import lint``, and only names that
 #       the package's ``__all__`` offers;
@@ -228,7 +228,37 @@ def import_crossings(root: Path) -> list[str]:
                             found.append(f"{mod.where(node)}: imports {name} from "
                                          f"torchlens.{package}, whose __all__ does not "
                                          "offer it")  # fmt: skip
+        aliases = _module_aliases(mod, root, subpackages)
+        for node in ast.walk(mod.tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in aliases
+                and _is_private(node.attr)
+            ):
+                found.append(f"{mod.where(node)}: reads the private name {node.attr} of "
+                             f"{aliases[node.value.id]}")  # fmt: skip
     return found
+
+
+def _module_aliases(mod: _Module, root: Path, subpackages: set[str]) -> dict[str, str]:
+    """The names a module binds to modules of other packages (``from torchlens.capture
+    import rng``, ``import torchlens.io._encode as enc``): ``{local name: module path}``."""
+    aliases = {}
+    for node in ast.walk(mod.tree):
+        if isinstance(node, ast.Import):
+            bound = [(a.asname, a.name) for a in node.names if a.asname]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            bound = [(a.asname or a.name, f"{node.module}.{a.name}") for a in node.names]
+        else:
+            continue
+        for name, dotted in bound:
+            target = _target(dotted, subpackages)
+            where = root.parent.joinpath(*dotted.split("."))
+            is_module = where.with_suffix(".py").exists() or (where / "__init__.py").exists()
+            if target is not None and target[0] != mod.package and is_module:
+                aliases[name] = dotted
+    return aliases
 
 
 def _constant_name(node: ast.Call) -> str | None:
@@ -378,6 +408,7 @@ _LIBRARY = {
     "capture/inner.py": (
         "from torchlens.capture._private import x\n"  # inside one package: allowed
         "def trace():\n    pass\n\n\n"
+        "def _hidden():\n    pass\n\n\n"
         "class Builder:\n    __slots__ = ('_state',)\n\n    def _hook(self):\n        pass\n"
     ),
     "edits/__init__.py": "__all__ = []\n",
@@ -400,6 +431,8 @@ def test_the_checker_reports_each_crossing_with_its_line(tmp_path):
         "        self._mine = 1\n"
         "def g(o):\n"
         "    return o._mine, o.__dict__\n"  # 14: edits' own name, a dunder: allowed
+        "from torchlens.capture import inner as capture_inner\n"  # 15: (b) not offered
+        "capture_inner._hidden()\n"  # 16: (a) a private name of another package's module
     )})  # fmt: skip
     where = "torchlens/edits/use.py"
     assert import_crossings(root) == [
@@ -410,6 +443,8 @@ def test_the_checker_reports_each_crossing_with_its_line(tmp_path):
         f"{where}:6: imports x from torchlens.capture._private; import it from torchlens.capture",
         f"{where}:7: imports Builder from torchlens.capture.inner; import it from "
         "torchlens.capture",
+        f"{where}:15: imports inner from torchlens.capture, whose __all__ does not offer it",
+        f"{where}:16: reads the private name _hidden of torchlens.capture.inner",
     ]
     assert sorted(message for _, message in attribute_crossings(root)) == [
         f"{where}:10: Mine declares _hook, a private name of its base B in capture",
