@@ -179,7 +179,7 @@ def trace(
     """
     before = None
     if validate:  # (validation sits a layer above capture: imported when asked for)
-        from torchlens.replay.api import before_trace
+        from torchlens.replay import before_trace
 
         before = before_trace(model, args, kwargs)
     try:
@@ -194,7 +194,7 @@ def trace(
         trim_torchlens_frames(err)
         raise
     if before is not None:
-        from torchlens.replay.api import attach_status
+        from torchlens.replay import attach_status
 
         attach_status(captured, before, intervene)
     return captured

@@ -24,12 +24,10 @@ from typing import Any
 
 import torch
 
-from torchlens.capture.naming import FUNC_INFOS, FuncInfo
-from torchlens.capture.special import SETTLES, SPECIAL_OUTPUTS, side_writes
+from torchlens.capture import FUNC_INFOS, SETTLES, SPECIAL_OUTPUTS, FuncInfo, side_writes
 from torchlens.distributed.lockstep import check_lockstep
 from torchlens.distributed.release import restore_groups
-from torchlens.replay.exemptions import PROVEN_BY_RULE
-from torchlens.replay.interpreter import LOCKSTEP, RESTORES
+from torchlens.replay import LOCKSTEP, PROVEN_BY_RULE, RESTORES
 
 __all__ = ["COLLECTIVE_RULE", "FUNCTIONAL", "C10D", "register", "is_collective"]
 

@@ -27,11 +27,9 @@ from typing import Any
 import torch
 
 from torchlens._tensors import version_of
-from torchlens.capture.special import RELEASES
-from torchlens.capture.tree import fill, flatten
-from torchlens.capture.wrappers import Rewrap
+from torchlens.capture import RELEASES, Rewrap, fill, flatten
 from torchlens.errors import DistributedError
-from torchlens.replay.interpreter import RESTORES
+from torchlens.replay import RESTORES
 
 __all__ = ["release_run", "register_release", "GroupRef", "restore_groups"]
 

@@ -21,8 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchlens.capture.record import record
-from torchlens.capture.roots import resolve_root
+from torchlens.capture import record, resolve_root
 from torchlens.errors import (
     ExtractionError,
     InvalidArgumentError,

@@ -106,7 +106,7 @@ class Globalize:
         first batch that every rank takes together (the ranks agree on asking: they saw the
         same gathered values)."""
         if self.layouts is None:
-            from torchlens.capture.api import trace
+            from torchlens.capture import trace
 
             # with grad: under no_grad, to_local() hands out its tensor unseen (no unwrap op)
             with torch.enable_grad():

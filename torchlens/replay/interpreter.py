@@ -21,12 +21,19 @@ from typing import Any
 import torch
 
 from torchlens._tensors import write_through
-from torchlens.capture import rng
-from torchlens.capture.autocast import autocast_applied
-from torchlens.capture.controls import reapply
-from torchlens.capture.special import SETTLES, SPECIAL_OUTPUTS
-from torchlens.capture.tree import ArgSlot, fill, flatten, is_atom, slots_in_order
-from torchlens.capture.unseen import UNSEEN_META
+from torchlens.capture import (
+    SETTLES,
+    SPECIAL_OUTPUTS,
+    UNSEEN_META,
+    ArgSlot,
+    autocast_applied,
+    fill,
+    flatten,
+    is_atom,
+    reapply,
+    rng,
+    slots_in_order,
+)
 from torchlens.errors import DistributedError, PayloadUnavailableError
 from torchlens.replay.edges import EdgeProver
 from torchlens.replay.exemptions import MAY_BE_UNINITIALIZED, may_write_arguments, value_exempt
