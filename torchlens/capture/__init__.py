@@ -52,8 +52,8 @@ from torchlens.capture.tree import (
     slots_in_order,
 )
 from torchlens.capture.unseen import UNSEEN_META
-from torchlens.capture.wrappers import Rewrap
 from torchlens.capture.walk import every_address, named_modules, named_tensors, owned_tensors
+from torchlens.capture.wrappers import Rewrap
 
 __all__ = [
     # capturing: tl.trace, tl.record and the checks' own capture (replay, backends, extract)

@@ -118,7 +118,7 @@ def _shard_dims(trace: Any) -> dict[str, int | None]:
     """Label -> the dimension along which its value is a shard of one sharded ``DTensor``:
     an ``unwrap`` of a value ``Shard(d)`` on a one-dimensional mesh, and the ops computed from
     one elementwise (their tensor arguments all of its shape)."""
-    from torchlens.distributed.placements import placement_of
+    from torchlens.distributed import placement_of
     from torchlens.errors import PayloadUnavailableError
 
     dims: dict[str, int | None] = {}
