@@ -329,3 +329,23 @@ def test_lockstep_check_is_a_no_op_without_a_process_group():
     assert not dist.is_initialized()
     trace = tl.trace(torch.nn.Linear(2, 2), torch.randn(1, 2))
     assert check_lockstep(trace.ops[0]) is None
+
+
+def test_a_group_kept_by_name_that_is_gone_is_a_typed_error():
+    from torchlens.distributed.release import GroupRef, restore_groups
+
+    gone = GroupRef("no-such-group", (0, 1))
+    with pytest.raises(DistributedError) as err:
+        restore_groups((torch.ones(1),), {"group": gone})
+    assert err.value.code == "no_process_group" and "'no-such-group'" in str(err.value)
+    args, kwargs = restore_groups((1, "sum"), {"async_op": True})  # nothing to resolve
+    assert args == (1, "sum") and kwargs == {"async_op": True}
+
+
+def test_release_leaves_a_trace_alone_without_a_process_group():
+    assert not dist.is_initialized()
+    model, x = torch.nn.Linear(2, 2), torch.randn(1, 2)
+    out = model(x)
+    trace = tl.trace(model, x)
+    assert trace.output.grad_fn is not None  # the output as the model returned it
+    assert torch.equal(trace.output, out)
