@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from torchlens._store import WrittenOver
-from torchlens._tensors import _storage_address, storage_key, version_of
 from torchlens._tensors import geometry as _geometry
+from torchlens._tensors import storage_address, storage_key, version_of
 from torchlens.capture.alias_copies import copies_before_write
 from torchlens.capture.sinks import PayloadSink
 from torchlens.trace import MemoryPayloadStore
@@ -59,7 +59,7 @@ class PayloadKeeper:
         key = None
         if not copy:
             try:  # storage_key inline (the per-op path)
-                key = _storage_address(value)
+                key = storage_address(value)
             except (RuntimeError, NotImplementedError):  # no plain storage: copied
                 pass
         if key is None:
