@@ -709,10 +709,8 @@ class TraceBuilder:
         name, when the caller knows it already)."""
         if self.halt_pending is not None:  # stop_after= matched: no call starts after it
             raise self.halt_pending
-        call_index = self.stack.count(id(module))
-        labels = self._labels(inputs)
-        call = ModuleCall(address, call_index, type_name or type(module).__name__, labels)
-        self.stack.push(call, len(self.ops), module)
+        type_name = type_name or type(module).__name__
+        self.stack.open(id(module), address, type_name, self._labels(inputs), len(self.ops), module)
 
     def _labels(self, tensors: Sequence[Tensor]) -> tuple[str, ...]:
         """``label_of`` each tensor; a module call's one tensor (the usual call, once on
@@ -745,10 +743,8 @@ class TraceBuilder:
     def enter_group(self, name: str, inputs: Sequence[Tensor]) -> None:
         """An opened composite function starts (``capture/composite.py``): a call like a
         module's, at the enclosing module's address plus ``"." + name``."""
-        address = self.stack.group_address(name)
-        call_index = self.stack.count(address)  # str keys: apart from modules' ids
-        labels = self._labels(inputs)
-        self.stack.push(ModuleCall(address, call_index, name, labels), len(self.ops))
+        address = self.stack.group_address(name)  # (a str key: apart from modules' ids)
+        self.stack.open(address, address, name, self._labels(inputs), len(self.ops))
 
     def exit_group(self, outputs: Sequence[Tensor]) -> ModuleCall | None:
         """An opened composite function returned ``outputs`` (or raised: none)."""

@@ -33,24 +33,30 @@ class ModuleStack:
         self._ends: list[int | None] = []  # None while open
         self._counts: dict[int | str, int] = {}  # module ids; addresses of opened groups
 
-    def count(self, key: int | str) -> int:
-        """The number of the call starting now of the module (its id) or group (its
-        address) ``key``."""
-        counts = self._counts
-        number = counts[key] = counts.get(key, 0) + 1
-        return number
-
     def group_address(self, name: str) -> str:
         """The address of an opened composite ``name`` inside the innermost open call."""
         return group_address(self.frames[-1][0] if self.frames else "", name)
 
-    def push(self, call: ModuleCall, n_ops: int, module: nn.Module | None = None) -> None:
-        """``call`` starts after the first ``n_ops`` ops."""
+    def open(
+        self,
+        key: int | str,
+        address: str,
+        type_name: str,
+        inputs: tuple[str, ...],
+        n_ops: int,
+        module: nn.Module | None = None,
+    ) -> ModuleCall:
+        """A call of the module (``key``: its id) or group (its address) at ``address``
+        starts after the first ``n_ops`` ops, given the values labelled ``inputs``."""
+        counts = self._counts
+        number = counts[key] = counts.get(key, 0) + 1
+        call = ModuleCall(address, number, type_name, inputs)
         self._open.append((call, len(self.calls), self.frames, module))
-        self.frames += ((call.address, call.call_index),)
+        self.frames += ((address, number),)
         self.calls.append(call)
         self._starts.append(n_ops)
         self._ends.append(None)
+        return call
 
     def pop(self, n_ops: int) -> ModuleCall | None:
         """The innermost open call ends after the first ``n_ops`` ops; returns it."""
