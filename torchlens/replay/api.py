@@ -200,7 +200,7 @@ def replay(
         if intervene is None and any(f.arm == "ground_truth" for f in findings.failures):
             calls += 1  # one more plain forward: does the model differ from itself?
             _check_self_difference(model, spare, start, host, state, reference, trace,
-                                   findings, atol, rtol)  # fmt: skip
+                                   findings, atol, rtol, after_rerun)  # fmt: skip
     rng.restore(after_capture)
     arms = ("lint", "ground_truth", *arms[1:])
     if trace.escapes:
@@ -340,21 +340,31 @@ def _check_payloads(trace: Any, findings: Findings, atol, rtol) -> tuple[str, ..
 
 def _check_self_difference(
     model: Any, inputs: tuple, start: Any, host: Any, state: ModelState, reference: Any,
-    trace: Any, findings: Findings, atol, rtol,
+    trace: Any, findings: Findings, atol, rtol, after_rerun: dict,
 ) -> None:  # fmt: skip
     """When the ground truth differs, one more plain forward from where the first started
-    tells the model's own variation (``unverified``) from a capture error (``failed``); the
-    model is then left as the capture left it."""
+    tells the model's own variation (``unverified``) from a capture error (``failed``).
+
+    A capture error leaves the model as the capture left it. A model that differs from
+    itself is left as the first plain forward (the rerun) left it, its buffers holding
+    ``after_rerun`` (see :meth:`ModelState.rewind`): the capture started from buffers
+    rewound while Python-side state had moved on (a flag ``self.initialized = True`` set
+    by a first-call initialisation of buffers), and what it left is what no plain call
+    leaves."""
     left = ModelState(model)
     state.rewind()
+    reason = None
     try:
-        reason = differs_from_itself(model, inputs, start, host, reference, trace, atol, rtol)
+        reason = differs_from_itself(
+            model, inputs, start, host, reference, trace, atol, rtol, state
+        )  # fmt: skip
     except Exception:  # noqa: BLE001 - validation returns: the difference stays a failure
-        reason = None
-    finally:
+        pass
+    if reason is None:
         left.rewind()
-    if reason is not None:
-        note_self_difference(findings, reason)
+        return
+    state.leave(after_rerun)
+    note_self_difference(findings, reason)
 
 
 def _budget(watched: Any, seconds: float) -> Budget:

@@ -27,6 +27,7 @@ values perturbed (``replay/escape_values.py``) and watches what moves:
 from __future__ import annotations
 
 import warnings
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,7 @@ from torchlens.replay.escape_values import (
 from torchlens.replay.exemptions import MAY_BE_UNINITIALIZED
 from torchlens.replay.findings import Findings
 from torchlens.replay.ground_truth import ModelState, copy_inputs, expected_outputs
+from torchlens.replay.param_guard import ParamGuard
 from torchlens.replay.tolerances import differs, tolerance
 from torchlens.trace import Escape, HiddenEdge, Trace
 
@@ -104,14 +106,14 @@ def look_first(
     try:
         args, kwargs = copy_inputs(*inputs)
         plan = Plan(None).start(budget, captured=False)
-        first = FirstLook(*_light_forward(model, args, kwargs, rngs[0], plan, expected))
+        first = FirstLook(*_light_forward(model, args, kwargs, rngs[0], plan, expected, state))
         # (a model whose escapes are all bools, most, pays nothing here: asked first)
         if plan.downs and reference is not None and _settled(first, reference, tolerances):
             rng.restore(rngs[1])
             state.rewind()
             args, kwargs = copy_inputs(*inputs)
             down = Plan(None, -1).start(budget, captured=False)
-            first.down = _light_forward(model, args, kwargs, rngs[0], down, expected)
+            first.down = _light_forward(model, args, kwargs, rngs[0], down, expected, state)
         return first
     finally:
         rng.restore(rngs[1])
@@ -132,12 +134,17 @@ def _settled(first: FirstLook, reference: Any, tolerances: tuple) -> bool:
 
 def _light_forward(
     model: Any, args: tuple, kwargs: dict, start: Any, plan: Plan,
-    expected: PerturbingMode | None = None, fingerprints: bool = True,
+    expected: PerturbingMode | None = None, state: ModelState | None = None,
+    fingerprints: bool = True,
 ) -> tuple[list[torch.Tensor] | None, PerturbingMode, BaseException | None]:  # fmt: skip
     """A plain forward under a :class:`PerturbingMode` with ``plan`` (stopping where it
     leaves ``expected``'s path): (the tensors it returned, detached so their graph is
-    freed, or None when it stopped; the mode; the error it raised)."""
+    freed, or None when it stopped; the mode; the error it raised). A parameter the
+    forward writes (a perturbed flag re-running a first-call initialisation) is copied
+    first into ``state``, whose next rewind puts it back."""
     mode = PerturbingMode(plan, expected, fingerprints=fingerprints)
+    if state is not None:
+        mode.guard = ParamGuard(state)
     try:
         with rng.restored(start), mode, warnings.catch_warnings():
             warnings.simplefilter("ignore")  # (the ground-truth run showed the model's own)
@@ -189,14 +196,15 @@ class _Runner:
         args, kwargs = self._fresh()
         plan.start(self.budget, captured=False)
         return _light_forward(
-            self.model, args, kwargs, self.start, plan, self.expected, fingerprints
+            self.model, args, kwargs, self.start, plan, self.expected, self.state, fingerprints
         )
 
     def captured(self, plan: Plan) -> tuple[Trace | None, BaseException | None]:
         args, kwargs = self._fresh()
         plan.start(self.budget, captured=True)
         try:
-            with rng.restored(self.start), warnings.catch_warnings():
+            guard = ParamGuard(self.state) if self.state is not None else nullcontext()
+            with rng.restored(self.start), warnings.catch_warnings(), guard:
                 warnings.simplefilter("ignore")  # (the ground-truth run showed the model's own)
                 return trace_for_check(
                     self.model, args, kwargs, intervene=self.intervene, escape_hook=plan

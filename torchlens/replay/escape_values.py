@@ -324,6 +324,9 @@ class PerturbingMode(TorchFunctionMode):
         self._max_ops = getattr(plan, "ops", 1 << 62)
         self._deadline = getattr(plan, "deadline", math.inf)
         self._level = functorch_level()
+        # a ParamGuard whose state copies a parameter before a call writes it (not pushed:
+        # this mode asks it first)
+        self.guard: Any = None
 
     def _over(self, calls: int) -> None:
         """Raise :class:`OverBudget` past the plan's calls (``calls``, those noted from the
@@ -336,6 +339,8 @@ class PerturbingMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.guard is not None:
+            self.guard.before(func, args, kwargs)
         try:
             info = FUNC_INFOS[func]
         except (KeyError, TypeError):
