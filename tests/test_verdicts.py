@@ -14,7 +14,13 @@ import pytest
 import torch
 
 import torchlens as tl
-from torchlens.replay.escape_values import UNCHANGED, Budget, perturbed_down
+from torchlens.replay.escape_values import (
+    UNCHANGED,
+    Budget,
+    PerturbingMode,
+    Plan,
+    perturbed_down,
+)
 from torchlens.replay.status import ReplayStatus
 from torchlens.trace import HiddenEdge
 
@@ -73,6 +79,37 @@ def test_a_threshold_equal_to_an_escaped_value_is_found_by_probing_both_ways(fn,
     status = tl.replay(fn, torch.randn(6))
     assert status.state == "incomplete", str(status)
     assert [str(e).split(" at ")[0] for e in status.hidden_edges] == [edge]
+
+
+@pytest.mark.parametrize(
+    "use, taken",
+    [(lambda x, n: x > n, True),  # a threshold
+     (lambda x, n: x[:, :n], True),  # a size, in a slice of an index tuple
+     (lambda x, n: x.new_zeros((n, 2)), True),  # a size, in a tuple
+     (lambda x, n: torch.nan_to_num(x, posinf=n), True),  # a keyword
+     (lambda x, n: x * 2 if n < 10**9 else x, False),  # only Python compares it
+     (lambda x, n: x * 2, False)],  # read and dropped
+    ids=["threshold", "slice", "size", "keyword", "python_only", "dropped"],
+)  # fmt: skip
+def test_only_numbers_that_come_back_into_torch_are_probed_the_other_way(use, taken):
+    # the second direction costs a forward: it is run for a number a torch call takes
+    # back (where a threshold equal to it decides elements), not for one only Python reads
+    mode = PerturbingMode(Plan(None))
+    x = torch.rand(3, 4) + 1
+    with mode:
+        n = int((x > 0).sum())  # 12, moved to 11
+        use(x, n)
+    assert mode.plan.downs == {0}
+    assert mode.reentered == ({0} if taken else set())
+
+
+def test_a_whole_float_only_python_reads_is_probed_the_other_way():
+    # (assert y.min().item() >= 0.0: the constant Python compares with is likely the value)
+    mode = PerturbingMode(Plan(None))
+    with mode:
+        low = torch.rand(3).relu().min().clamp(max=0.0).item()
+        assert low == pytest.approx(0.0, abs=0.01)
+    assert mode.reentered == {0}
 
 
 @pytest.mark.parametrize(

@@ -108,7 +108,8 @@ def look_first(
         plan = Plan(None).start(budget, captured=False)
         first = FirstLook(*_light_forward(model, args, kwargs, rngs[0], plan, expected, state))
         # (a model whose escapes are all bools, most, pays nothing here: asked first)
-        if plan.downs and reference is not None and _settled(first, reference, tolerances):
+        downs = plan.downs & first.mode.reentered  # (numbers only Python read: not probed)
+        if downs and reference is not None and _settled(first, reference, tolerances):
             rng.restore(rngs[1])
             state.rewind()
             args, kwargs = copy_inputs(*inputs)
@@ -266,6 +267,9 @@ class _Arm:
         self._drifting: set[str] | None = None  # see _without_drift, made on first need
         self.direction = 1  # which way the escaped values move (see run)
         self._drift_known: bool | None = None  # see _drifts
+        # the escapes whose moved numbers came back into a torch call (see run); None
+        # when not watched (edited forwards run captured only)
+        self.taken: set[int] | None = set() if runner.intervene is None else None
 
     def run(self) -> tuple[list[HiddenEdge], list[str]]:
         """Rounds with the escaped values moved one way, then, for the numbers that can
@@ -277,6 +281,7 @@ class _Arm:
         pending = {
             c for c in pending
             if _two_way(self.calls[c][0]) and self.calls[c][0].label not in found
+            and (self.taken is None or c in self.taken)
         }  # fmt: skip
         if pending:
             self._rounds(pending)
@@ -393,8 +398,13 @@ class _Arm:
         if first is None or plan.calls != frozenset(self.calls):
             # (a model whose intermediates drift by themselves has them left uncompared:
             # their fingerprints are not paid for)
-            return self.runner.light(plan, fingerprints=not self._drift_known)
+            ran = self.runner.light(plan, fingerprints=not self._drift_known)
+            if self.taken is not None:
+                self.taken |= ran[1].reentered
+            return ran
         plan.moved = first.mode.plan.moved & plan.calls
+        if self.taken is not None:
+            self.taken |= first.mode.reentered
         return first.output, first.mode, first.error
 
     def _light_down(self, plan: Plan) -> tuple[list | None, PerturbingMode, BaseException | None]:
