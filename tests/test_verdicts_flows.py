@@ -126,7 +126,9 @@ def _same_as_twin(model: nn.Module, twin: nn.Module, x: torch.Tensor) -> None:
     for name, value in mine.items():
         assert torch.equal(value, theirs[name]), name
     with torch.no_grad():
-        for a, b in zip(model(x), twin(x)):
+        mine, theirs = model(x), twin(x)
+        pairs = zip(mine, theirs) if isinstance(mine, tuple) else [(mine, theirs)]
+        for a, b in pairs:
             assert torch.equal(a, b)
 
 
@@ -204,3 +206,46 @@ def test_a_model_differing_at_every_call_is_unverified_every_time_and_left_initi
     assert all(not s.failures for s in statuses)
     # left as the first plain call left it: the buffer initialised from x
     assert torch.allclose(model.loc, x.mean(0))
+
+
+class ScaledActNorm(nn.Module):
+    """A flag read with ``.item()``; the initialisation reads a float (``nn.init.constant_``
+    of ``float(x.mean())``), and the output is scaled by ``float(x.std())``: a real
+    dependency through a Python value, read where the initialisation's float would be."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.loc = nn.Parameter(torch.zeros(1, channels))
+        self.register_buffer("initialized", torch.tensor(0, dtype=torch.uint8))
+
+    def forward(self, x):
+        if self.initialized.item() == 0:
+            with torch.no_grad():
+                nn.init.constant_(self.loc, -float(x.mean()))
+                self.initialized.fill_(1)
+        scale = float(x.std())
+        return (x + self.loc) * scale
+
+
+def test_a_perturbed_flag_is_blamed_for_the_branch_it_opens_not_the_escape_after_it():
+    # flipped, the flag runs the initialisation, whose float() comes where the
+    # unperturbed forward read the std: the branch is the flag's, and the std's edge is
+    # still found (it was held as the branch decision before, and the model passed)
+    torch.manual_seed(0)
+    model = nn.Sequential(ScaledActNorm(4), nn.Linear(4, 4), ScaledActNorm(4))
+    twin = nn.Sequential(ScaledActNorm(4), nn.Linear(4, 4), ScaledActNorm(4))
+    twin.load_state_dict(model.state_dict())
+    first, other = torch.randn(8, 4), torch.randn(8, 4) * 3 + 1
+    with torch.no_grad():
+        model(first)
+        twin(first)
+    statuses = [tl.replay(model, other) for _ in range(4)]
+    assert [s.state for s in statuses] == ["incomplete"] * 4
+    for status in statuses:
+        edges = [(e.parent, e.child, e.via) for e in status.hidden_edges]
+        assert edges == [("std_1", "mul_1", "__float__"), ("std_2", "mul_2", "__float__")]
+        assert any(d.startswith("branch decision: 0.initialized") for d in status.decisions)
+        assert not any(d.startswith("branch decision: std_") for d in status.decisions)
+    with torch.no_grad():
+        twin(other)
+    _same_as_twin(model, twin, other)

@@ -331,13 +331,13 @@ class _Arm:
             k = _divergence(vias, self.vias)
             if not self._outputs_moved(output):
                 if k is not None:
-                    blame = self._last_before(plan, k)
+                    blame = self._escape_moved(plan, mode, k)
                     self._decided(blame, "changed which ops ran; the outputs stayed the same")
                     return None
                 if not self._inside_moved(mode) or self._drifts():
                     return None  # nothing moved, out or inside: no dependency to look for
             elif k is not None:  # Python took another path: no capture needed to know that
-                return self._decided(self._last_before(plan, k), "changed which ops ran")
+                return self._decided(self._escape_moved(plan, mode, k), "changed which ops ran")
             else:
                 j = _divergence(mode.calls, recorded_calls(self.trace))
                 blame = None if j is None else self._bool_before(plan, mode, j)
@@ -372,12 +372,33 @@ class _Arm:
         flipped (both mean the perturbed values changed which ops run)."""
         kind, k = mode.diverged
         if kind == "escape":
-            return self._decided(self._last_before(plan, k), "changed which ops ran")
+            return self._decided(self._escape_moved(plan, mode, k), "changed which ops ran")
         blame = self._bool_before(plan, mode, k)
         return self._decided(
             self._last_before(plan, len(mode.vias)) if blame is None else blame,
             f"changed which ops ran (a {mode.calls[k]} call)",
         )
+
+    def _escape_moved(self, plan: Plan, mode: PerturbingMode, k: int) -> int | None:
+        """The escape that decided a light forward's escape calls parting from the
+        unperturbed one's at ``k``: the last moved before the first other op, when other
+        ops ran before (see :meth:`_before_other_ops`), else the last moved before ``k``."""
+        blame = self._before_other_ops(plan, mode, k)
+        return self._last_before(plan, k) if blame is None else blame
+
+    def _before_other_ops(self, plan: Plan, mode: PerturbingMode, k: int) -> int | None:
+        """When other ops ran before the forward met escape call ``k`` out of place, the
+        last escape ``plan`` moved before the first of them: what decided the branch (a
+        flag read with ``.item()`` that re-runs an initialisation, whose own escapes then
+        come where the unperturbed forward made others of the same kind)."""
+        expected = self.runner.expected
+        j = None if expected is None else _divergence(mode.calls, expected.calls)
+        if j is None:
+            return None
+        calls = [
+            c for c in sorted(plan.moved) if c < min(k, len(mode.at)) and mode.at[c] <= j
+        ]  # fmt: skip
+        return self._prefer_control(calls) if calls else None
 
     def _bool_before(self, plan: Plan, mode: PerturbingMode, j: int) -> int | None:
         """The last bool escape ``plan`` flipped in ``mode``'s forward before its call
