@@ -249,3 +249,25 @@ def test_a_perturbed_flag_is_blamed_for_the_branch_it_opens_not_the_escape_after
     with torch.no_grad():
         twin(other)
     _same_as_twin(model, twin, other)
+
+
+@pytest.mark.parametrize("flag", FLAGS)
+@pytest.mark.parametrize("write", ["data_copy", "buffers"])
+def test_a_trace_validated_as_it_is_taken_repeats_its_verdict_and_keeps_the_model(flag, write):
+    # tl.trace(..., validate=True) validates from where its capture started; with the flag
+    # Python's, the capture set it, so validation's forward is another one than the trace's:
+    # said so (unverified), and the model is left as the capture left it
+    model, twin = _pair(flag, write)
+    x, _ = _batches()
+    traces = [tl.trace(model, x, validate=True) for _ in range(4)]
+    states = [t.status.state for t in traces]
+    if flag == "python" and write == "buffers":
+        assert states == ["unverified", "passed", "passed", "passed"]
+        gap = traces[0].status.unchecked[0]
+        assert gap.arm == "ground_truth"
+        assert gap.reason.startswith("the trace kept (tl.trace(..., validate=True)) differs")
+    else:
+        assert states == ["passed"] * 4
+    assert not any(t.status.failures for t in traces)
+    twin(x)
+    _same_as_twin(model, twin, x)

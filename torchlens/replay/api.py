@@ -6,6 +6,7 @@ from __future__ import annotations
 import numbers
 import time
 from collections.abc import Mapping
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -37,6 +38,16 @@ from torchlens.replay.status import ReplayStatus
 __all__ = ["validate", "replay", "check_trace", "before_trace", "attach_status"]
 
 SCOPES = ("forward", "backward")
+
+# the trace tl.trace(..., validate=True) keeps, while attach_status validates it: replay
+# compares its outputs with the ground-truth rerun too (see _compare_kept)
+_KEPT: ContextVar[Any] = ContextVar("torchlens_kept_trace", default=None)
+_KEPT_DIFFERS = (
+    "the trace kept (tl.trace(..., validate=True)) differs from validation's plain forward "
+    "started from the buffers and RNG state its capture started from: state the model keeps "
+    "in Python moved on at the capture (a flag set by a first-call initialization, a step "
+    "counter), so validation checked another forward than the one traced"
+)
 
 
 def validate(
@@ -133,6 +144,7 @@ def replay(
     args, kwargs = normalize_call(args, kwargs, model)
     check_traceable(model)  # refusals come before the model runs at all
     refuse_reentry()
+    kept = _KEPT.get()
     # The ground-truth rerun goes first: on a heap not yet holding the trace's values it
     # costs what a plain forward costs. The capture then starts from the same state.
     state = ModelState(model)
@@ -192,6 +204,8 @@ def replay(
     note_moved_parameters(
         findings, moved_parameters, "the capture could not start where the rerun did"
     )
+    if kept is not None and not moved_parameters and not uncopied:
+        _compare_kept(kept, reference, findings, atol, rtol)
     if not moved_parameters:
         outcome = Findings(trace) if uncopied else findings
         compare_outputs(trace, expected_outputs(trace), reference, outcome, atol, rtol)
@@ -251,13 +265,21 @@ def attach_status(
     (``run(model, args, kwargs)``; default :func:`replay`) makes the status, which is
     returned."""
     model, (args, kwargs), state, start, host = before
+    left = ModelState(model)  # as the capture left it
     state.rewind()  # back to where the capture started
     rng.restore(start)
     rng.restore(host)
-    if run is None:
-        status = replay(model, args, kwargs, intervene=intervene)
-    else:
-        status = run(model, args, kwargs)
+    token = _KEPT.set(trace)
+    try:
+        if run is None:
+            status = replay(model, args, kwargs, intervene=intervene)
+        else:
+            status = run(model, args, kwargs)
+    finally:
+        _KEPT.reset(token)
+        # (Python-side state validation cannot rewind: a flag the capture set with the
+        # buffers it initialised, which the rewind above put back)
+        left.rewind()
     trace.status = status
     found = getattr(status, "hidden_edges", ())
     trace.hidden_edges.extend(e for e in found if e not in trace.hidden_edges)
@@ -365,6 +387,21 @@ def _check_self_difference(
         return
     state.leave(after_rerun)
     note_self_difference(findings, reason)
+
+
+def _compare_kept(kept: Any, reference: Any, findings: Findings, atol, rtol) -> None:
+    """The outputs of the trace ``kept`` must be what the ground-truth rerun returned, as
+    the validated capture's are; where they differ, the ground-truth arm is unverified
+    (the model differs from itself between the capture and validation), never failed."""
+    outcome = Findings(kept)
+    try:
+        compare_outputs(kept, expected_outputs(kept), reference, outcome, atol, rtol)
+    except Exception:  # noqa: BLE001 - a kept trace without its values: nothing to compare
+        return
+    for difference in outcome.failures:
+        findings.unchecked(
+            difference.label, "ground_truth", f"{_KEPT_DIFFERS} [{difference.reason}]"
+        )
 
 
 def _budget(watched: Any, seconds: float) -> Budget:
