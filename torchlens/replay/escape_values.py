@@ -346,7 +346,7 @@ class PerturbingMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self.guard is not None:
+        if self.guard is not None and self.guard.writes(func):
             self.guard.before(func, args, kwargs)
         if self._numbers:
             self._taken(args, kwargs)

@@ -163,6 +163,7 @@ class ModelState:
         self.buffers: dict[str, tuple[Tensor, int | None, Tensor, int | None]] = {}
         self.params: dict[str, tuple[Tensor, tuple]] = {}  # name -> (param, _mark)
         self.kept: dict[str, Tensor] = {}  # parameter copies, with keep_parameters
+        self._ids: dict[int, str] | None = None  # see param_ids
         # tensors kept as plain module attributes (torchmetrics' accumulators, counters):
         # (module, name, tensor, version, copy)
         self.attributes: list[tuple[nn.Module, str, Tensor, int | None, Tensor]] = []
@@ -201,8 +202,10 @@ class ModelState:
         ]
 
     def param_ids(self) -> dict[int, str]:
-        """The watched parameters, by ``id``: their names."""
-        return {id(param): name for name, (param, _) in self.params.items()}
+        """The watched parameters, by ``id``: their names (made once)."""
+        if self._ids is None:
+            self._ids = {id(param): name for name, (param, _) in self.params.items()}
+        return self._ids
 
     def keep(self, name: str) -> None:
         """Keep a copy of parameter ``name`` as it is now (a later forward is about to

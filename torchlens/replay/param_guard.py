@@ -59,9 +59,13 @@ class ParamGuard(TorchFunctionMode):
         self.before(func, args, kwargs)
         return func(*args, **kwargs)
 
+    def writes(self, func: Any) -> bool:
+        """Whether ``func`` may write one of the state's parameters (a cached look-up)."""
+        return bool(self.ids) and _writes(func)
+
     def before(self, func: Any, args: tuple, kwargs: dict) -> None:
         """Have the state keep a copy of each of its parameters ``func`` may write."""
-        if self.ids and _writes(func):
+        if self.writes(func):
             for value in (*args, *kwargs.values()):
                 name = self.ids.get(id(value)) if isinstance(value, torch.Tensor) else None
                 if name is not None:
