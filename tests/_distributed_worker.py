@@ -2,11 +2,11 @@
 
 ``torchrun --nproc_per_node 2 tests/_distributed_worker.py OUT CASE...``. Each CASE is
 ``<kind>-<model>`` (kind ``fsdp``, ``tp``, ``sp`` or ``ddp``; model ``mlp`` or ``transformer``)
-or one of ``diverge``, ``disagree``. Every rank writes one JSON line per case to
-``OUT/results-rank{r}.jsonl``: the replay state, the recorded ops, parameter sources and
-collectives, and the checks the test asserts; traces saved with ``save_rank`` go under
-``OUT/<case>``. The process group is destroyed at the end, so an abort at teardown shows in the
-exit code.
+or one of ``diverge``, ``disagree``, ``keep``, ``extract_tp-<model>``. Every rank writes one
+JSON line per case to ``OUT/results-rank{r}.jsonl``: the replay state, the recorded ops,
+parameter sources and collectives, and the checks the test asserts; traces saved with
+``save_rank`` go under ``OUT/<case>``. The process group is destroyed at the end with the
+traces of case ``keep`` still held, so an abort at teardown shows in the exit code.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import gc
 import json
 import sys
 import traceback
+import types
 from pathlib import Path
 
 import torch
@@ -216,14 +217,84 @@ def diverge(out: Path, mesh) -> dict:
     return result
 
 
-def extract_tp(out: Path, mesh) -> dict:
-    """tl.extract refuses a tensor-parallel model on several ranks, before any forward."""
-    model = shard("tp", "mlp", build("mlp"), mesh)
+def _hook_loop(model: nn.Module, name: str, batches: list) -> dict[str, torch.Tensor]:
+    """What a forward-hook loop over the unsharded ``model`` gives for the sites the
+    tensor-parallel extraction stores: each linear's output in call order (``linear_k``),
+    the ReLU of the MLP's first linear, and (transformer) the attention's and MLP's output."""
+    linears: list[torch.Tensor] = []
+    found: dict[str, torch.Tensor] = {}
+    hooks = [m.register_forward_hook(lambda _m, _i, o: linears.append(o))
+             for m in model.modules() if isinstance(m, nn.Linear)]  # fmt: skip
+    fc1 = model.fc1 if name == "mlp" else model.mlp.fc1
+    hooks.append(fc1.register_forward_hook(lambda _m, _i, o: found.update(relu_1=o.relu())))
+    for site in ("attn", "mlp") if name == "transformer" else ():
+        hooks.append(model.get_submodule(site).register_forward_hook(
+            lambda _m, _i, o, site=site: found.update({site: o})))  # fmt: skip
+    rows: dict[str, list[torch.Tensor]] = {}
     try:
-        tl.extract(model, [inputs("mlp")] * 2, save=tl.func("relu"), to=out, progress=False)
-    except TorchLensError as err:
-        return {"code": err.code, "message": str(err)}
-    return {"code": None}
+        for x in batches:
+            linears.clear()
+            found.clear()
+            with torch.no_grad():
+                model(x)
+            found.update({f"linear_{k + 1}": t for k, t in enumerate(linears)})
+            for site, value in found.items():
+                rows.setdefault(site, []).append(value)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return {site: torch.cat(values) for site, values in rows.items()}
+
+
+def extract_tp(out: Path, mesh, name: str) -> dict:
+    """tl.extract on a tensor-parallel model: every rank runs every batch, rank 0 alone
+    writes, and the stored sites are the global values, equal to a hook loop over the
+    unsharded model (same weights). Then a resume: the manifest and the last shard removed
+    (a run stopped there), the same call finishes it. A site that is a local shard of
+    unknown layout (the attention's heads) is refused with ``tensor_parallel``."""
+    from torchlens.extract import _store
+
+    rank = dist.get_rank()
+    plain = build(name).eval()
+    model = shard("tp", name, copy.deepcopy(plain), mesh).eval()
+    batches = [inputs(name, 10 + k) for k in range(3)]  # the same batches on every rank
+    save = tl.func("linear") | tl.func("relu")
+    if name == "transformer":
+        save = save | tl.module("attn").output | tl.module("mlp").output
+    writes = []
+    write_file = _store._write_file
+    _store._write_file = lambda path, data: (writes.append(path.name), write_file(path, data))
+    try:
+        ex = tl.extract(model, batches, save=save, to=out, progress=False, flush_s=0)
+        dist.barrier()
+        ran = len(writes)
+        if rank == 0:  # a run stopped before its last batch was written
+            (out / _store.MANIFEST).unlink()
+            sorted((out / _store.SHARDS).iterdir())[-1].unlink()
+        dist.barrier()
+        resumed = tl.extract(model, batches, save=save, to=out, progress=False, flush_s=0)
+    finally:
+        _store._write_file = write_file
+    expected = _hook_loop(plain, name, batches)
+    result = {
+        "writes": ran,
+        "resume_writes": len(writes) - ran,
+        "sites": sorted(ex),
+        "max_diff": {
+            site: float((got[site][:] - expected[site]).abs().max())
+            for got in (resumed,)
+            for site in expected
+        },
+        "first_equal": all(torch.equal(ex[site][:], resumed[site][:]) for site in expected),
+    }
+    if name == "transformer":
+        try:
+            tl.extract(model, batches, save=tl.func("scaled_dot_product_attention"),
+                       to=out.with_name(out.name + "-heads"), progress=False)  # fmt: skip
+            result["heads"] = {"code": None}
+        except TorchLensError as err:
+            result["heads"] = {"code": err.code, "message": str(err)}
+    return result
 
 
 def disagree(out: Path, mesh) -> dict:
@@ -252,6 +323,82 @@ def disagree(out: Path, mesh) -> dict:
     return outcome
 
 
+class GroupReduce(MLP):
+    """The MLP with its hidden activations summed over a process group (a c10d all-reduce);
+    ``group=None``: no all-reduce (a rank outside the group)."""
+
+    def __init__(self, group) -> None:
+        super().__init__()
+        self.group = group
+
+    def forward(self, x):
+        h = torch.relu(self.fc1(x))
+        if self.group is not None:
+            dist.all_reduce(h, group=self.group)
+        return self.fc2(h)
+
+
+def subgroups(out: Path, mesh) -> dict:
+    """Collectives of subgroups replay in lockstep with their own group's ranks: a group of
+    both ranks made with new_group, and a group of rank 0 alone, whose all-reduce rank 1
+    never runs (checked with the whole world, rank 0 would wait for rank 1 until timeout)."""
+    from torchlens.distributed import lockstep
+
+    rank = dist.get_rank()
+    pair, solo = dist.new_group([0, 1]), dist.new_group([0])
+    result = {}
+    lockstep.TIMEOUT, before = 20.0, lockstep.TIMEOUT
+    try:
+        for name, group in (("pair", pair), ("solo", solo if rank == 0 else None)):
+            torch.manual_seed(0)
+            model, x = GroupReduce(group), inputs("mlp", rank)
+            trace = tl.trace(model, x)
+            reduces = [op for op in trace if tl.distributed.is_collective(op)]
+            result[name] = {
+                "state": tl.replay(model, x).state,
+                "groups": [list(lockstep.group_of(op)[1]) for op in reduces],
+                "own_name": all(lockstep.group_of(op)[0] == group.group_name for op in reduces),
+            }
+            dist.barrier()
+    finally:
+        lockstep.TIMEOUT = before
+    return result
+
+
+KEPT: list = []  # traces and replay results kept past destroy_process_group (case "keep")
+
+
+def _holds_the_run(roots: list) -> list[str]:
+    """The kinds of torch.distributed object reachable from ``roots`` through references
+    (a process group, FSDP's state, a Work): what would keep the run alive past
+    destroy_process_group. Modules' and functions' globals are not followed."""
+    wanted = {"ProcessGroup", "Work", "FSDPState", "FSDPParamGroup"}
+    seen, stack, found = {id(r) for r in roots}, list(roots), set()
+    while stack:
+        obj = stack.pop()
+        for ref in gc.get_referents(obj):
+            if id(ref) in seen or isinstance(ref, (type, types.ModuleType, types.FunctionType)):
+                continue
+            seen.add(id(ref))
+            name = type(ref).__name__
+            if name in wanted:
+                found.add(name)
+                continue
+            stack.append(ref)
+    return sorted(found)
+
+
+def keep(out: Path, mesh) -> dict:
+    """Trace and validate an FSDP2 and a tensor-parallel model, keep the traces and
+    results (``KEPT``, past destroy_process_group at exit), and say what they reach."""
+    rank = dist.get_rank()
+    for kind in ("fsdp", "tp"):
+        model = shard(kind, "mlp", build("mlp"), mesh)
+        x = inputs("mlp", rank if kind == "fsdp" else 0)
+        KEPT.extend([tl.trace(model, x), tl.replay(model, x)])
+    return {"reaches": _holds_the_run(KEPT)}
+
+
 def main() -> None:
     out, cases = Path(sys.argv[1]), sys.argv[2:]
     dist.init_process_group("gloo")
@@ -265,10 +412,14 @@ def main() -> None:
         try:
             if case == "diverge":
                 result = diverge(out / case, mesh)
+            elif case == "subgroups":
+                result = subgroups(out / case, mesh)
+            elif case == "keep":
+                result = keep(out / case, mesh)
             elif case == "disagree":
                 result = disagree(out / case, mesh)
-            elif case == "extract_tp":
-                result = extract_tp(out / case, mesh)
+            elif case.startswith("extract_tp-"):
+                result = extract_tp(out / case, mesh, case.split("-")[1])
             else:
                 kind, name = case.split("-")
                 result = run_case(kind, name, out / case, mesh)
@@ -276,7 +427,8 @@ def main() -> None:
             result = {"error": traceback.format_exc()}
         with results.open("a") as f:
             f.write(json.dumps({"case": case, "rank": rank, **result}) + "\n")
-    gc.collect()  # traces (and their autograd graphs) go before the group (docs/distributed.md)
+    del mesh
+    gc.collect()  # the models are gone; what KEPT holds outlives the group
     dist.destroy_process_group()
 
 

@@ -38,7 +38,16 @@ needs_gloo = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def launch(tmp_path_factory):
     out = tmp_path_factory.mktemp("ranks")
-    cases = [*CASES, "diverge", "extract_tp", "disagree"]
+    # "disagree" last: its replays leave the ranks at different collective counts
+    cases = [
+        *CASES,
+        "diverge",
+        "extract_tp-mlp",
+        "extract_tp-transformer",
+        "keep",
+        "subgroups",
+        "disagree",
+    ]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc_per_node=2", str(WORKER), str(out), *cases]  # fmt: skip
     done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=300)
@@ -161,11 +170,56 @@ def test_replays_that_disagree_raise_naming_the_rank(launch):
 
 
 @needs_gloo
-def test_extract_refuses_tensor_parallel_on_every_rank(launch):
+@pytest.mark.parametrize("model", MODELS)
+def test_extract_stores_global_tensor_parallel_activations(launch, model):
+    _, results, _ = launch
+    sites = ["linear_1", "linear_2", "relu_1"]
+    if model == "transformer":  # q, k, v, out, fc1, fc2 and the two modules' outputs
+        sites = sorted([*sites, "linear_3", "linear_4", "linear_5", "linear_6", "attn", "mlp"])
+    for rank in (0, 1):
+        result = results[f"extract_tp-{model}", rank]
+        assert "error" not in result, result.get("error")
+        assert result["sites"] == sites
+        # the global values: equal to a hook loop over the unsharded model, same weights
+        assert set(result["max_diff"]) == set(sites)
+        assert all(diff < 1e-5 for diff in result["max_diff"].values()), result["max_diff"]
+        assert result["first_equal"]  # the resumed run stores what the first one did
+    # rank 0 alone writes: 3 shards (one per batch), the run record and the manifest; the
+    # resume writes the removed last shard and the manifest again
+    writes = [(results[f"extract_tp-{model}", r]["writes"],
+               results[f"extract_tp-{model}", r]["resume_writes"]) for r in (0, 1)]  # fmt: skip
+    assert writes == [(5, 2), (0, 0)]
+
+
+@needs_gloo
+def test_extract_refuses_a_local_shard_of_unknown_layout(launch):
+    _, results, _ = launch
+    for rank in (0, 1):  # the attention's heads: reshaped after to_local()
+        heads = results["extract_tp-transformer", rank]["heads"]
+        assert heads["code"] == "tensor_parallel"
+        assert "'scaled_dot_product_attention_1'" in heads["message"]
+
+
+@needs_gloo
+def test_traces_kept_past_destroy_hold_no_process_group(launch):
+    """What torchlens keeps holds plain tensors and metadata only: no process group, FSDP
+    state or Work reachable from the traces and replay results, which the worker keeps past
+    destroy_process_group (test_every_process_exits_cleanly checks that exit)."""
     _, results, _ = launch
     for rank in (0, 1):
-        refused = results["extract_tp", rank]
-        assert refused["code"] == "tensor_parallel" and "'fc1.weight'" in refused["message"]
+        assert "error" not in results["keep", rank], results["keep", rank].get("error")
+        assert results["keep", rank]["reaches"] == []
+
+
+@needs_gloo
+def test_lockstep_waits_for_the_ranks_of_the_collectives_own_group(launch):
+    _, results, _ = launch
+    for rank in (0, 1):
+        pair = results["subgroups", rank]["pair"]
+        assert pair == {"state": "passed", "groups": [[0, 1]], "own_name": True}
+    # a group of rank 0 alone: its all-reduce is checked with no one else
+    assert results["subgroups", 0]["solo"] == {"state": "passed", "groups": [[0]], "own_name": True}
+    assert results["subgroups", 1]["solo"] == {"state": "passed", "groups": [], "own_name": True}
 
 
 def test_assemble_shards_partials_and_replicas():
@@ -275,3 +329,23 @@ def test_lockstep_check_is_a_no_op_without_a_process_group():
     assert not dist.is_initialized()
     trace = tl.trace(torch.nn.Linear(2, 2), torch.randn(1, 2))
     assert check_lockstep(trace.ops[0]) is None
+
+
+def test_a_group_kept_by_name_that_is_gone_is_a_typed_error():
+    from torchlens.distributed.release import GroupRef, restore_groups
+
+    gone = GroupRef("no-such-group", (0, 1))
+    with pytest.raises(DistributedError) as err:
+        restore_groups((torch.ones(1),), {"group": gone})
+    assert err.value.code == "no_process_group" and "'no-such-group'" in str(err.value)
+    args, kwargs = restore_groups((1, "sum"), {"async_op": True})  # nothing to resolve
+    assert args == (1, "sum") and kwargs == {"async_op": True}
+
+
+def test_release_leaves_a_trace_alone_without_a_process_group():
+    assert not dist.is_initialized()
+    model, x = torch.nn.Linear(2, 2), torch.randn(1, 2)
+    out = model(x)
+    trace = tl.trace(model, x)
+    assert trace.output.grad_fn is not None  # the output as the model returned it
+    assert torch.equal(trace.output, out)

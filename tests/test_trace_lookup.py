@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 from torch import nn
 
 import torchlens as tl
-from torchlens.errors import LookupFailedError
+from torchlens.errors import LookupFailedError, PayloadUnavailableError
+from torchlens.trace import lookup_of, lookup_while
 
 
 class Block(nn.Module):
@@ -167,3 +170,42 @@ def test_printed_trace_names_ops_that_ran_in_training_mode():
     assert "traced in training mode: 1 batch_norm, 1 dropout op(s)" in trained
     assert "model.eval()" in trained
     assert "training mode" not in str(tl.trace(model.eval(), torch.randn(3, 4)))
+
+
+def test_a_records_store_is_where_its_value_is_read():
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
+    trace = tl.trace(model, torch.randn(2, 4))
+    op, source = trace["relu_1"], trace.sources[0]
+    assert op.store is trace.store and source.store is trace.store
+    assert op.grad_store is None  # no save_grads=True
+    kept = op.out
+    op.store = None  # detached from its store, the op has no value to give
+    assert not op.has_out
+    with pytest.raises(PayloadUnavailableError) as err:
+        op.out
+    assert err.value.code == "not_saved"
+    op.store = trace.store
+    assert torch.equal(op.out, kept)
+
+
+def test_grad_store_is_attached_by_save_grads():
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
+    trace = tl.trace(model, torch.randn(2, 4), save_grads=True)
+    assert trace["relu_1"].grad_store is not None
+    assert trace.sources[0].grad_store is trace["relu_1"].grad_store
+
+
+def test_lookup_of_finds_parents_while_the_trace_lives_or_an_edit_runs():
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
+    trace = tl.trace(model, torch.randn(2, 4))
+    op = trace["relu_1"]
+    assert lookup_of(op)("linear_1") is trace["linear_1"]
+    del trace
+    gc.collect()
+    assert lookup_of(op) is None  # the op of a trace that is gone
+    seen = {"linear_1": "the ops so far"}.get
+    with pytest.raises(RuntimeError):
+        with lookup_while(op, seen):
+            assert lookup_of(op) is seen
+            raise RuntimeError("the edit failed")
+    assert lookup_of(op) is None  # removed on every exit

@@ -36,9 +36,7 @@ from torchlens import backends, distributed, errors, report, viz
 from torchlens._llm_sites import llm_sites
 from torchlens._version import __version__
 from torchlens.attention import attention_pattern
-from torchlens.capture import trace
-from torchlens.capture.controls import Intervention
-from torchlens.capture.record import record
+from torchlens.capture import Intervention, record, trace
 from torchlens.debug import diff, find_nonfinite, summary
 from torchlens.extract import extract, load_extraction
 from torchlens.io import load, save

@@ -12,7 +12,7 @@ import torch
 from torchlens._tensors import geometry_end, version_of, write_through
 from torchlens.errors import PayloadUnavailableError
 
-__all__ = ["MemoryPayloadStore", "PayloadStore", "WrittenOver"]
+__all__ = ["MemoryPayloadStore", "PayloadStore", "Stored", "WrittenOver"]
 
 
 class PayloadStore(Protocol):
@@ -23,6 +23,27 @@ class PayloadStore(Protocol):
 
     def has(self, label: str) -> bool:
         """Whether a value for ``label`` can be given."""
+
+
+class Stored:
+    """A record whose value lives in a store (its ``_store``): ops, sources and op views.
+
+    The store is made apart from its records and attached later, by the capture, by io when
+    it loads a trace, and by edits when it copies records; :attr:`store` is how they attach
+    and read it without reaching into the record.
+    """
+
+    __slots__ = ()
+    _store: PayloadStore | None
+
+    @property
+    def store(self) -> PayloadStore | None:
+        """The store that holds this record's value (``out`` reads it); None when none is."""
+        return self._store
+
+    @store.setter
+    def store(self, store: PayloadStore | None) -> None:
+        self._store = store
 
 
 class WrittenOver(NamedTuple):

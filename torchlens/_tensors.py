@@ -64,7 +64,7 @@ def storage_key(tensor: torch.Tensor) -> int | None:
     the capture's path, a third of this call and an object per op for the collector).
     """
     try:
-        return _storage_address(tensor)
+        return storage_address(tensor)
     except (RuntimeError, NotImplementedError):
         return None
 
@@ -73,7 +73,7 @@ def sharing(tensors: list[torch.Tensor | None], keys: Container[int]) -> list[to
     """Those of ``tensors`` (``None`` skipped) whose :func:`storage_key` is in ``keys``: one
     pass without a Python call per tensor (a model's every weight, at the end of a record)."""
     try:
-        return [t for t in tensors if t is not None and _storage_address(t) in keys]
+        return [t for t in tensors if t is not None and storage_address(t) in keys]
     except (RuntimeError, NotImplementedError):  # a tensor without a plain storage
         return [t for t in tensors if t is not None and storage_key(t) in keys]
 
@@ -83,7 +83,7 @@ def _untyped_storage_address(tensor: torch.Tensor) -> int:
 
 
 # private to torch, present since 2.0; the public route where it is gone
-_storage_address = getattr(torch._C, "_storage_address", _untyped_storage_address)
+storage_address = getattr(torch._C, "_storage_address", _untyped_storage_address)
 
 
 def geometry(tensor: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:

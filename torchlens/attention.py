@@ -26,14 +26,16 @@ from typing import Any
 
 import torch
 
-from torchlens.capture.tree import fill
+from torchlens.capture import fill
 from torchlens.errors import InvalidArgumentError, PayloadUnavailableError
+from torchlens.trace import lookup_of
 
 __all__ = [
     "AttentionInputs",
     "attention_inputs",
     "attention_pattern",
     "attend",
+    "pack_pattern",
     "packed_query",
     "SDPA",
 ]
@@ -177,9 +179,7 @@ def packed_query(op: Any, inputs: AttentionInputs) -> bool:
     if q.shape[-3] != k.shape[-3] or not op.parent_args:
         return False
     label = op.parent_args[0].label
-    ref = getattr(op, "_trace_ref", None)
-    trace = ref() if ref is not None else None
-    lookup = trace.get if trace is not None else getattr(op, "_lookup", None)
+    lookup = lookup_of(op)
     if lookup is None:
         if label.rsplit("_", 1)[0] in ("reshape", "view"):
             raise InvalidArgumentError(
@@ -204,8 +204,17 @@ def _unpack(pattern: Tensor) -> Tensor:
     return pattern.reshape(*lead, groups * n_rep, 1, keys)
 
 
-def _pack(pattern: Tensor, inputs: AttentionInputs) -> Tensor:
-    """The inverse of :func:`_unpack`, to the query's packed shape."""
+def pack_pattern(pattern: Tensor, inputs: AttentionInputs) -> Tensor:
+    """The inverse of :func:`_unpack`, to the query's packed shape: an edited pattern goes
+    back into the op's layout (``trace.rerun``'s attention edits, in ``edits``).
+
+    Args:
+        pattern: a pattern in ``(..., heads, 1, keys)`` form.
+        inputs: the op's :class:`AttentionInputs`, whose query gives the packed shape.
+
+    Returns:
+        ``pattern`` reshaped to ``(..., query heads, queries, keys)`` of the query.
+    """
     q = inputs.query
     return pattern.reshape(*pattern.shape[:-3], q.shape[-3], q.shape[-2], pattern.shape[-1])
 

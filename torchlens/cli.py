@@ -335,7 +335,7 @@ def _call_factory(factory: Callable[[], Any], target: str) -> tuple[Any, Any, di
 
 
 def _before_trace(model: Any, args: Any, kwargs: dict) -> tuple:
-    from torchlens.replay.api import before_trace
+    from torchlens.replay import before_trace
 
     return before_trace(model, args, kwargs)
 
@@ -344,7 +344,7 @@ def _validate(trace: Any, before: tuple, show_traceback: bool) -> tuple[str, boo
     """The replay status as text, and whether it passed (as ``tl.validate`` would say);
     the status and the hidden edges it found are kept on ``trace`` (saved and drawn)."""
     import torchlens as tl
-    from torchlens.replay.api import attach_status
+    from torchlens.replay import attach_status
 
     replay = getattr(tl, "replay", None)  # the status behind tl.validate, with its counts
     if replay is None:

@@ -209,9 +209,9 @@ class ExtractionError(TorchLensError, RuntimeError):
     shard, e.g. it is full), ``distributed`` (the process group is not usable, or another
     process of the run stopped), ``ranks_differ`` (the processes of a distributed run were
     given different ``to=``, model weights, batches or arguments, or do not all see the run
-    directory; the message names what differs), ``tensor_parallel`` (a tensor-parallel
-    model run by several processes, which compute each forward together: extraction gives
-    each its own batches).
+    directory; the message names what differs), ``tensor_parallel`` (a site of a
+    tensor-parallel model that is a local shard whose layout torchlens cannot tell, e.g.
+    reshaped into heads after ``to_local()``: its global value cannot be put together).
     """
 
     code = "extraction_failed"

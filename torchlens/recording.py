@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from torchlens._store import Stored
 from torchlens._views import not_found_message as _not_found_message
 from torchlens.errors import LookupFailedError, PayloadUnavailableError
 from torchlens.trace import MemoryPayloadStore
@@ -19,7 +20,7 @@ from torchlens.trace import MemoryPayloadStore
 __all__ = ["OpView", "Recording"]
 
 
-class OpView:
+class OpView(Stored):
     """What a selector or an intervention sees of one op, and what a recording keeps of it.
 
     Fields follow :class:`~torchlens.trace.Op`: ``label``, ``index`` (ops counted so far,

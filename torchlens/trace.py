@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -16,7 +17,7 @@ import torch
 
 from torchlens._escapes import Escape, HiddenEdge
 from torchlens._source import SourceLine, source_of
-from torchlens._store import MemoryPayloadStore, PayloadStore
+from torchlens._store import MemoryPayloadStore, PayloadStore, Stored
 from torchlens._views import (
     SUMMARY_ROWS,
     ModuleCalls,
@@ -38,6 +39,8 @@ __all__ = [
     "MemoryPayloadStore",
     "Source",
     "Trace",
+    "lookup_of",
+    "lookup_while",
 ]
 
 
@@ -52,8 +55,25 @@ class ArgRef(NamedTuple):
     position: str  # where in the call's arguments it was passed
 
 
+class _GradStored(Stored):
+    """A record with a gradient store too (its ``_grads``), attached after the forward by
+    the backward capture (``save_grads=True``) or by io when it loads saved gradients."""
+
+    __slots__ = ()
+    _grads: PayloadStore | None
+
+    @property
+    def grad_store(self) -> PayloadStore | None:
+        """The store that holds this record's gradient (``grad`` reads it); None when none is."""
+        return self._grads
+
+    @grad_store.setter
+    def grad_store(self, store: PayloadStore | None) -> None:
+        self._grads = store
+
+
 @dataclass(eq=False)
-class Source:
+class Source(_GradStored):
     """A tensor that entered the forward from outside: input, parameter, buffer or constant."""
 
     label: str  # "input_1", a parameter/buffer address like "0.weight", or "constant_1"
@@ -88,7 +108,7 @@ class Source:
 
 
 @dataclass(eq=False)
-class Op:
+class Op(_GradStored):
     """One tensor produced by one function call during the forward pass."""
 
     label: str  # unique and stable across identical runs, e.g. "linear_2" or "split_1:0"
@@ -177,9 +197,30 @@ class Op:
         return _layer_of(self)[1]
 
     def _repr_html_(self) -> str:  # notebooks; viz is imported lazily (it sits above trace)
-        from torchlens.viz.html import op_html
+        from torchlens.viz import op_html
 
         return op_html(self)
+
+
+def lookup_of(op: Op) -> Callable[[str], Any] | None:
+    """How to find the records ``op``'s labels name: its live trace's ``get`` or, while the
+    capture runs an edit on ``op`` (:func:`lookup_while`), the ops recorded so far; None when
+    neither (the op of a trace that is gone). For code that reads an op's parents from the
+    op alone, such as ``tl.attention_pattern`` inside an ``intervene=`` edit."""
+    ref = getattr(op, "_trace_ref", None)
+    trace = ref() if ref is not None else None
+    return trace.get if trace is not None else getattr(op, "_lookup", None)
+
+
+@contextmanager
+def lookup_while(op: Op, lookup: Callable[[str], Any]) -> Iterator[None]:
+    """Run a block with ``lookup`` as ``op``'s :func:`lookup_of`: the capture calls an edit
+    before the trace exists, and the edit may read the ops recorded so far."""
+    op._lookup = lookup
+    try:
+        yield
+    finally:
+        del op._lookup
 
 
 def _layer_of(op: Op) -> tuple[str, int]:
@@ -492,7 +533,7 @@ class Trace:
             True
         """
         if by != "op":  # the debug workflow sits above the data model: imported lazily
-            from torchlens.debug.summary import summary_by
+            from torchlens.debug import summary_by
 
             return summary_by(self, by, select, module, max_rows)
         ops, notes = filter_ops(self.ops, select, module)
@@ -508,7 +549,7 @@ class Trace:
         )
 
     def _repr_html_(self) -> str:  # notebooks; viz is imported lazily (it sits above trace)
-        from torchlens.viz.html import trace_html
+        from torchlens.viz import trace_html
 
         return trace_html(self)
 

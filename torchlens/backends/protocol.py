@@ -11,7 +11,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from torchlens.capabilities import CAPABILITY_NAMES, Capability, CapabilityState
 from torchlens.errors import InvalidArgumentError
-from torchlens.replay.status import ReplayStatus
+from torchlens.replay import ReplayStatus
 from torchlens.trace import Trace
 
 __all__ = [

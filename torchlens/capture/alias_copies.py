@@ -15,11 +15,11 @@ from collections.abc import Iterator
 import torch
 
 from torchlens._tensors import (
-    _storage_address,
     copy_keeping_layout,
     dense,
     geometry,
     geometry_end,
+    storage_address,
 )
 
 __all__ = ["copies_before_write"]
@@ -80,7 +80,7 @@ def _view_inside(value: Tensor, container: Tensor, copy: Tensor, holds: bool) ->
             return None
     # (an alias noted under this storage's key may have moved to another storage since:
     # an edit's replacement, a freed storage whose address was reused)
-    if _storage_address(value) != _storage_address(container):
+    if storage_address(value) != storage_address(container):
         return None
     place, around = geometry(value), geometry(container)
     if place is None or around is None:

@@ -23,6 +23,7 @@ from torchlens.capture.roots import Root, resolve_root
 from torchlens.capture.session import CaptureSession, collector_paused
 from torchlens.capture.sinks import open_stream_sink
 from torchlens.capture.source import make_source_hook
+from torchlens.capture.special import RELEASES
 from torchlens.capture.tree import flatten
 from torchlens.errors import InvalidArgumentError
 from torchlens.trace import Trace
@@ -178,7 +179,7 @@ def trace(
     """
     before = None
     if validate:  # (validation sits a layer above capture: imported when asked for)
-        from torchlens.replay.api import before_trace
+        from torchlens.replay import before_trace
 
         before = before_trace(model, args, kwargs)
     try:
@@ -193,7 +194,7 @@ def trace(
         trim_torchlens_frames(err)
         raise
     if before is not None:
-        from torchlens.replay.api import attach_status
+        from torchlens.replay import attach_status
 
         attach_status(captured, before, intervene)
     return captured
@@ -315,6 +316,9 @@ def _capture(
         )
         if grads is not None:
             grads.attach(result)
+        else:  # no live graph kept: let go of what the run hung on the values (special.py)
+            for release in RELEASES:
+                release(result)
         if sink is not None:
             sink.close(result)
         controls.check(lambda: trace_candidates(result))

@@ -28,9 +28,9 @@ from torch import nn
 from torchlens._escapes import short_repr
 from torchlens._store import WrittenOver
 from torchlens._tensors import (
-    _storage_address,
     dense,
     geometry_end,
+    storage_address,
     storage_key,
     version_of,
 )
@@ -781,7 +781,7 @@ class TraceBuilder:
         key = None
         if not copy:
             try:  # storage_key inline (the per-op path)
-                key = _storage_address(value)
+                key = storage_address(value)
             except (RuntimeError, NotImplementedError):  # no plain storage: copied
                 pass
         if key is None:

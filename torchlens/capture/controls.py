@@ -32,6 +32,7 @@ from torchlens.errors import (
     PayloadUnavailableError,
 )
 from torchlens.selectors import Candidates, Selector, as_selector, require_match
+from torchlens.trace import lookup_while
 
 __all__ = [
     "Intervention",
@@ -66,7 +67,7 @@ class Intervention:
     allow_changes: bool = False
 
 
-class _Halt(BaseException):
+class Halt(BaseException):
     """Raised after the ``stop_after`` op; a BaseException so ``except Exception`` in model
     code cannot swallow it."""
 
@@ -130,7 +131,13 @@ def _check_same(new: Tensor, old: Tensor, label: str, inplace: bool) -> None:
             )
 
 
-def _parse_intervene(intervene: Any) -> list[tuple[Selector, Intervention]]:
+def parse_intervene(intervene: Any) -> list[tuple[Selector, Intervention]]:
+    """``intervene=`` as ``(selector, edit)`` pairs, checked once: the capture and
+    ``trace.rerun`` (in ``edits``) read the same argument the same way.
+
+    Raises:
+        InvalidArgumentError: when ``intervene`` is not a mapping of selectors to edits.
+    """
     if intervene is None:
         return []
     if not isinstance(intervene, Mapping):
@@ -194,7 +201,7 @@ class Controls:
                 code="conflicting_options",
             )
         self.save = None if save is None else as_selector(save)
-        self.edits = _parse_intervene(intervene)
+        self.edits = parse_intervene(intervene)
         self.stop = None if stop_after is None else as_selector(stop_after)
         self.saved = 0  # ops the save selector matched
         self.edit_hits = [0] * len(self.edits)
@@ -276,7 +283,7 @@ class Controls:
                         tensors[k] = self._edit_traced(builder, op, tensors[k], edit, i)
                 if stop is not None and self.halted_at is None and stop.matches(op):
                     self.halted_at = label  # halts once the calls returning it end
-                    builder.halt_pending = _Halt
+                    builder.halt_pending = Halt
             return tensors
 
         return hook
@@ -327,18 +334,17 @@ class Controls:
             for i, (selector, edit) in enumerate(self.edits):
                 if selector.matches(op):
                     self.edit_hits[i] += 1
-                    op._lookup = builder.record  # the ops so far, for the edit to read
-                    try:  # (tl.attention_pattern: was the query packed?)
+                    # the ops so far, for the edit to read (tl.attention_pattern asks
+                    # whether the query was packed)
+                    with lookup_while(op, builder.record):
                         tensor = self._edit_traced(builder, op, tensor, edit, i)
-                    finally:
-                        del op._lookup
             if self.stop is not None and self.halted_at is None and self.stop.matches(op):
                 self.halted_at = op.label
                 if not op.has_out:  # the op a forward halts on keeps its value
                     builder.save_extra(op.label, tensor)
                 # the forward halts at its next op or module call: the calls that return
                 # this op end first, so that they count as returning it, as in tl.record
-                builder.halt_pending = _Halt
+                builder.halt_pending = Halt
             return tensor
 
         return hook
@@ -391,16 +397,16 @@ class Controls:
             walked: Iterable[nn.Module] = (module for _, module in modules)
         else:
             walked = model.modules() if isinstance(model, nn.Module) else ()
-        buffers = _snapshot_buffers(walked)
+        buffers = snapshot_buffers(walked)
         try:
             yield
-        except _Halt:
+        except Halt:
             rng.restore(state)
-            _restore_buffers(buffers)
+            restore_buffers(buffers)
         else:
             if self.halted_at is not None:  # tl.record halted after the forward's last op
                 rng.restore(state)
-                _restore_buffers(buffers)
+                restore_buffers(buffers)
 
     def check(self, seen: Callable[[], Candidates]) -> None:
         """Raise :class:`~torchlens.errors.SelectorMatchError` for a selector that matched
@@ -464,9 +470,9 @@ def trace_candidates(trace: Any) -> Candidates:
     )
 
 
-def _snapshot_buffers(modules: Iterable[nn.Module]) -> list[tuple[dict, str, Tensor, Tensor]]:
+def snapshot_buffers(modules: Iterable[nn.Module]) -> list[tuple[dict, str, Tensor, Tensor]]:
     """A copy of every buffer of ``modules``, with where it lives, for
-    :func:`_restore_buffers`."""
+    :func:`restore_buffers`."""
     saved = []
     for module in modules:
         for name, buffer in module._buffers.items():
@@ -475,7 +481,9 @@ def _snapshot_buffers(modules: Iterable[nn.Module]) -> list[tuple[dict, str, Ten
     return saved
 
 
-def _restore_buffers(saved: list[tuple[dict, str, Tensor, Tensor]]) -> None:
+def restore_buffers(saved: list[tuple[dict, str, Tensor, Tensor]]) -> None:
+    """Put back the buffers :func:`snapshot_buffers` copied: a halted forward (here and in
+    ``find_nonfinite``) leaves the model as it found it."""
     with torch.no_grad():  # kernels such as batch_norm update buffers without a version bump
         for buffers, name, buffer, copy in saved:
             buffers[name] = buffer

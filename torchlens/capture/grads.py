@@ -219,7 +219,7 @@ class GradCapture:
     def attach(self, trace: Trace) -> None:
         """Make ``trace`` read from this capture: ``op.grad``, ``trace.backward()``."""
         for record in [*trace.ops, *trace.sources]:
-            record._grads = self.store
+            record.grad_store = self.store
         for label, reason in self.aliases.ambiguous(trace).items():
             handle = self.handles.pop(label, None)
             if handle is not None:
@@ -327,7 +327,7 @@ def grad_untracked(record: Op | Source) -> bool:
     """Whether ``record`` was computed without gradient tracking in a ``save_grads``
     capture, whatever its ``requires_grad`` says (False when unknown: no grads kept, or a
     loaded trace)."""
-    store = record._grads
+    store = record.grad_store
     return isinstance(store, GradStore) and record.label in store.untracked
 
 

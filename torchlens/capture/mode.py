@@ -79,7 +79,7 @@ class CaptureMode(TorchFunctionMode):
             )
         except RuntimeError as err:  # a strided nested tensor has no sizes to record
             _refuse_nested(err, [t for _, t in flatten_call(args, kwargs)[0]])
-        targets = _inplace_targets(info.inplace, args, kwargs) if info.inplace or kwargs else ()
+        targets = inplace_targets(info.inplace, args, kwargs) if info.inplace or kwargs else ()
         for target in targets:
             self.builder.protect(target)
         rng_state = None
@@ -190,7 +190,7 @@ _STORAGE = Tensor.untyped_storage
 _TARGET_KEYWORDS = ("tensor", "input")  # how an in-place call may name its target
 
 
-def _inplace_targets(inplace: bool | tuple, args: tuple, kwargs: dict) -> list[Tensor]:
+def inplace_targets(inplace: bool | tuple, args: tuple, kwargs: dict) -> list[Tensor]:
     """The tensors a call writes into: ``out=``, ``inplace=True``, an in-place method, or
     the arguments at the positions ``inplace`` names (a FuncInfo's side writes)."""
     if type(inplace) is tuple:

@@ -82,7 +82,7 @@ def record(
     output = None
     try:
         with controls.halting(model, walked.modules):
-            with _recording(model, mode, root=walked):
+            with recording_session(model, mode, root=walked):
                 output = model(*args, **kwargs)
             if mode.exits is not None and not mode.halt_pending:  # tl.module("").output
                 output = _root_returned(mode, walked, output)
@@ -136,7 +136,7 @@ class _RecordSession:
 
 
 @contextmanager
-def _recording(
+def recording_session(
     model: Any,
     mode: RecordMode,
     modules: list[tuple[str, nn.Module]] | None = None,

@@ -30,8 +30,8 @@ from torchlens.capture.builder import REFRESH_FUNC_NAME
 from torchlens.capture.composite import group_address, opened_body
 from torchlens.capture.controls import (
     Controls,
+    Halt,
     Intervention,
-    _Halt,
     apply_edit,
     original_key,
     run_after_halt,
@@ -41,7 +41,7 @@ from torchlens.capture.failures import note_model_error
 from torchlens.capture.hooks import _call_inputs, _tensors_in, follow_calls
 from torchlens.capture.labels import Labeler
 from torchlens.capture.live import LiveVersions
-from torchlens.capture.mode import _inplace_targets, _read_arguments, functorch_level
+from torchlens.capture.mode import _read_arguments, functorch_level, inplace_targets
 from torchlens.capture.naming import FUNC_INFOS, func_info
 from torchlens.capture.record_exit import ExitTracker
 from torchlens.capture.roots import Root, resolve_root
@@ -152,7 +152,7 @@ class RecordMode(TorchFunctionMode):
                 return self._escape(func, args, kwargs)
             return func(*args, **kwargs) if kwargs else func(*args)
         if self.halt_pending:  # the op stop_after matched has left every call returning it
-            return run_after_halt(_Halt, func, args, kwargs)
+            return run_after_halt(Halt, func, args, kwargs)
         if info.opens and (info.opens is True or info.opens(args, kwargs or {})):
             return self._open(info.name, func, args, kwargs or {})
         live = self.live
@@ -183,8 +183,8 @@ class RecordMode(TorchFunctionMode):
             for tensor in live.read(_read_arguments(func, args), kwargs):
                 self._refresh(tensor)
         writes = info.inplace or kwargs and ("out" in kwargs or kwargs.get("inplace") is True)
-        if writes:  # a call that may write into a kept value (see _inplace_targets)
-            writes = bool(_inplace_targets(info.inplace, args, kwargs or {}))
+        if writes:  # a call that may write into a kept value (see inplace_targets)
+            writes = bool(inplace_targets(info.inplace, args, kwargs or {}))
             if self._aliases:
                 self._protect(info.inplace, args, kwargs or {})
         try:
@@ -234,6 +234,12 @@ class RecordMode(TorchFunctionMode):
     def module_stack(self) -> tuple[tuple[str, int], ...]:
         """The open module calls as ``(address, call number)``, outermost first."""
         return self._frames
+
+    @property
+    def module_type(self) -> str:
+        """The class name of the innermost open module call (the root's outside any), as an
+        op made now names it: for a mode that makes its own op views (find_nonfinite)."""
+        return self._type
 
     def add_inputs(self, args: tuple, kwargs: dict) -> None:
         """The forward's inputs: their values are counted from the start, as a trace's
@@ -325,7 +331,7 @@ class RecordMode(TorchFunctionMode):
                 continue
             save, edits, stop = decision
             if edits:
-                inplace = bool(_inplace_targets(inplace, args, kwargs or {}))
+                inplace = bool(inplace_targets(inplace, args, kwargs or {}))
                 for i in edits:
                     tensor = self._edit(view, tensor, i, inplace)
                 if tensor is not tensors[k]:
@@ -339,7 +345,7 @@ class RecordMode(TorchFunctionMode):
         if halt_at is not None:
             self.controls.halted_at = halt_at
             if self.exits is None:
-                raise _Halt
+                raise Halt
             self.halt_pending = True  # after the calls that return it: .output rules see it
         if not replaced:
             return result
@@ -373,14 +379,14 @@ class RecordMode(TorchFunctionMode):
         else:
             self._aliases.setdefault(key, []).append(view.label)
         self.store.set(view.label, value, version_of(value))
-        if view._store is None:
-            view._store = self.store
+        if view.store is None:
+            view.store = self.store
             self.kept.append(view)
             self.kept_views[view.label] = view
 
     def _protect(self, inplace: bool, args: tuple, kwargs: dict) -> None:
         """Copy kept values that alias a tensor about to be written in place."""
-        for target in _inplace_targets(inplace, args, kwargs):
+        for target in inplace_targets(inplace, args, kwargs):
             self.protect(target)
 
     @property
@@ -504,7 +510,7 @@ class RecordMode(TorchFunctionMode):
     def _push_frame(self, key: int | str, address: str, type_name: str) -> None:
         """A call starts: ``key`` counts its calls (a module's id; a group's address)."""
         if self.halt_pending:
-            raise _Halt
+            raise Halt
         call = self._calls[key] = self._calls.get(key, 0) + 1
         self._trail.append((self._frames, self._type, self._path))
         self._frames += ((address, call),)

@@ -15,7 +15,14 @@ import torch
 
 from torchlens.capture.grad_calls import backward_outputs
 
-__all__ = ["SETTLES", "SPECIAL_OUTPUTS", "SIDE_WRITES", "side_writes", "written_arguments"]
+__all__ = [
+    "SETTLES",
+    "RELEASES",
+    "SPECIAL_OUTPUTS",
+    "SIDE_WRITES",
+    "side_writes",
+    "written_arguments",
+]
 
 Outputs = list[tuple[str, torch.Tensor]]
 
@@ -72,3 +79,9 @@ SPECIAL_OUTPUTS: dict[str, Callable[[tuple, Any], Outputs]] = {
 # each rerun, so both read written values and no wait is left pending at exit. Filled by
 # ``torchlens.distributed``, which knows these functions; capture only calls the entry.
 SETTLES: dict[Any, Callable[[Any], None]] = {}
+
+# Called with each finished trace that keeps no live autograd graph (``save_grads`` off):
+# each may swap values the trace holds for plain ones, so the trace keeps nothing alive of
+# the run that made it (torch.distributed's process groups, through the hooks FSDP puts on
+# the forward's outputs). Filled by ``torchlens.distributed``; capture only calls them.
+RELEASES: list[Callable[[Any], None]] = []

@@ -5,7 +5,7 @@ first NaN or Inf came from (:func:`find_nonfinite`), and a per-module summary wi
 
 from torchlens.debug.diff import OpDiff, TraceDiff, diff
 from torchlens.debug.nonfinite import NonFiniteReport, find_nonfinite
-from torchlens.debug.summary import ModuleRow, ModuleSummary, summary
+from torchlens.debug.summary import ModuleRow, ModuleSummary, summary, summary_by
 
 __all__ = [
     "diff",
@@ -16,4 +16,5 @@ __all__ = [
     "NonFiniteReport",
     "ModuleSummary",
     "ModuleRow",
+    "summary_by",  # Trace.summary(by=...), which the data model delegates here
 ]

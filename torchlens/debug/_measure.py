@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from torchlens.replay.tolerances import comparable, tolerance
+from torchlens.replay import comparable, tolerance
 
 __all__ = ["DIFFERS", "SAME", "compare_norms", "compare_values"]
 

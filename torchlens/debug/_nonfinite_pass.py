@@ -27,16 +27,20 @@ from torch import nn
 
 from torchlens._source import SourceLine
 from torchlens._tensors import storage_key, version_of
-from torchlens.capture.builder import REFRESH_FUNC_NAME
-from torchlens.capture.controls import Controls, _Halt
-from torchlens.capture.mode import _inplace_targets
-from torchlens.capture.record_mode import RecordMode
-from torchlens.capture.source import caller_line
-from torchlens.capture.special import SPECIAL_OUTPUTS
-from torchlens.capture.tree import flatten
-from torchlens.capture.walk import named_modules, owned_tensors
+from torchlens.capture import (
+    REFRESH_FUNC_NAME,
+    SPECIAL_OUTPUTS,
+    Controls,
+    Halt,
+    RecordMode,
+    caller_line,
+    flatten,
+    inplace_targets,
+    named_modules,
+    owned_tensors,
+)
 from torchlens.recording import OpView
-from torchlens.replay.tolerances import comparable
+from torchlens.replay import comparable
 from torchlens.trace import MemoryPayloadStore
 
 __all__ = ["Culprit", "CulpritOp", "ForwardCall", "NonFiniteMode", "is_nonfinite"]
@@ -275,7 +279,7 @@ class NonFiniteMode(RecordMode):
         be had again by running the forward up to this call: when it writes into an input,
         a parameter or a buffer, or did so before (or when this is the call to copy).
         :class:`RecordMode` calls it only for a call that may write."""
-        targets = _inplace_targets(inplace, args, kwargs)
+        targets = inplace_targets(inplace, args, kwargs)
         if not targets:
             self._before = None
             return
@@ -378,14 +382,14 @@ class NonFiniteMode(RecordMode):
                 values[parent] = targets[id(arg)]
         store = MemoryPayloadStore()
         op = CulpritOp(
-            label, index, name, k, self._frames, tensor, self._type,
+            label, index, name, k, self.module_stack, tensor, self.module_type,
             parents=tuple(parents), source=source,
         )  # fmt: skip
-        op._store = store
+        op.store = store
         store.set(label, tensor.detach().clone(), None)
         self.culprit = Culprit(op, values, needs_copy)
         self.controls.halted_at = label
-        raise _Halt
+        raise Halt
 
     def _outside_storages(self) -> set[Any]:
         """Storages of the inputs, parameters and buffers: a forward that writes into one

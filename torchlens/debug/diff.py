@@ -30,8 +30,7 @@ from torchlens._table import format_table
 from torchlens.debug._frame import dataframe
 from torchlens.debug._measure import DIFFERS, compare_norms, compare_values
 from torchlens.io import load
-from torchlens.replay.exemptions import GROWS_TARGET, value_exempt
-from torchlens.replay.tolerances import TOLERANCES
+from torchlens.replay import GROWS_TARGET, TOLERANCES, value_exempt
 from torchlens.trace import Op, Trace
 
 __all__ = ["OpDiff", "TraceDiff", "compare_values", "diff"]

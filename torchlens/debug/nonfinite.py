@@ -20,17 +20,21 @@ import torch
 from torch import nn
 
 from torchlens._source import SourceLine
-from torchlens.capture import rng
-from torchlens.capture.api import normalize_call
-from torchlens.capture.controls import _Halt, _restore_buffers, _snapshot_buffers
-from torchlens.capture.record import _recording
-from torchlens.capture.refusals import check_traceable
-from torchlens.capture.tree import flatten
-from torchlens.capture.walk import named_modules
+from torchlens.capture import (
+    Halt,
+    check_traceable,
+    flatten,
+    named_modules,
+    normalize_call,
+    recording_session,
+    restore_buffers,
+    rng,
+    snapshot_buffers,
+)
 from torchlens.debug._nonfinite_pass import CulpritOp, NonFiniteMode, is_nonfinite
 from torchlens.errors import InvalidArgumentError
 from torchlens.recording import Recording
-from torchlens.replay.tolerances import comparable
+from torchlens.replay import comparable
 from torchlens.trace import Op, Trace
 
 __all__ = ["NonFiniteReport", "ValueStats", "find_nonfinite", "is_nonfinite"]
@@ -196,7 +200,7 @@ def find_nonfinite(
         recording = Recording([], mode.store, mode.call.output, meta)
         return NonFiniteReport(recording, None, mode.n_ops, inf)
     op = culprit.op
-    recording = Recording([op], op._store, None, {**meta, "n_ops": op.index + 1})
+    recording = Recording([op], op.store, None, {**meta, "n_ops": op.index + 1})
     return NonFiniteReport(recording, op, op.index + 1, inf, culprit.parent_values)
 
 
@@ -208,15 +212,15 @@ def _run(mode: NonFiniteMode) -> NonFiniteMode:
     """
     state = rng.snapshot()
     call = mode.call
-    buffers = _snapshot_buffers(module for _, module in call.modules or ())
+    buffers = snapshot_buffers(module for _, module in call.modules or ())
     mode.add_inputs(call.args, call.kwargs)
     try:
-        with _recording(call.model, mode, call.modules):
+        with recording_session(call.model, mode, call.modules):
             call.output = call.model(*call.args, **call.kwargs)
         mode.read([t for _, t in flatten(call.output)[0]])  # as a trace's end reads them
-    except _Halt:
+    except Halt:
         rng.restore(state)
-        _restore_buffers(buffers)
+        restore_buffers(buffers)
     return mode
 
 

@@ -24,11 +24,10 @@ from typing import Any
 
 import torch
 
-from torchlens.capture.naming import FUNC_INFOS, FuncInfo
-from torchlens.capture.special import SETTLES, SPECIAL_OUTPUTS, side_writes
+from torchlens.capture import FUNC_INFOS, SETTLES, SPECIAL_OUTPUTS, FuncInfo, side_writes
 from torchlens.distributed.lockstep import check_lockstep
-from torchlens.replay.exemptions import PROVEN_BY_RULE
-from torchlens.replay.interpreter import LOCKSTEP
+from torchlens.distributed.release import restore_groups
+from torchlens.replay import LOCKSTEP, PROVEN_BY_RULE, RESTORES
 
 __all__ = ["COLLECTIVE_RULE", "FUNCTIONAL", "C10D", "register", "is_collective"]
 
@@ -98,6 +97,7 @@ def register() -> None:
         FUNC_INFOS[func] = FuncInfo(label, (0,), False, False, settles=True)
         SPECIAL_OUTPUTS[label] = side_writes((0,))
         _add(func, _wait_work)
+        RESTORES[func] = restore_groups  # its group= kept by name (distributed/release.py)
 
 
 def is_collective(op: Any) -> bool:

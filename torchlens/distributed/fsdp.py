@@ -13,9 +13,7 @@ from typing import Any
 
 import torch
 
-from torchlens.capture.naming import FUNC_INFOS, FuncInfo
-from torchlens.capture.special import SPECIAL_OUTPUTS
-from torchlens.capture.tree import flatten
+from torchlens.capture import FUNC_INFOS, SPECIAL_OUTPUTS, FuncInfo, flatten
 
 __all__ = ["register_fsdp"]
 

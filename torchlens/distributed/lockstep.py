@@ -1,11 +1,14 @@
-"""Every rank reruns the collectives of a replay together, or none does.
+"""Every rank of a collective's group reruns it in a replay together, or none does.
 
-Before a collective is rerun, each rank writes what it is about to run (the op's label,
-function and shape) under the same sequence number to the process group's store, then waits
-for every other rank's entry, at most :data:`TIMEOUT` seconds. Ranks that wrote something else
-(they reached another op: their traces differ) or nothing in time are named in a typed
-:class:`~torchlens.errors.DistributedError`, raised on every rank that saw it, instead of a
-collective that would wait forever.
+Before a collective is rerun, each rank of its process group (the group the op ran in: a
+c10d call's ``group=``, a functional collective's group name; the default group when none
+is named) writes what it is about to run (the op's label, function and shape) under that
+group's next sequence number to the default store, then waits for the entries of the
+group's other ranks, at most :data:`TIMEOUT` seconds. Ranks outside the group are not
+waited for (they do not run it); each group counts its own collectives. Ranks that wrote
+something else (they reached another op: their traces differ) or nothing in time are named
+in a typed :class:`~torchlens.errors.DistributedError`, raised on every rank that saw it,
+instead of a collective that would wait forever.
 """
 
 from __future__ import annotations
@@ -17,20 +20,49 @@ from typing import Any
 
 from torchlens.errors import DistributedError
 
-__all__ = ["check_lockstep", "TIMEOUT"]
+__all__ = ["check_lockstep", "group_of", "TIMEOUT"]
 
 # seconds a rank waits for the others at a collective of a replay
 TIMEOUT = float(os.environ.get("TORCHLENS_RANK_TIMEOUT", "60"))
 
-_SEQUENCE = itertools.count()  # collectives rerun by this process so far, in every replay
+# group name -> the collectives of that group rerun by this process so far, in every replay
+_SEQUENCE: dict[str, itertools.count] = {}
 
 
 def _describe(op: Any) -> str:
     return f"{op.label} ({op.func_name}, shape {tuple(op.shape)})"
 
 
+def group_of(op: Any) -> tuple[str, list[int]]:
+    """The name and global ranks of the process group the collective ``op`` ran in: the
+    group its arguments name (a :class:`~torchlens.distributed.release.GroupRef` kept for a
+    c10d call's ``group=``, a ``ProcessGroup``, or a functional collective's group name),
+    else the default group."""
+    import torch.distributed as dist
+
+    from torchlens.distributed.release import GroupRef
+
+    for value in [*op.kwargs_template.values(), *reversed(op.args_template)]:
+        if type(value) is GroupRef:
+            return value.name, list(value.ranks)
+        if isinstance(value, dist.ProcessGroup):
+            return value.group_name, dist.get_process_group_ranks(value)
+    from torchlens.distributed.collectives import FUNCTIONAL
+
+    name = op.kwargs_template.get("group_name")
+    if name is None and op.func_name in FUNCTIONAL and op.args_template:
+        name = op.args_template[-1]  # (a functional collective's last argument)
+    if isinstance(name, str):
+        from torch.distributed.distributed_c10d import _resolve_process_group
+
+        return name, dist.get_process_group_ranks(_resolve_process_group(name))
+    world = dist.group.WORLD
+    return world.group_name, list(range(dist.get_world_size()))
+
+
 def check_lockstep(op: Any) -> None:
-    """Raise unless every rank of the default group is about to rerun the same collective.
+    """Raise unless every rank of ``op``'s process group (:func:`group_of`) is about to
+    rerun the same collective.
 
     Raises:
         DistributedError: ``ranks_differ`` naming the ranks at another op, or
@@ -40,18 +72,19 @@ def check_lockstep(op: Any) -> None:
 
     if not dist.is_available() or not dist.is_initialized():
         return  # one process: nothing to agree with
-    world, rank = dist.get_world_size(), dist.get_rank()
-    if world == 1:
-        return
+    rank = dist.get_rank()
+    name, ranks = group_of(op)
+    if len(ranks) == 1 or rank not in ranks:
+        return  # a group of one: nothing to agree with
     store = dist.distributed_c10d._get_default_store()
-    prefix = f"torchlens/lockstep/{next(_SEQUENCE)}/"
+    prefix = f"torchlens/lockstep/{name}/{next(_SEQUENCE.setdefault(name, itertools.count()))}/"
     mine = _describe(op)
     store.set(f"{prefix}{rank}", mine)
-    keys = [f"{prefix}{r}" for r in range(world)]
+    keys = [f"{prefix}{r}" for r in ranks]
     try:
         store.wait(keys, timedelta(seconds=TIMEOUT))
     except Exception:  # noqa: BLE001 - a timeout (or a store gone with its rank)
-        missing = [r for r, key in enumerate(keys) if not _has(store, key)]
+        missing = [r for r, key in zip(ranks, keys) if not _has(store, key)]
         raise DistributedError(
             f"rank {rank} waited {TIMEOUT:g} s at collective {mine} of the replay for ranks "
             f"{missing}, which did not reach it: run tl.validate / tl.replay on every rank "
@@ -60,7 +93,7 @@ def check_lockstep(op: Any) -> None:
             code="rank_timeout",
         ) from None
     theirs = [store.get(key).decode() for key in keys]
-    differ = {r: what for r, what in enumerate(theirs) if what != mine}
+    differ = {r: what for r, what in zip(ranks, theirs) if what != mine}
     if differ:
         raise DistributedError(
             f"the ranks reached different collectives at the same point of the replay: rank "

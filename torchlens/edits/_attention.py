@@ -8,7 +8,13 @@ from typing import Any
 import torch
 
 from torchlens._calls import with_second
-from torchlens.attention import _pack, attend, attention_inputs, attention_pattern, packed_query
+from torchlens.attention import (
+    attend,
+    attention_inputs,
+    attention_pattern,
+    pack_pattern,
+    packed_query,
+)
 from torchlens.edits._helpers import _on_axis, _on_heads, not_comparable
 from torchlens.errors import InterventionError, InvalidArgumentError
 
@@ -81,7 +87,7 @@ def edit_pattern(fn: Callable[..., Tensor]) -> Callable[[Tensor, Any], Tensor]:
                 code="bad_edit",
             )
         if packed_query(op, inputs):  # back to the call's packed (kv_heads, n_rep) layout
-            new = _pack(new, inputs)
+            new = pack_pattern(new, inputs)
         return attend(new, inputs).to(t.dtype)
 
     return edit

@@ -18,11 +18,9 @@ from typing import Any
 
 import torch
 
-from torchlens.capture.controls import _parse_intervene, apply_edit
-from torchlens.capture.tree import fill, flatten
+from torchlens.capture import apply_edit, fill, flatten, parse_intervene
 from torchlens.errors import InterventionError, InvalidArgumentError, PayloadUnavailableError
-from torchlens.replay.exemptions import MUTATES_ARGUMENTS
-from torchlens.replay.interpreter import Interpreter, Unreplayable, calls
+from torchlens.replay import MUTATES_ARGUMENTS, Interpreter, Unreplayable, calls
 from torchlens.selectors import as_selector
 from torchlens.trace import Trace
 
@@ -127,7 +125,7 @@ class _WhatIf(Interpreter):
             if value is None and op_hits:
                 value = op.out
             if op_hits:  # the op as the edit sees it: its inputs read as in this run
-                seen = _copy(op, _store=_Overlay(self.trace.store, self.new))
+                seen = _copy(op, store=_Overlay(self.trace.store, self.new))
             for _, edit in op_hits:
                 value = apply_edit(edit, value, seen, inplace=False)
             if op_hits:
@@ -262,14 +260,14 @@ def rerun(trace: Trace, edits: Mapping[Any, Any], *, escapes: str = "raise") -> 
         >>> float(what_if.output.abs().sum()), trace["relu_1"].out.shape
         (0.0, torch.Size([2, 3]))
     """
-    from torchlens.capture.controls import trace_candidates
+    from torchlens.capture import trace_candidates
     from torchlens.selectors import require_match
 
     if escapes not in ESCAPE_POLICIES:
         raise InvalidArgumentError(
             f"escapes must be one of {ESCAPE_POLICIES}, got {escapes!r}", code="bad_escapes"
         )
-    parsed = _parse_intervene(edits)
+    parsed = parse_intervene(edits)
     walker = _WhatIf(trace, parsed, escapes)
     for ops in calls(trace):
         walker.visit(ops)
@@ -292,7 +290,7 @@ def rerun_output(trace: Trace, edits: Mapping[Any, Any], flat: Any = None) -> An
     """``rerun(trace, edits).output`` without building the what-if trace, for sweeps that
     read only the output (their selectors were checked to match); ``flat`` is
     ``flatten(trace.output)``, computed once for many calls."""
-    walker = _WhatIf(trace, _parse_intervene(edits))
+    walker = _WhatIf(trace, parse_intervene(edits))
     with torch.no_grad():
         for ops in calls(trace):
             walker.visit(ops)
@@ -317,7 +315,7 @@ def _new_trace(trace: Trace, walker: _WhatIf) -> Trace:
             ops.append(op)
             continue
         meta = {**op.meta, "intervened": True} if op.label in edited else dict(op.meta)
-        ops.append(_copy(op, meta=meta, _store=store, shape=tuple(value.shape), dtype=value.dtype))
+        ops.append(_copy(op, meta=meta, store=store, shape=tuple(value.shape), dtype=value.dtype))
     output = _output(trace, walker)
     meta = {**trace.meta, "intervened": list(walker.edited)}
     meta.pop("interventions", None)

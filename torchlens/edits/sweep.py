@@ -17,8 +17,7 @@ from typing import Any
 
 import torch
 
-from torchlens.capture.controls import trace_candidates
-from torchlens.capture.tree import flatten
+from torchlens.capture import flatten, trace_candidates
 from torchlens.edits._attention import patch_pattern
 from torchlens.edits._helpers import _axis, check_head_axis, resample, split_heads
 from torchlens.edits.labelled import LabelledTensor

@@ -29,7 +29,7 @@ from torch.utils.data import (
     WeightedRandomSampler,
 )
 
-from torchlens.capture.tree import fill, flatten
+from torchlens.capture import fill, flatten
 from torchlens.errors import ExtractionError, InvalidArgumentError
 
 __all__ = ["Batch", "BatchPlan", "pick", "call_args", "count_examples", "to_device"]

@@ -21,7 +21,7 @@ from torchlens.errors import ExtractionError, TorchLensError
 from torchlens.extract._batches import describe_error
 from torchlens.extract._store import RUN
 
-__all__ = ["agree", "on_rank0", "check_shared", "settle", "refuse_tensor_parallel"]
+__all__ = ["agree", "on_rank0", "check_shared", "settle"]
 
 _SHARED_WAIT = 10.0  # seconds a rank waits to see the run record rank 0 wrote
 
@@ -168,36 +168,3 @@ def _as_error(outcome: tuple[TorchLensError | None, str], rank: int, named: bool
             code="distributed",
         )
     return type(err)(f"rank {rank} stopped the run: {err}", code=err.code) if named else err
-
-
-def refuse_tensor_parallel(world: int, model: Any) -> None:
-    """Raise ``tensor_parallel`` for a model sharded by tensor parallel (a ``DTensor``
-    parameter outside FSDP2, or on a mesh of more than one dimension) run by several
-    processes: ``tl.extract`` gives each rank its own batches, but the ranks of a
-    tensor-parallel model compute one forward together, so their collectives would mix
-    different batches."""
-    if world == 1 or not hasattr(model, "named_modules"):
-        return
-    try:
-        from torch.distributed.fsdp import FSDPModule
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # a build without them: no such model
-        return
-    under_fsdp: set[int] = set()
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            under_fsdp.update(id(m) for m in module.modules())
-    for name, module in model.named_modules():
-        for pname, param in module.named_parameters(recurse=False):
-            if isinstance(param, DTensor) and (
-                id(module) not in under_fsdp or param.device_mesh.ndim > 1
-            ):
-                raise ExtractionError(
-                    f"parameter {f'{name}.{pname}' if name else pname!r} is sharded by "
-                    "tensor parallel: tl.extract splits the batches between the processes, "
-                    "but tensor-parallel ranks compute each forward together; extract from "
-                    "the unsharded model (or an FSDP2 or DDP one), or trace each batch on "
-                    "every rank with tl.trace and read the shards back with "
-                    "tl.distributed.load_ranks (docs/distributed.md)",
-                    code="tensor_parallel",
-                )

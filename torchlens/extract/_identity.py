@@ -21,7 +21,7 @@ import sys
 from collections import Counter
 from typing import Any
 
-from torchlens.capture.source import is_library_file
+from torchlens.capture import is_library_file
 from torchlens.selectors import Candidates, Selector
 
 __all__ = ["Key", "KeyedSave", "describe_key"]

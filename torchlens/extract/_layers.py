@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from torchlens.capture.api import trace
+from torchlens.capture import trace
 from torchlens.selectors import Candidates, Selector, label, needs_trace, require_match
 
 __all__ = ["resolve_layers"]

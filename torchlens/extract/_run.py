@@ -18,7 +18,7 @@ from torch.nn.parameter import is_lazy
 
 from torchlens._version import __version__
 from torchlens.errors import ExtractionError, InvalidArgumentError
-from torchlens.extract import _distributed, _signals, _store
+from torchlens.extract import _distributed, _signals, _store, _tensor_parallel
 from torchlens.extract._batches import BatchPlan, describe
 from torchlens.extract._read import Extraction, load_extraction
 from torchlens.extract._reduce import Reducer
@@ -54,7 +54,8 @@ def extract(
     process stops, and a time interval bounds what a SIGKILL loses (``flush_s``). Under
     ``torch.distributed`` (e.g. ``torchrun``), rank
     ``r`` runs batches ``r, r + world, ...`` and the finished store is the same as a single
-    process would write.
+    process would write. A tensor-parallel model (``DTensor`` parameters outside FSDP2) runs
+    every batch on every rank, and rank 0 stores each site's global value (shards gathered).
 
     Args:
         model: an ``nn.Module`` or a function of tensors, in eager mode (call ``.eval()``
@@ -117,9 +118,10 @@ def extract(
     selector, reducer = as_selector(save), Reducer(reduce)
     root = Path(to)
     with _signals.guarded() as guard, _process_group() as (rank, world):
-        _distributed.refuse_tensor_parallel(world, model)
+        # tensor parallel: every rank runs every batch, rank 0 stores the global values
+        parallel = _tensor_parallel.tensor_parallel_param(world, model) is not None
         args = _run_args(model, data, selector, stop_after, inputs, targets, reduce)
-        plan = BatchPlan(data, inputs, rank, world)
+        plan = BatchPlan(data, inputs, *((0, 1) if parallel else (rank, world)))
         _distributed.agree(world, root, args, overwrite, plan.order)
         _distributed.on_rank0(world, rank, partial(_store.prepare, root, args, overwrite))
         # what earlier runs left on disk, read before check_shared's gather, which no rank
@@ -131,9 +133,13 @@ def extract(
         run = BatchRunner(model, selector, reducer, stop_after, targets, _device(model, device))
         run.schema = disk_schema
         run.resume(disk_keys)
-        writer = _store.ShardWriter(root, int(shard_mb * 2**20), flush_s, guard.writing)
+        if parallel:
+            run.globalize = _tensor_parallel.Globalize(model, world)
+        writer: Any = _store.ShardWriter(root, int(shard_mb * 2**20), flush_s, guard.writing)
+        if parallel and rank != 0:
+            writer = _tensor_parallel.Discard()
         writer.sources, writer.site_keys = run.sources, run.noted
-        bar = _bar(tqdm, plan, done, rank, world, progress)
+        bar = _bar(tqdm, plan, done, plan.rank, plan.world, progress if rank == 0 else False)
         failure = _run_batches(plan, run, inputs, writer, bar)
         _distributed.settle(world, rank, failure)  # every rank raises if one failed
         if plan.n_batches == 0:

@@ -21,8 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchlens.capture.record import record
-from torchlens.capture.roots import resolve_root
+from torchlens.capture import record, resolve_root
 from torchlens.errors import (
     ExtractionError,
     InvalidArgumentError,
@@ -62,6 +61,9 @@ class BatchRunner:
         # a module's tree, walked once per run (a function's root may name modules first
         # met during a forward: resolved per batch)
         self.root = resolve_root(model) if isinstance(model, nn.Module) else None
+        # (view, value, args, kwargs) -> the value to store: the global tensor of a site
+        # of a tensor-parallel model (extract/_tensor_parallel.py); None: the value itself
+        self.globalize: Any = None
 
     def sites(self, batch: Batch, inputs: Any) -> dict[str, torch.Tensor]:
         args, kwargs = call_args(to_device(pick(batch.data, inputs), self.device))
@@ -91,7 +93,10 @@ class BatchRunner:
         values = {}
         for view, name in self._same_ops(self._named(rec.ops), rec.ops, batch):
             name = self.pass_names.get(name, name)  # a pass of a layer: "layer:pass"
-            reduced = self.reducer(view, view.out, batch.data, name)
+            value = view.out
+            if self.globalize is not None:
+                value = self.globalize(view, value, args, kwargs)
+            reduced = self.reducer(view, value, batch.data, name)
             values[name] = self._row_block(name, reduced, batch)
         if self.targets is not None:
             target = self._target(pick(batch.data, self.targets, "targets"), batch)

@@ -12,7 +12,7 @@
 lazily, so the data model does not depend on io.
 """
 
-from torchlens.capture.sinks import register_stream_sink
+from torchlens.capture import register_stream_sink
 from torchlens.io._load import load
 from torchlens.io._save import save
 from torchlens.io._stream import StreamWriter

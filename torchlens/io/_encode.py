@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from torchlens.capture.tree import ArgSlot, TemplateDataclass
+from torchlens.capture import ArgSlot, TemplateDataclass
 
 __all__ = ["encode", "encode_output", "decode", "Unencodable"]
 

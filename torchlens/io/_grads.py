@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from torchlens.capture.grads import GradMapping, GradStore
+from torchlens.capture import GradMapping, GradStore
 from torchlens.errors import GradUnavailableError, TraceFileError
 from torchlens.io import _layout
 from torchlens.io._payloads import stored_form

@@ -81,10 +81,10 @@ def load(path: str | os.PathLike) -> Trace:
         raise _corrupt_manifest(root, f"{type(err).__name__}: {err}") from None
     if reason is not None:
         trace.meta["output_unavailable"] = reason
-    grads = read_grads(root, set(trace._by_label))
+    grads = read_grads(root, {r.label for r in (*trace.ops, *trace.sources)})
     if grads is not None:
         for record in (*trace.ops, *trace.sources):
-            record._grads = grads
+            record.grad_store = grads
         trace.grad_session = LoadedGrads(grads)
     return trace
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from torchlens.capture.tree import fill, flatten
+from torchlens.capture import fill, flatten
 from torchlens.io._encode import Unencodable, decode, encode, encode_output
 from torchlens.io._funcs import UnresolvableFunc, func_ref, resolve_func
 from torchlens.io._payloads import dtype_name, parse_dtype
@@ -221,7 +221,7 @@ def _status_from(data: dict) -> Any:
     """The validation status kept with the trace, or None (files without one)."""
     if "status" not in data:
         return None
-    from torchlens.replay.status import ReplayStatus  # (a layer above io: loaded lazily)
+    from torchlens.replay import ReplayStatus
 
     return ReplayStatus.from_json(_dict(data["status"]))
 
@@ -260,8 +260,8 @@ def _op_from_json(d: dict, store: PayloadStore, rng: dict[str, torch.Tensor]) ->
         is_inplace=bool(d["is_inplace"]),
         children=_strs(d["children"]),
         meta={key: decode(value) for key, value in _dict(d["meta"]).items()},
-        _store=store,
     )
+    op.store = store
     if d["rng_state"] is not None:
         op.rng_state = {n: rng[f"call_{op.call_index}/{n}"] for n in _strs(d["rng_state"])}
     if d["func"] is not None:
@@ -280,7 +280,7 @@ def _op_from_json(d: dict, store: PayloadStore, rng: dict[str, torch.Tensor]) ->
 
 
 def _source_from_json(d: dict, store: PayloadStore) -> Source:
-    return Source(
+    source = Source(
         label=_str(d["label"]),
         kind=_str(d["kind"]),
         path=_str(d["path"]),
@@ -289,8 +289,9 @@ def _source_from_json(d: dict, store: PayloadStore) -> Source:
         device=torch.device(_str(d["device"])),
         requires_grad=bool(d["requires_grad"]),
         children=_strs(d["children"]),
-        _store=store,
     )
+    source.store = store
+    return source
 
 
 def _module_from_json(d: dict) -> ModuleCall:

@@ -11,11 +11,17 @@ from typing import Any
 
 import torch
 
-from torchlens.capture import rng
-from torchlens.capture.api import normalize_call, trace_for_check
-from torchlens.capture.builder import TRANSFORM_RESULT, UNSEEN_COMPUTATION, WITHOUT_GRAD
-from torchlens.capture.refusals import check_traceable
-from torchlens.capture.session import refuse_reentry, suspended
+from torchlens.capture import (
+    TRANSFORM_RESULT,
+    UNSEEN_COMPUTATION,
+    WITHOUT_GRAD,
+    check_traceable,
+    normalize_call,
+    refuse_reentry,
+    rng,
+    suspended,
+    trace_for_check,
+)
 from torchlens.errors import InvalidArgumentError
 from torchlens.replay.backward import validate_backward
 from torchlens.replay.completeness import check_completeness, look_first

@@ -27,12 +27,18 @@ from typing import Any
 
 import torch
 
-from torchlens.capture import rng
-from torchlens.capture.api import normalize_call
-from torchlens.capture.api import trace as capture
-from torchlens.capture.grads import default_loss, grad_untracked
-from torchlens.capture.session import suspended
-from torchlens.capture.tree import fill, flatten
+from torchlens.capture import (
+    default_loss,
+    fill,
+    flatten,
+    grad_untracked,
+    normalize_call,
+    rng,
+    suspended,
+)
+from torchlens.capture import (
+    trace as capture,
+)
 from torchlens.errors import GradUnavailableError, PayloadUnavailableError
 from torchlens.replay.exemptions import MUTATES_ARGUMENTS
 from torchlens.replay.findings import Findings

@@ -33,9 +33,7 @@ from typing import Any
 
 import torch
 
-from torchlens.capture import rng
-from torchlens.capture.api import trace_for_check
-from torchlens.capture.tree import flatten
+from torchlens.capture import flatten, rng, trace_for_check
 from torchlens.errors import PayloadUnavailableError
 from torchlens.replay.escape_values import (
     Budget,

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import torch
 
 from torchlens._tensors import inner_of
-from torchlens.capture.tree import fill
+from torchlens.capture import fill
 from torchlens.replay.cut_rules import cut_points
 from torchlens.replay.exemptions import (
     ON_META,

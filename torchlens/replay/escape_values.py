@@ -22,10 +22,14 @@ import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
-from torchlens.capture.composite import opened_body
-from torchlens.capture.mode import functorch_level
-from torchlens.capture.naming import FUNC_INFOS, func_info
-from torchlens.capture.special import SETTLES, SPECIAL_OUTPUTS
+from torchlens.capture import (
+    FUNC_INFOS,
+    SETTLES,
+    SPECIAL_OUTPUTS,
+    func_info,
+    functorch_level,
+    opened_body,
+)
 
 __all__ = [
     "UNCHANGED",

@@ -31,9 +31,7 @@ from typing import Any
 
 import torch
 
-from torchlens.capture.grad_calls import BACKWARDS, backward_roles
-from torchlens.capture.tree import ArgSlot, fill, flatten
-from torchlens.capture.unseen import UNSEEN_META
+from torchlens.capture import BACKWARDS, UNSEEN_META, ArgSlot, backward_roles, fill, flatten
 from torchlens.replay.exemptions import may_write_arguments
 from torchlens.replay.tolerances import mismatch
 

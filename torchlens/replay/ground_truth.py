@@ -19,11 +19,7 @@ import torch
 from torch import nn
 
 from torchlens._tensors import copy_keeping_layout, storage_key, version_of
-from torchlens.capture import rng
-from torchlens.capture.record import record
-from torchlens.capture.special import SETTLES
-from torchlens.capture.tree import fill, flatten
-from torchlens.capture.walk import every_address, named_tensors
+from torchlens.capture import SETTLES, every_address, fill, flatten, named_tensors, record, rng
 from torchlens.errors import PayloadUnavailableError
 from torchlens.replay.escape_values import PerturbingMode, Plan
 from torchlens.replay.findings import Findings

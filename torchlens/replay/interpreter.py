@@ -21,12 +21,19 @@ from typing import Any
 import torch
 
 from torchlens._tensors import write_through
-from torchlens.capture import rng
-from torchlens.capture.autocast import autocast_applied
-from torchlens.capture.controls import reapply
-from torchlens.capture.special import SETTLES, SPECIAL_OUTPUTS
-from torchlens.capture.tree import ArgSlot, fill, flatten, is_atom, slots_in_order
-from torchlens.capture.unseen import UNSEEN_META
+from torchlens.capture import (
+    SETTLES,
+    SPECIAL_OUTPUTS,
+    UNSEEN_META,
+    ArgSlot,
+    autocast_applied,
+    fill,
+    flatten,
+    is_atom,
+    reapply,
+    rng,
+    slots_in_order,
+)
 from torchlens.errors import DistributedError, PayloadUnavailableError
 from torchlens.replay.edges import EdgeProver
 from torchlens.replay.exemptions import MAY_BE_UNINITIALIZED, may_write_arguments, value_exempt
@@ -34,13 +41,17 @@ from torchlens.replay.grad_replay import GRAD_FUNCS, differentiate, unseen_verdi
 from torchlens.replay.tolerances import mismatch
 from torchlens.replay.written_over import MadeRefreshes
 
-__all__ = ["Interpreter", "Checker", "Unreplayable", "calls", "LOCKSTEP"]
+__all__ = ["Interpreter", "Checker", "Unreplayable", "calls", "LOCKSTEP", "RESTORES"]
 
 # Calls that every process of a distributed run must rerun together (collectives):
 # function -> ``check(op)``, run before each rerun of ``op``; it raises a typed error when
 # the processes are not at the same call, instead of letting one wait on the others.
 # Filled by ``torchlens.distributed``.
 LOCKSTEP: dict[Any, Callable[[Any], None]] = {}
+# Calls whose recorded arguments hold plain stand-ins for live objects (a collective's
+# process group, kept by name and ranks: see torchlens.distributed.release): function ->
+# ``restore(args, kwargs) -> (args, kwargs)`` with the live objects back, before each rerun.
+RESTORES: dict[Any, Callable[[tuple, dict], tuple[tuple, dict]]] = {}
 
 Tensor = torch.Tensor
 
@@ -141,7 +152,7 @@ class Interpreter:
         n = len(op.parent_args)
         settle = _settle_of(func)
         if settle is not None:  # (a collective: each rerun waits for what it writes)
-            func = _settled(func, settle, LOCKSTEP.get(func), op)
+            func = _settled(func, settle, LOCKSTEP.get(func), op, RESTORES.get(func))
         if special is None and slots_in_order(args_template, kwargs_template, n):
             return _flat_runner(func, args_template[n:], kwargs_template)
         fill_args, fill_kwargs = _filler(args_template), _filler(kwargs_template)
@@ -182,12 +193,19 @@ def _settle_of(func: Any) -> Callable[[Any], None] | None:
 
 
 def _settled(
-    func: Callable[..., Any], settle: Callable[[Any], None], check: Callable | None, op: Any
+    func: Callable[..., Any],
+    settle: Callable[[Any], None],
+    check: Callable | None,
+    op: Any,
+    restore: Callable | None = None,
 ) -> Callable[..., Any]:
     """``func`` that first checks that every process reruns it too (``LOCKSTEP``), and
-    returns once what it writes is written (``SETTLES``)."""
+    returns once what it writes is written (``SETTLES``); its arguments' stand-ins made
+    live again first (``RESTORES``)."""
 
     def call(*args: Any, **kwargs: Any) -> Any:
+        if restore is not None:
+            args, kwargs = restore(args, kwargs)
         if check is not None:
             check(op)
         result = func(*args, **kwargs)

@@ -11,7 +11,7 @@ from collections import Counter
 from operator import attrgetter
 from typing import Any
 
-from torchlens.capture.tree import ArgSlot, is_atom, slots_in_order
+from torchlens.capture import ArgSlot, is_atom, slots_in_order
 
 __all__ = ["lint"]
 

@@ -16,8 +16,7 @@ from typing import Any
 
 import torch
 
-from torchlens.capture import rng
-from torchlens.capture.tree import flatten
+from torchlens.capture import flatten, rng
 from torchlens.errors import PayloadUnavailableError
 from torchlens.replay.escape_values import PerturbingMode, Plan, fingerprint, recorded_groups
 from torchlens.replay.exemptions import MAY_BE_UNINITIALIZED

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from torchlens._store import WrittenOver
-from torchlens._tensors import _storage_address, dense, geometry_end, write_through
+from torchlens._tensors import dense, geometry_end, storage_address, write_through
 from torchlens.replay.memory import surviving_parents
 
 __all__ = ["MadeRefreshes", "recipe_of"]
@@ -100,9 +100,7 @@ class MadeRefreshes:
 def _alone(tensor: Tensor) -> bool:
     """Whether nothing but the caller's one name holds ``tensor``, and nothing else its
     memory (no view of it)."""
-    return (
-        sys.getrefcount(tensor) <= _ONE_NAME and _storage_use_count(_storage_address(tensor)) == 1
-    )
+    return sys.getrefcount(tensor) <= _ONE_NAME and _storage_use_count(storage_address(tensor)) == 1
 
 
 def _references_to_one_name() -> int:

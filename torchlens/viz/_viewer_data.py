@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from torchlens.capture.tree import ArgSlot
+from torchlens.capture import ArgSlot
 from torchlens.trace import Op, Trace
 from torchlens.viz.graph import LAYOUT_FUNCS
 from torchlens.viz.repeats import CallKey, find_repeats

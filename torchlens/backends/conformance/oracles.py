@@ -16,8 +16,8 @@ import torch
 
 from torchlens.backends.conformance.cases import ConformanceCase
 from torchlens.backends.protocol import BackendProtocol
-from torchlens.capture.tree import flatten
-from torchlens.replay.lint import lint
+from torchlens.capture import flatten
+from torchlens.replay import lint
 from torchlens.trace import Trace
 
 __all__ = ["CaseRun", "ORACLES", "OracleResult", "OutcomeState"]
