@@ -106,7 +106,7 @@ def look_first(
         plan = Plan(None).start(budget, captured=False)
         first = FirstLook(*_light_forward(model, args, kwargs, rngs[0], plan, expected, state))
         # (a model whose escapes are all bools, most, pays nothing here: asked first)
-        downs = plan.downs & first.mode.reentered  # (numbers only Python read: not probed)
+        downs = plan.downs & first.mode.reentered  # (fine floats only Python read: not probed)
         if downs and reference is not None and _settled(first, reference, tolerances):
             rng.restore(rngs[1])
             state.rewind()

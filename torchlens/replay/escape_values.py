@@ -285,6 +285,7 @@ class Diverged(BaseException):
 
 
 _WATCHED_ITEMS = 256  # a list escape longer than this counts as taken by torch (not watched)
+_COARSE = 1024  # a float that many times over is whole is on a grid Python constants share
 
 
 class PerturbingMode(TorchFunctionMode):
@@ -404,12 +405,16 @@ class PerturbingMode(TorchFunctionMode):
     def _track(self, call: int, value: Any, was: Any) -> None:
         """Watch for ``value`` (escape ``call``'s moved number; ``was``, its own) coming
         back into a torch call as an argument: a threshold (``x > t``), a size, an index.
-        Those are probed the other way too, and so is a float whose own value is a whole
-        number (``assert y.min().item() >= 0.0``: the constant Python compares it with is
-        likely that number); a number only Python reads otherwise (a count, ``if n <
-        limit:``) is not (see ``replay/completeness.py``). What cannot be watched by value
-        (an array, a long list) counts as taken."""
-        if type(was) is float and math.isfinite(was) and was.is_integer():
+        Those are probed the other way too, and so is any number Python may compare with
+        a constant equal to it: an int (a count against a limit, ``if n <= limit:``,
+        crosses it one way only) and a float on a coarse binary grid (``assert y.min()
+        .item() >= 0.0``, ``if p > 0.5:``: such constants are likely that number). Only
+        a float of fine grain that Python alone reads is not (see
+        ``replay/completeness.py``). What cannot be watched by value (an array, a long
+        list) counts as taken."""
+        if type(was) is int or (
+            type(was) is float and math.isfinite(was) and (was * _COARSE).is_integer()
+        ):
             self.reentered.add(call)
             return
         numbers = value if isinstance(value, list) else [value]
