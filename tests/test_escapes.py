@@ -314,10 +314,11 @@ class ModeLog(nn.Module):
     """Notes, at each forward, the function mode it runs under; its escape is read and
     dropped (harmless), or scales the output (a hidden edge)."""
 
-    def __init__(self, scale_by_escape: bool) -> None:
+    def __init__(self, scale_by_escape: bool, reenters: bool = False) -> None:
         super().__init__()
         self.lin = nn.Linear(4, 4)
         self.scale_by_escape = scale_by_escape
+        self.reenters = reenters  # the number comes back into a torch call, changing nothing
         self.modes: list[str] = []
 
     def forward(self, x):
@@ -325,19 +326,24 @@ class ModeLog(nn.Module):
         self.modes.append(type(stack[-1]).__name__ if stack else "none")
         width = float(x.abs().max())
         y = self.lin(x)
+        if self.reenters:
+            y = torch.nan_to_num(y, posinf=width)  # (y holds no inf)
         return y * width if self.scale_by_escape else y
 
 
-def test_first_look_runs_before_the_capture_and_settles_a_harmless_escape():
+@pytest.mark.parametrize("reenters", [True, False])
+def test_first_look_runs_before_the_capture_and_settles_a_harmless_escape(reenters):
     # the ground-truth rerun counts the escapes, the first look runs next (warm, before
-    # the capture), and when nothing moved, the float escape is moved the other way once
-    # (issue 50: a threshold equal to the value is crossed one way only), right after it,
-    # still before the capture (where a forward is cheaper); no capture more
-    model = ModeLog(scale_by_escape=False)
+    # the capture), and when nothing moved, a float escape that came back into a torch
+    # call is moved the other way once (issue 50: a threshold equal to the value is
+    # crossed one way only), right after it, still before the capture (where a forward is
+    # cheaper); one only Python read (and dropped) is not; no capture more
+    model = ModeLog(scale_by_escape=False, reenters=reenters)
     status = _status(model, torch.randn(2, 4))
     assert status.state == "passed" and "completeness" in status.arms
-    assert model.modes == ["_Unrecorded", "PerturbingMode", "PerturbingMode", "CaptureMode"]
-    assert status.model_calls == 4
+    looks = ["PerturbingMode", "PerturbingMode"] if reenters else ["PerturbingMode"]
+    assert model.modes == ["_Unrecorded", *looks, "CaptureMode"]
+    assert status.model_calls == 2 + len(looks)
     assert not status.decisions and not status.hidden_edges
 
 

@@ -14,7 +14,13 @@ import pytest
 import torch
 
 import torchlens as tl
-from torchlens.replay.escape_values import UNCHANGED, Budget, perturbed_down
+from torchlens.replay.escape_values import (
+    UNCHANGED,
+    Budget,
+    PerturbingMode,
+    Plan,
+    perturbed_down,
+)
 from torchlens.replay.status import ReplayStatus
 from torchlens.trace import HiddenEdge
 
@@ -73,6 +79,62 @@ def test_a_threshold_equal_to_an_escaped_value_is_found_by_probing_both_ways(fn,
     status = tl.replay(fn, torch.randn(6))
     assert status.state == "incomplete", str(status)
     assert [str(e).split(" at ")[0] for e in status.hidden_edges] == [edge]
+
+
+@pytest.mark.parametrize(
+    "use, taken",
+    [(lambda x, w: x > w, True),  # a threshold
+     (lambda x, w: torch.full((2,), w), True),  # a fill value
+     (lambda x, w: x[:, : int(w)], False),  # a size made of it in Python: not watched
+     (lambda x, w: torch.nan_to_num(x, posinf=w), True),  # a keyword
+     (lambda x, w: x * 2 if w < 1e9 else x, False),  # only Python compares it
+     (lambda x, w: x * 2, False)],  # read and dropped
+    ids=["threshold", "fill", "python_made", "keyword", "python_only", "dropped"],
+)  # fmt: skip
+def test_only_numbers_that_come_back_into_torch_are_probed_the_other_way(use, taken):
+    # the second direction costs a forward: it is run for a number a torch call takes
+    # back (where a threshold equal to it decides elements), not for a fine-grained float
+    # only Python reads
+    torch.manual_seed(0)
+    mode = PerturbingMode(Plan(None))
+    x = torch.rand(3, 4) + 1
+    with mode:
+        width = float(x.sum())  # about 18, off the coarse grid
+        use(x, width)
+    assert mode.plan.downs == {0}
+    assert mode.reentered == ({0} if taken else set())
+
+
+@pytest.mark.parametrize("limit", [12, 11])
+def test_a_count_only_python_compares_is_probed_both_ways(limit):
+    # ``n <= limit`` with n == 12 == limit turns only when n moves up, ``n >= 12`` with
+    # n == 12 only when it moves down: an int is probed the other way whatever reads it
+    def count_capped(x):
+        n = int((x > 0).sum())
+        return x * 2 if n <= limit else x * 3
+
+    x = torch.rand(3, 4) + 1
+    mode = PerturbingMode(Plan(None))
+    with mode:
+        count_capped(x)
+    assert mode.reentered == {0}
+    status = tl.replay(count_capped, x)
+    if limit == 12:
+        assert status.state == "incomplete", str(status)
+        assert [str(e).split(" at ")[0] for e in status.hidden_edges] == [
+            "sum_1 -> mul_1 via int()"
+        ]
+    else:
+        assert status.state == "incomplete", str(status)
+
+
+def test_a_whole_float_only_python_reads_is_probed_the_other_way():
+    # (assert y.min().item() >= 0.0: the constant Python compares with is likely the value)
+    mode = PerturbingMode(Plan(None))
+    with mode:
+        low = torch.rand(3).relu().min().clamp(max=0.0).item()
+        assert low == pytest.approx(0.0, abs=0.01)
+    assert mode.reentered == {0}
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numbers
 import time
 from collections.abc import Mapping
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -43,6 +44,16 @@ from torchlens.replay.status import ReplayStatus
 __all__ = ["validate", "replay", "check_trace", "before_trace", "attach_status"]
 
 SCOPES = ("forward", "backward")
+
+# the trace tl.trace(..., validate=True) keeps, while attach_status validates it: replay
+# compares its outputs with the ground-truth rerun too (see _compare_kept)
+_KEPT: ContextVar[Any] = ContextVar("torchlens_kept_trace", default=None)
+_KEPT_DIFFERS = (
+    "the trace kept (tl.trace(..., validate=True)) differs from validation's plain forward "
+    "started from the buffers and RNG state its capture started from: state the model keeps "
+    "in Python moved on at the capture (a flag set by a first-call initialization, a step "
+    "counter), so validation checked another forward than the one traced"
+)
 
 
 def validate(
@@ -139,6 +150,7 @@ def replay(
     args, kwargs = normalize_call(args, kwargs, model)
     check_traceable(model)  # refusals come before the model runs at all
     refuse_reentry()
+    kept = _KEPT.get()
     # The ground-truth rerun goes first: on a heap not yet holding the trace's values it
     # costs what a plain forward costs. The capture then starts from the same state.
     state = ModelState(model)
@@ -198,6 +210,8 @@ def replay(
     note_moved_parameters(
         findings, moved_parameters, "the capture could not start where the rerun did"
     )
+    if kept is not None and not moved_parameters and not uncopied:
+        _compare_kept(kept, reference, findings, atol, rtol)
     if not moved_parameters:
         outcome = Findings(trace) if uncopied else findings
         compare_outputs(trace, expected_outputs(trace), reference, outcome, atol, rtol)
@@ -206,7 +220,7 @@ def replay(
         if intervene is None and any(f.arm == "ground_truth" for f in findings.failures):
             calls += 1  # one more plain forward: does the model differ from itself?
             _check_self_difference(model, spare, start, host, state, reference, trace,
-                                   findings, atol, rtol)  # fmt: skip
+                                   findings, atol, rtol, after_rerun)  # fmt: skip
     rng.restore(after_capture)
     arms = ("lint", "ground_truth", *arms[1:])
     if trace.escapes:
@@ -257,13 +271,21 @@ def attach_status(
     (``run(model, args, kwargs)``; default :func:`replay`) makes the status, which is
     returned."""
     model, (args, kwargs), state, start, host = before
+    left = ModelState(model)  # as the capture left it
     state.rewind()  # back to where the capture started
     rng.restore(start)
     rng.restore(host)
-    if run is None:
-        status = replay(model, args, kwargs, intervene=intervene)
-    else:
-        status = run(model, args, kwargs)
+    token = _KEPT.set(trace)
+    try:
+        if run is None:
+            status = replay(model, args, kwargs, intervene=intervene)
+        else:
+            status = run(model, args, kwargs)
+    finally:
+        _KEPT.reset(token)
+        # (Python-side state validation cannot rewind: a flag the capture set with the
+        # buffers it initialised, which the rewind above put back)
+        left.rewind()
     trace.status = status
     found = getattr(status, "hidden_edges", ())
     trace.hidden_edges.extend(e for e in found if e not in trace.hidden_edges)
@@ -346,21 +368,46 @@ def _check_payloads(trace: Any, findings: Findings, atol, rtol) -> tuple[str, ..
 
 def _check_self_difference(
     model: Any, inputs: tuple, start: Any, host: Any, state: ModelState, reference: Any,
-    trace: Any, findings: Findings, atol, rtol,
+    trace: Any, findings: Findings, atol, rtol, after_rerun: dict,
 ) -> None:  # fmt: skip
     """When the ground truth differs, one more plain forward from where the first started
-    tells the model's own variation (``unverified``) from a capture error (``failed``); the
-    model is then left as the capture left it."""
+    tells the model's own variation (``unverified``) from a capture error (``failed``).
+
+    A capture error leaves the model as the capture left it. A model that differs from
+    itself is left as the first plain forward (the rerun) left it, its buffers holding
+    ``after_rerun`` (see :meth:`ModelState.rewind`): the capture started from buffers
+    rewound while Python-side state had moved on (a flag ``self.initialized = True`` set
+    by a first-call initialisation of buffers), and what it left is what no plain call
+    leaves."""
     left = ModelState(model)
     state.rewind()
+    reason = None
     try:
-        reason = differs_from_itself(model, inputs, start, host, reference, trace, atol, rtol)
+        reason = differs_from_itself(
+            model, inputs, start, host, reference, trace, atol, rtol, state
+        )  # fmt: skip
     except Exception:  # noqa: BLE001 - validation returns: the difference stays a failure
-        reason = None
-    finally:
+        pass
+    if reason is None:
         left.rewind()
-    if reason is not None:
-        note_self_difference(findings, reason)
+        return
+    state.leave(after_rerun)
+    note_self_difference(findings, reason)
+
+
+def _compare_kept(kept: Any, reference: Any, findings: Findings, atol, rtol) -> None:
+    """The outputs of the trace ``kept`` must be what the ground-truth rerun returned, as
+    the validated capture's are; where they differ, the ground-truth arm is unverified
+    (the model differs from itself between the capture and validation), never failed."""
+    outcome = Findings(kept)
+    try:
+        compare_outputs(kept, expected_outputs(kept), reference, outcome, atol, rtol)
+    except Exception:  # noqa: BLE001 - a kept trace without its values: nothing to compare
+        return
+    for difference in outcome.failures:
+        findings.unchecked(
+            difference.label, "ground_truth", f"{_KEPT_DIFFERS} [{difference.reason}]"
+        )
 
 
 def _budget(watched: Any, seconds: float) -> Budget:

@@ -27,6 +27,7 @@ values perturbed (``replay/escape_values.py``) and watches what moves:
 from __future__ import annotations
 
 import warnings
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +48,7 @@ from torchlens.replay.escape_values import (
 from torchlens.replay.exemptions import MAY_BE_UNINITIALIZED
 from torchlens.replay.findings import Findings
 from torchlens.replay.ground_truth import ModelState, copy_inputs, expected_outputs
+from torchlens.replay.param_guard import ParamGuard
 from torchlens.replay.tolerances import differs, tolerance
 from torchlens.trace import Escape, HiddenEdge, Trace
 
@@ -102,14 +104,15 @@ def look_first(
     try:
         args, kwargs = copy_inputs(*inputs)
         plan = Plan(None).start(budget, captured=False)
-        first = FirstLook(*_light_forward(model, args, kwargs, rngs[0], plan, expected))
+        first = FirstLook(*_light_forward(model, args, kwargs, rngs[0], plan, expected, state))
         # (a model whose escapes are all bools, most, pays nothing here: asked first)
-        if plan.downs and reference is not None and _settled(first, reference, tolerances):
+        downs = plan.downs & first.mode.reentered  # (fine floats only Python read: not probed)
+        if downs and reference is not None and _settled(first, reference, tolerances):
             rng.restore(rngs[1])
             state.rewind()
             args, kwargs = copy_inputs(*inputs)
             down = Plan(None, -1).start(budget, captured=False)
-            first.down = _light_forward(model, args, kwargs, rngs[0], down, expected)
+            first.down = _light_forward(model, args, kwargs, rngs[0], down, expected, state)
         return first
     finally:
         rng.restore(rngs[1])
@@ -130,12 +133,17 @@ def _settled(first: FirstLook, reference: Any, tolerances: tuple) -> bool:
 
 def _light_forward(
     model: Any, args: tuple, kwargs: dict, start: Any, plan: Plan,
-    expected: PerturbingMode | None = None, fingerprints: bool = True,
+    expected: PerturbingMode | None = None, state: ModelState | None = None,
+    fingerprints: bool = True,
 ) -> tuple[list[torch.Tensor] | None, PerturbingMode, BaseException | None]:  # fmt: skip
     """A plain forward under a :class:`PerturbingMode` with ``plan`` (stopping where it
     leaves ``expected``'s path): (the tensors it returned, detached so their graph is
-    freed, or None when it stopped; the mode; the error it raised)."""
+    freed, or None when it stopped; the mode; the error it raised). A parameter the
+    forward writes (a perturbed flag re-running a first-call initialisation) is copied
+    first into ``state``, whose next rewind puts it back."""
     mode = PerturbingMode(plan, expected, fingerprints=fingerprints)
+    if state is not None:
+        mode.guard = ParamGuard(state)
     try:
         with rng.restored(start), mode, warnings.catch_warnings():
             warnings.simplefilter("ignore")  # (the ground-truth run showed the model's own)
@@ -187,14 +195,15 @@ class _Runner:
         args, kwargs = self._fresh()
         plan.start(self.budget, captured=False)
         return _light_forward(
-            self.model, args, kwargs, self.start, plan, self.expected, fingerprints
+            self.model, args, kwargs, self.start, plan, self.expected, self.state, fingerprints
         )
 
     def captured(self, plan: Plan) -> tuple[Trace | None, BaseException | None]:
         args, kwargs = self._fresh()
         plan.start(self.budget, captured=True)
         try:
-            with rng.restored(self.start), warnings.catch_warnings():
+            guard = ParamGuard(self.state) if self.state is not None else nullcontext()
+            with rng.restored(self.start), warnings.catch_warnings(), guard:
                 warnings.simplefilter("ignore")  # (the ground-truth run showed the model's own)
                 return trace_for_check(
                     self.model, args, kwargs, intervene=self.intervene, escape_hook=plan
@@ -256,6 +265,9 @@ class _Arm:
         self._drifting: set[str] | None = None  # see _without_drift, made on first need
         self.direction = 1  # which way the escaped values move (see run)
         self._drift_known: bool | None = None  # see _drifts
+        # the escapes whose moved numbers came back into a torch call (see run); None
+        # when not watched (edited forwards run captured only)
+        self.taken: set[int] | None = set() if runner.intervene is None else None
 
     def run(self) -> tuple[list[HiddenEdge], list[str]]:
         """Rounds with the escaped values moved one way, then, for the numbers that can
@@ -267,6 +279,7 @@ class _Arm:
         pending = {
             c for c in pending
             if _two_way(self.calls[c][0]) and self.calls[c][0].label not in found
+            and (self.taken is None or c in self.taken)
         }  # fmt: skip
         if pending:
             self._rounds(pending)
@@ -316,13 +329,13 @@ class _Arm:
             k = _divergence(vias, self.vias)
             if not self._outputs_moved(output):
                 if k is not None:
-                    blame = self._last_before(plan, k)
+                    blame = self._escape_moved(plan, mode, k)
                     self._decided(blame, "changed which ops ran; the outputs stayed the same")
                     return None
                 if not self._inside_moved(mode) or self._drifts():
                     return None  # nothing moved, out or inside: no dependency to look for
             elif k is not None:  # Python took another path: no capture needed to know that
-                return self._decided(self._last_before(plan, k), "changed which ops ran")
+                return self._decided(self._escape_moved(plan, mode, k), "changed which ops ran")
             else:
                 j = _divergence(mode.calls, recorded_calls(self.trace))
                 blame = None if j is None else self._bool_before(plan, mode, j)
@@ -357,12 +370,33 @@ class _Arm:
         flipped (both mean the perturbed values changed which ops run)."""
         kind, k = mode.diverged
         if kind == "escape":
-            return self._decided(self._last_before(plan, k), "changed which ops ran")
+            return self._decided(self._escape_moved(plan, mode, k), "changed which ops ran")
         blame = self._bool_before(plan, mode, k)
         return self._decided(
             self._last_before(plan, len(mode.vias)) if blame is None else blame,
             f"changed which ops ran (a {mode.calls[k]} call)",
         )
+
+    def _escape_moved(self, plan: Plan, mode: PerturbingMode, k: int) -> int | None:
+        """The escape that decided a light forward's escape calls parting from the
+        unperturbed one's at ``k``: the last moved before the first other op, when other
+        ops ran before (see :meth:`_before_other_ops`), else the last moved before ``k``."""
+        blame = self._before_other_ops(plan, mode, k)
+        return self._last_before(plan, k) if blame is None else blame
+
+    def _before_other_ops(self, plan: Plan, mode: PerturbingMode, k: int) -> int | None:
+        """When other ops ran before the forward met escape call ``k`` out of place, the
+        last escape ``plan`` moved before the first of them: what decided the branch (a
+        flag read with ``.item()`` that re-runs an initialisation, whose own escapes then
+        come where the unperturbed forward made others of the same kind)."""
+        expected = self.runner.expected
+        j = None if expected is None else _divergence(mode.calls, expected.calls)
+        if j is None:
+            return None
+        calls = [
+            c for c in sorted(plan.moved) if c < min(k, len(mode.at)) and mode.at[c] <= j
+        ]  # fmt: skip
+        return self._prefer_control(calls) if calls else None
 
     def _bool_before(self, plan: Plan, mode: PerturbingMode, j: int) -> int | None:
         """The last bool escape ``plan`` flipped in ``mode``'s forward before its call
@@ -383,8 +417,13 @@ class _Arm:
         if first is None or plan.calls != frozenset(self.calls):
             # (a model whose intermediates drift by themselves has them left uncompared:
             # their fingerprints are not paid for)
-            return self.runner.light(plan, fingerprints=not self._drift_known)
+            ran = self.runner.light(plan, fingerprints=not self._drift_known)
+            if self.taken is not None:
+                self.taken |= ran[1].reentered
+            return ran
         plan.moved = first.mode.plan.moved & plan.calls
+        if self.taken is not None:
+            self.taken |= first.mode.reentered
         return first.output, first.mode, first.error
 
     def _light_down(self, plan: Plan) -> tuple[list | None, PerturbingMode, BaseException | None]:

@@ -284,6 +284,10 @@ class Diverged(BaseException):
     ``BaseException``, so a model's ``except Exception`` lets it through."""
 
 
+_WATCHED_ITEMS = 256  # a list escape longer than this counts as taken by torch (not watched)
+_COARSE = 1024  # a float that many times over is whole is on a grid Python constants share
+
+
 class PerturbingMode(TorchFunctionMode):
     """A plain forward (nothing recorded) whose escapes give ``plan``'s values.
 
@@ -328,6 +332,13 @@ class PerturbingMode(TorchFunctionMode):
         self._max_ops = getattr(plan, "ops", 1 << 62)
         self._deadline = getattr(plan, "deadline", math.inf)
         self._level = functorch_level()
+        # a ParamGuard whose state copies a parameter before a call writes it (not pushed:
+        # this mode asks it first)
+        self.guard: Any = None
+        # numbers the plan moved, until a later torch call takes them as an argument:
+        # value -> escape calls; those taken are in ``reentered`` (see _track)
+        self._numbers: dict[Any, list[int]] = {}
+        self.reentered: set[int] = set()
 
     def _over(self, calls: int) -> None:
         """Raise :class:`OverBudget` past the plan's calls (``calls``, those noted from the
@@ -340,6 +351,10 @@ class PerturbingMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.guard is not None and self.guard.writes(func):
+            self.guard.before(func, args, kwargs)
+        if self._numbers:
+            self._taken(args, kwargs)
         try:
             info = FUNC_INFOS[func]
         except (KeyError, TypeError):
@@ -383,7 +398,55 @@ class PerturbingMode(TorchFunctionMode):
         value = self.plan(len(self.vias) - 1, result)
         if isinstance(result, bool) and value is not result:
             self.flipped = True
+        elif value is not result:
+            self._track(len(self.vias) - 1, value, result)
         return value
+
+    def _track(self, call: int, value: Any, was: Any) -> None:
+        """Watch for ``value`` (escape ``call``'s moved number; ``was``, its own) coming
+        back into a torch call as an argument: a threshold (``x > t``), a size, an index.
+        Those are probed the other way too, and so is any number Python may compare with
+        a constant equal to it: an int (a count against a limit, ``if n <= limit:``,
+        crosses it one way only) and a float on a coarse binary grid (``assert y.min()
+        .item() >= 0.0``, ``if p > 0.5:``: such constants are likely that number). Only
+        a float of fine grain that Python alone reads is not (see
+        ``replay/completeness.py``). What cannot be watched by value (an array, a long
+        list) counts as taken."""
+        if type(was) is int or (
+            type(was) is float and math.isfinite(was) and (was * _COARSE).is_integer()
+        ):
+            self.reentered.add(call)
+            return
+        numbers = value if isinstance(value, list) else [value]
+        if isinstance(value, list) and len(value) <= _WATCHED_ITEMS:
+            numbers = [v for item in value for v in (item if isinstance(item, list) else [item])]
+        if len(numbers) > _WATCHED_ITEMS or not all(type(v) in (int, float) for v in numbers):
+            self.reentered.add(call)
+            return
+        for number in numbers:
+            self._numbers.setdefault(number, []).append(call)
+
+    def _taken(self, args: tuple, kwargs: dict) -> None:
+        """Note the watched numbers among a call's arguments (and inside its tuples,
+        lists and slices: ``x[:, :n]``, ``x.new_zeros((n, 4))``)."""
+        for arg in (*args, *kwargs.values()) if kwargs else args:
+            kind = type(arg)
+            if kind is int or kind is float:
+                self._take(arg)
+            elif kind is tuple or kind is list or kind is slice or kind is torch.Size:
+                for item in (arg.start, arg.stop, arg.step) if kind is slice else arg:
+                    if type(item) is slice:
+                        self._take(item.start)
+                        self._take(item.stop)
+                        self._take(item.step)
+                    else:
+                        self._take(item)
+
+    def _take(self, value: Any) -> None:
+        if type(value) is int or type(value) is float:
+            found = self._numbers.pop(value, None)
+            if found is not None:
+                self.reentered.update(found)
 
     def _check(self, expected: list[str], seen: list[str], kind: str) -> None:
         """Stop the forward if the last of ``seen`` is not what ``expected`` ran there and

@@ -339,7 +339,22 @@ def _samples_outside(get: Callable[[int, str, Any], Any]) -> bool:
     at = (g + 1) / 2 * (sizes - 1) if corners else ((g + 1) * sizes - 1) / 2
     reach = {"bilinear": 1.0, "nearest": 0.5, "bicubic": 2.0}[mode]  # pixels read around
     outside = (at < -reach) | (at > sizes - 1 + reach)
-    return bool(outside.any(-1).all())
+    if bool(outside.any(-1).all()):
+        return True
+    if mode == "bicubic":  # (signed weights: a sum of them can be 0 where some are not)
+        return False
+    # exactly on the kernel's edge (bilinear at -1 or at the size, where the nearest
+    # pixel's weight is 0; nearest rounding half to even): torch's own weights say, and
+    # they are never negative here, so ones sampled to zeros everywhere read nothing
+    ones = torch.ones((1, 1, *value.shape[2:]), dtype=grid.dtype, device=grid.device)
+    grid1 = grid.detach().reshape(1, -1, *grid.shape[2:])  # every point, batch of one
+    try:
+        sampled = torch.nn.functional.grid_sample(
+            ones, grid1, mode=mode, padding_mode="zeros", align_corners=corners
+        )  # fmt: skip
+    except RuntimeError:  # (a dtype or device without this kernel)
+        return False
+    return not bool(sampled.any())
 
 
 def _bernoulli_settled(get: Callable[[int, str, Any], Any]) -> bool:

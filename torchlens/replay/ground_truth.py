@@ -154,11 +154,12 @@ class ModelState:
         self.model = model if isinstance(model, nn.Module) else None
         # kept parameters told changed by their values too: those whose .data the forward
         # took, since a write through that alias moves neither version nor memory
-        self.by_value = by_value
+        self.by_value = set(by_value)
         # name -> (buffer, version, copy, address of its memory)
         self.buffers: dict[str, tuple[Tensor, int | None, Tensor, int | None]] = {}
         self.params: dict[str, tuple[Tensor, tuple]] = {}  # name -> (param, _mark)
         self.kept: dict[str, Tensor] = {}  # parameter copies, with keep_parameters
+        self._ids: dict[int, str] | None = None  # see param_ids
         # tensors kept as plain module attributes (torchmetrics' accumulators, counters):
         # (module, name, tensor, version, copy)
         self.attributes: list[tuple[nn.Module, str, Tensor, int | None, Tensor]] = []
@@ -195,6 +196,21 @@ class ModelState:
             for name, (param, mark) in self.params.items()
             if not _same_parameter(current.get(name), param, mark) or self._written(name)
         ]
+
+    def param_ids(self) -> dict[int, str]:
+        """The watched parameters, by ``id``: their names (made once)."""
+        if self._ids is None:
+            self._ids = {id(param): name for name, (param, _) in self.params.items()}
+        return self._ids
+
+    def keep(self, name: str) -> None:
+        """Keep a copy of parameter ``name`` as it is now (a later forward is about to
+        write it, see :class:`~torchlens.replay.param_guard.ParamGuard`), told changed by
+        its values too: :meth:`rewind` puts it back. A parameter kept already (with
+        ``keep_parameters``) keeps its first copy."""
+        if name not in self.kept:
+            self.kept[name] = self.params[name][0].detach().clone()
+        self.by_value.add(name)
 
     def aliased(self, ids: set[int]) -> frozenset[str]:
         """The parameters among ``ids`` (tensors whose ``.data`` a forward took, see
@@ -242,6 +258,21 @@ class ModelState:
                 else:
                     _set_buffer(self.model, name, saved.clone())
         return after
+
+    def leave(self, after: dict[str, Tensor]) -> None:
+        """Rewind, then give the buffers ``after`` names the values it holds (what
+        :meth:`rewind` returned after a forward): the model as that forward left it."""
+        self.rewind()
+        if self.model is None:
+            return
+        current = named_tensors(self.model, "_buffers")
+        with torch.no_grad():
+            for name, value in after.items():
+                now = current.get(name)
+                if now is not None and now.shape == value.shape and now.dtype == value.dtype:
+                    now.copy_(value)
+                else:
+                    _set_buffer(self.model, name, value.clone())
 
     def _rewind_attributes(self) -> None:
         """Put tensor attributes back: the object the attribute held, with its values

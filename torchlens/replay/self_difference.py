@@ -21,6 +21,7 @@ from torchlens.errors import PayloadUnavailableError
 from torchlens.replay.escape_values import PerturbingMode, Plan, fingerprint, recorded_groups
 from torchlens.replay.exemptions import MAY_BE_UNINITIALIZED
 from torchlens.replay.findings import Findings
+from torchlens.replay.param_guard import ParamGuard
 from torchlens.replay.tolerances import differs
 
 __all__ = ["differs_from_itself", "note_self_difference", "SELF_DIFFERENCE"]
@@ -32,12 +33,13 @@ SELF_DIFFERENCE = (
 
 def differs_from_itself(
     model: Any, inputs: tuple[tuple, dict], start: Any, host: Any, reference: Any,
-    trace: Any, atol: float | None, rtol: float | None,
+    trace: Any, atol: float | None, rtol: float | None, state: Any = None,
 ) -> str | None:  # fmt: skip
     """Run one more plain forward of ``model`` on ``inputs`` (a pristine copy, copied
     again here) from torch's RNG state ``start`` (Python's and NumPy's: ``host``, put back
     after) and compare its outputs with ``reference``, the first plain forward's. The
-    caller rewinds the model's state before and after.
+    caller rewinds the model's state before and after; a parameter the forward writes is
+    copied first into ``state`` (a :class:`ModelState`), whose next rewind puts it back.
 
     Returns:
         None when the two plain forwards agree (a ground-truth difference is then the
@@ -48,6 +50,8 @@ def differs_from_itself(
 
     args, kwargs = copy_inputs(*inputs)
     mode = PerturbingMode(Plan(()), fingerprints=True, from_start=True)
+    if state is not None:
+        mode.guard = ParamGuard(state)
     try:
         with rng.restored(start), mode:
             output = model(*args, **kwargs)
@@ -63,7 +67,19 @@ def differs_from_itself(
     if same:
         return None
     label = _first_differing_op(trace, mode)
-    where = f" (the first op whose value differs from the capture's: {label})" if label else ""
+    if label is not None:
+        where = f" (the first op whose value differs from the capture's: {label})"
+    else:  # the second call computed what the capture did: the first call was the odd one
+        moved = [
+            name for name, a, b in zip(trace.output_labels, got, want) if differs(a, b, atol, rtol)
+        ]  # fmt: skip
+        where = (
+            " (the first call differs from the later ones, which agree op by op: a first-call "
+            "initialization or a flag set in Python on the first call; the first output that "
+            f"differs: {moved[0]})"
+            if len(got) == len(want) and moved
+            else ""
+        )
     return (
         f"{SELF_DIFFERENCE}{where}: state the model keeps in Python between calls (a step "
         "counter, a first-call initialization), randomness drawn from outside torch's seed, "
