@@ -41,7 +41,17 @@ LiveEntry = tuple[Any, "str | None", Any, int]
 class LiveVersions:
     """Which live tensor holds which version; see the module docstring."""
 
-    __slots__ = ("entries", "calls", "writers", "unshared", "inference", "slow", "since", "on")
+    __slots__ = (
+        "entries",
+        "calls",
+        "writers",
+        "unshared",
+        "inference",
+        "slow",
+        "since",
+        "on",
+        "last",
+    )
 
     def __init__(self, on_refresh: Any = None, on_unseen: Any = None) -> None:
         self.entries: dict[int, LiveEntry] = {}
@@ -58,6 +68,10 @@ class LiveVersions:
         # called at each refresh stale() finds, in order; and with each value made out of
         # sight (a trace, which asks label_of, passes neither)
         self.on: tuple[Callable[[Tensor], None], Any] = (on_refresh, on_unseen)
+        # the weak reference of the tensor the latest counted call made, while nothing was
+        # counted since and reads are fast (a recording sets it): a module call reads it
+        # without asking its version
+        self.last: Any = None
 
     def remember(self, tensor: Tensor) -> None:
         """``tensor``'s current value is counted now."""
@@ -69,7 +83,7 @@ class LiveVersions:
             except RuntimeError:  # an inference tensor made under a mode the model entered
                 version = None
         if version is None:  # reads must ask stale(): the inline checks read versions
-            self.slow = True
+            self.slow, self.last = True, None
         self.entries[id(tensor)] = (_ref(tensor), None, version, self.calls)
 
     def stale(self, tensor: Tensor) -> bool:
@@ -113,7 +127,7 @@ class LiveVersions:
         first = not self.unshared
         if key is not None:
             self.unshared = self.unshared | {key}
-            self.slow = True
+            self.slow, self.last = True, None
         return first and key is not None
 
     def read(self, args: tuple, kwargs: dict | None) -> None:
@@ -153,12 +167,14 @@ class LiveVersions:
     def _counted(self, tensor: Tensor) -> None:
         """A refresh of ``tensor``: a call of its own, its value counted from now on."""
         self.calls += 1
+        self.last = None
         self.remember(tensor)
         self.on[0](tensor)
 
     def produced(self, name: str, tensors: list[Tensor], inplace: bool) -> None:
         """A call counted as ops produced ``tensors`` (written in place: ``inplace``)."""
         self.calls += 1
+        self.last = None
         if name == "data" or name == "set_data":
             self.note_unshared(tensors[0])
         for tensor in tensors:

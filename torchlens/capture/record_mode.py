@@ -204,8 +204,10 @@ class RecordMode(TorchFunctionMode):
             if not writes and not live.slow and name not in _UNSHARING:
                 calls = live.calls = live.calls + 1  # LiveVersions.produced inline (per op)
                 try:
-                    live.entries[id(result)] = (_ref(result), None, result._version, calls)
+                    ref = live.last = _ref(result)
+                    live.entries[id(result)] = (ref, None, result._version, calls)
                 except RuntimeError:  # an inference tensor made under a mode the model entered
+                    live.last = None
                     live.remember(result)
             else:
                 live.produced(name, [result], writes)
@@ -433,23 +435,24 @@ class RecordMode(TorchFunctionMode):
         """The recording ``forward`` of ``module`` at ``address`` (the tracker's wrapper)."""
         tracker, type_name, live = self.tracker, type(module).__name__, self.live
         thread = tracker.thread
-        entries, key = live.entries, id(module)
+        key, quiet = id(module), self.exits is None  # (exits: every output is named)
 
         def forward_recorded(*args: Any, **kwargs: Any) -> Any:
             if not tracker.on or _thread_id() != thread:
                 return forward(*args, **kwargs)
-            # a tensor the latest counted call produced (or read), nothing counted since: no
-            # write the capture sees can have changed it, so a module call's one input or
-            # output is read without asking its version (which, with this mode on, costs a
-            # torch function call). A write no mode sees (a TorchScript function's) right
-            # before the call is then a refresh at the next read instead.
-            entry = None if kwargs or len(args) != 1 else entries.get(id(args[0]))
+            # the tensor the latest counted call produced (LiveVersions.last), nothing
+            # counted since: no write the capture sees can have changed it, so a module
+            # call's one input or output is read without asking its version (which, with
+            # this mode on, costs a torch function call). A write no mode sees (a
+            # TorchScript function's) right before the call is then a refresh at the next
+            # read instead.
+            last = live.last
             if (
-                entry is not None
-                and entry[3] == live.calls
-                and entry[0]() is args[0]
+                last is not None
+                and not kwargs
+                and len(args) == 1
+                and last() is args[0]
                 and type(args[0]) is Tensor
-                and not live.slow
                 and not self.halt_pending
             ):  # (_push_frame inline)
                 calls = self._calls
@@ -468,9 +471,8 @@ class RecordMode(TorchFunctionMode):
             except BaseException:
                 self._pop_frame(None)
                 raise
-            entry = None if self.exits is not None else entries.get(id(output))
-            quiet = entry is not None and entry[3] == live.calls and not live.slow
-            if quiet and entry[0]() is output and type(output) is Tensor:  # (as the input)
+            last = live.last
+            if last is not None and last() is output and type(output) is Tensor and quiet:
                 self._frames, self._type, self._path = self._trail.pop()
                 return output
             with _no_torch_function():
