@@ -66,6 +66,24 @@ class WriteThroughView(nn.Module):
         return z.relu()
 
 
+class WriteThroughViewBeforeAModule(nn.Module):
+    """Many module calls read the op just made without asking its version (the recording's
+    fast path); then ``y`` is written through another view of its base right before
+    ``act`` reads it: the read is a ``refresh`` there, not at ``act``'s first op."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(*[m for _ in range(6) for m in (nn.Linear(4, 4), nn.ReLU())])
+        self.act = nn.ReLU()
+
+    def forward(self, x):
+        a = self.layers(x)
+        v = a[0]
+        y = a.view(2, 4)  # the op just made, which act reads next
+        v.add_(1)  # writes y too (one storage, one version counter)
+        return self.act(y)
+
+
 def test_a_parameter_named_like_an_op_label_gives_the_same_labels_everywhere():
     model, x = ParamNamedLikeAnOp(), torch.randn(2, 4)
     trace = tl.trace(model, x)
@@ -301,3 +319,18 @@ def test_only_root_weights_shaped_like_labels_are_reserved():
         "relu_3",
     ]
     assert op_keys(tl.record(model, x, save=EVERY_OP)) == op_keys(trace)
+
+
+def test_a_write_through_a_view_right_before_a_module_call_is_its_refresh_in_both():
+    model, x = WriteThroughViewBeforeAModule(), torch.randn(2, 4)
+    trace = tl.trace(model, x)
+    names = [op.func_name for op in trace]
+    assert names[-5:] == ["getitem", "view", "add_", "refresh", "relu"]
+    refresh = trace["refresh_1"]
+    assert refresh.index == len(names) - 2
+    rec = tl.record(model, x, save=EVERY_OP)
+    assert op_keys(rec) == op_keys(trace)
+    torch.testing.assert_close(rec["refresh_1"].out, refresh.out)
+    by_index = tl.where(lambda op: op.index == refresh.index)
+    assert tl.record(model, x, save=by_index).labels == ["refresh_1"]
+    assert_extract_agrees(model, x)
