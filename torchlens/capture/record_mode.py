@@ -179,9 +179,7 @@ class RecordMode(TorchFunctionMode):
                         elif entry[2] != arg._version:
                             fresh = False
                             break
-                    elif kind not in ATOMS and (
-                        kind is not tuple or any(type(v) not in ATOMS for v in arg)
-                    ):  # (a shape, as layer_norm's, reads no tensor)
+                    elif kind not in ATOMS:
                         fresh = False
                         break
             except RuntimeError:  # an inference tensor has no version: read() asks
