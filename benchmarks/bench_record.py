@@ -28,6 +28,7 @@ keeps the ratios steady on a shared, busy machine; ``--clock wall`` times wall c
 from __future__ import annotations
 
 import argparse
+import importlib
 import statistics
 import sys
 import time
@@ -45,7 +46,10 @@ from models import BENCH_MODELS  # noqa: E402
 from timing import interleaved_times  # noqa: E402
 
 import torchlens as tl  # noqa: E402
-import torchlens.capture.record as record_api  # noqa: E402
+
+record_api = importlib.import_module(
+    "torchlens.capture.record"
+)  # (the module: capture.record is the function)
 from torchlens.capture.record_mode import RecordMode  # noqa: E402
 
 # model -> (module type whose outputs are kept, keep every k-th of them)
