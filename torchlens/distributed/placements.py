@@ -27,12 +27,16 @@ def _dtensor_type() -> type | None:
     return DTensor
 
 
+def _is_dtensor(value: Any) -> bool:
+    dtensor = _dtensor_type()
+    return dtensor is not None and isinstance(value, dtensor)
+
+
 def placement_of(value: Any) -> dict[str, Any] | None:
     """How ``value`` is laid out across ranks, if it is a ``DTensor`` (else None): the
     placements (one per mesh dimension), the mesh shape, this rank's coordinate on the mesh,
     the global shape and the shape of the local shard it holds."""
-    dtensor = _dtensor_type()
-    if dtensor is None or not isinstance(value, dtensor):
+    if not _is_dtensor(value):
         return None
     mesh = value.device_mesh
     return {

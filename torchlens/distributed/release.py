@@ -28,6 +28,7 @@ import torch
 
 from torchlens._tensors import version_of
 from torchlens.capture import RELEASES, Rewrap, fill, flatten
+from torchlens.distributed.placements import _is_dtensor
 from torchlens.errors import DistributedError
 from torchlens.replay import RESTORES
 
@@ -102,7 +103,7 @@ def _plain(value: Any, meshes: dict[int, Any]) -> Any:
     """``value`` without autograd graph, hooks or process group (see the module's doc)."""
     if not isinstance(value, torch.Tensor):
         return value
-    if type(value).__name__ == "DTensor" and hasattr(value, "_spec"):
+    if _is_dtensor(value):
         spec = value._spec
         if getattr(spec.mesh, "_pg_registry", None) or value.requires_grad:
             unbound = object.__new__(type(spec))  # a copy on the unbound mesh (no checks

@@ -60,10 +60,6 @@ def tensor_parallel_param(world: int, model: Any) -> str | None:
     return None
 
 
-def _is_dtensor(value: Any) -> bool:
-    return hasattr(value, "full_tensor") and hasattr(value, "placements")
-
-
 class Globalize:
     """Turns each site's value on this rank into the global tensor (see the module's doc)."""
 
@@ -74,7 +70,9 @@ class Globalize:
     def __call__(self, view: Any, value: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
         import torch.distributed as dist
 
-        if _is_dtensor(value):
+        from torchlens.distributed import placement_of  # (distributed sits above extract)
+
+        if placement_of(value) is not None:  # a DTensor
             return value.full_tensor()
         mine = value.detach().contiguous()
         group = _group()  # (for objects: gloo beside a NCCL group)
