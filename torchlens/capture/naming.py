@@ -64,6 +64,8 @@ TENSOR_PROPERTIES = frozenset({"T", "mT", "H", "mH", "real", "imag", "data"})
 
 # ``x.data = value`` (the setter of Tensor.data), recorded as a write into ``x``
 SET_DATA = "set_data"
+# x.data and x.data = ...: an alias with a version counter of its own (capture/live.py)
+UNSHARING = frozenset({"data", SET_DATA})
 
 # Calls that never return a tensor: skipped before any bookkeeping, for speed.
 _NEVER_TENSOR_METHODS = frozenset({
@@ -120,6 +122,8 @@ class FuncInfo:
     escape: str | None = None  # its value leaves torch (ESCAPES): recorded as an escape
     settles: bool = False  # returns with its outputs still being written (special.SETTLES)
     backward: bool = False  # a backward call: the .grad it writes are its outputs (grad_calls)
+    # none of the above, and outputs found the usual way: a recording's fast path takes it
+    plain: bool = False
 
 
 # func -> its FuncInfo. The capture modes read it directly on their per-op paths (a dict
@@ -145,6 +149,9 @@ def func_info(func: Callable[..., Any]) -> FuncInfo:
     info = _describe(func)
     if _settles(func) or info.name == "backward":
         info = replace(info, settles=_settles(func), backward=info.name == "backward")
+    plain = not (info.inplace or info.never_tensor or info.opens or info.settles or info.backward)
+    if plain and info.name not in SPECIAL_OUTPUTS and info.name not in UNSHARING:
+        info = replace(info, plain=True)
     try:
         FUNC_INFOS[func] = info
     except TypeError:  # unhashable callables are described afresh each time
@@ -177,7 +184,11 @@ def _schema_writes(func: Callable[..., Any], name: str) -> tuple[int, ...] | Non
         return None
     if not written or (written == (0,) and not name.startswith("_")):
         return None  # nothing, or an in-place op of the usual kind
-    SPECIAL_OUTPUTS.setdefault(name, side_writes(written))
+    if name not in SPECIAL_OUTPUTS:
+        SPECIAL_OUTPUTS[name] = side_writes(written)
+        for other, info in list(FUNC_INFOS.items()):  # one of that name is plain no more
+            if info.plain and info.name == name:
+                del FUNC_INFOS[other]
     return written
 
 

@@ -59,7 +59,6 @@ _UNSEEN = object()
 _thread_id = threading.get_ident
 _ref = weakref.ref
 _Parameter = nn.Parameter
-_UNSHARING = frozenset({"data", "set_data"})  # an alias with a version counter of its own
 _no_torch_function = torch._C.DisableTorchFunction
 
 
@@ -142,6 +141,9 @@ class RecordMode(TorchFunctionMode):
         self.halt_pending = False
         self._level = functorch_level()  # as CaptureMode: torch.func transforms unrecorded
         self.modules: list[tuple[str, nn.Module]] = []  # every module named, as they come
+        # the fast path of __torch_function__ holds: no rule on module outputs (those
+        # name every tensor, and may halt later), no weight named like a label
+        self._quiet = self.exits is None
 
     # -- the per-op path ------------------------------------------------------------------
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -149,6 +151,62 @@ class RecordMode(TorchFunctionMode):
             info = FUNC_INFOS[func]
         except (KeyError, TypeError):  # not seen yet, or unhashable
             info = func_info(func)
+        live = self.live
+        if info.plain and self._quiet and not live.slow and functorch_level() == self._level:
+            # the common call: a plain function (FuncInfo.plain) whose tensor arguments each
+            # hold the value counted, nothing kept that it could write, no rule on module
+            # outputs (LiveVersions.read and .produced inline)
+            entries, fast = live.entries, False
+            try:
+                for arg in args if not kwargs else (*args, *kwargs.values()):
+                    kind = type(arg)
+                    if kind is Tensor or kind is _Parameter:
+                        entry = entries.get(id(arg))
+                        if entry is None or entry[0]() is not arg:  # seen first (a weight)
+                            if kind is Tensor and arg.grad_fn is not None:
+                                break  # maybe made out of sight: LiveVersions.stale asks
+                            entries[id(arg)] = (_ref(arg), None, arg._version, live.calls)
+                        elif entry[2] != arg._version:
+                            break
+                    elif kind not in ATOMS:
+                        break
+                else:
+                    fast = not kwargs or "out" not in kwargs and kwargs.get("inplace") is not True
+            except RuntimeError:  # an inference tensor has no version: stale() asks
+                pass
+            if fast:
+                try:
+                    result = func(*args, **kwargs) if kwargs else func(*args)
+                except Exception as err:  # the model's own error: noted, never wrapped
+                    note_model_error(err, self, info.name)
+                    raise
+                if type(result) is Tensor:
+                    calls = live.calls = live.calls + 1
+                    try:
+                        ref = live.last = _ref(result)
+                        entries[id(result)] = (ref, None, result._version, calls)
+                    except RuntimeError:  # an inference tensor (a mode the model entered)
+                        live.last = None
+                        live.remember(result)
+                    name = info.name  # _count inline, as _quiet allows
+                    count = self.counts[name] = self.counts.get(name, 0) + 1
+                    index = self.n_ops
+                    self.n_ops = index + 1
+                    plan = self._plans.get(name, _UNSEEN)
+                    if plan is None:
+                        return result
+                    if plan is _UNSEEN:
+                        plan = self._plans[name] = self._plan_for(name)
+                        if plan is None:
+                            return result
+                    if type(plan) is _Plan and plan.counts is not None and count not in plan.counts:
+                        return result  # rules by label that name other calls (linear_3)
+                    return self._act(plan, name, count, index, 1, (False, args, kwargs), result)
+                return self._counted_outputs(info, args, kwargs, result, False)
+        return self._call(info, func, args, kwargs)
+
+    def _call(self, info: Any, func: Any, args: tuple, kwargs: dict | None) -> Any:
+        """Every call the fast path of :meth:`__torch_function__` does not take."""
         if info.never_tensor or functorch_level() != self._level:
             if info.escape is not None and functorch_level() == self._level:
                 return self._escape(func, args, kwargs)
@@ -198,26 +256,25 @@ class RecordMode(TorchFunctionMode):
             raise
         if info.settles:  # (a collective in flight: see special.SETTLES)
             SETTLES[func](result)
+        if isinstance(result, Tensor) and info.name not in SPECIAL_OUTPUTS:
+            self.live.produced(info.name, [result], writes)
+            return self._count(info, 1, args, kwargs, result)
+        return self._counted_outputs(info, args, kwargs, result, writes)
+
+    def _counted_outputs(self, info: Any, args: tuple, kwargs: Any, result: Any, writes) -> Any:
+        """A call that made no tensor, several, or tensors it wrote among its arguments
+        (``SPECIAL_OUTPUTS``): counted as that many ops, or none."""
+        special = SPECIAL_OUTPUTS.get(info.name)
+        tensors = [t for _, t in (special(args, result) if special else flatten(result)[0])]
+        if not tensors:
+            return result
+        self.live.produced(info.name, tensors, writes)
+        return self._count(info, len(tensors), args, kwargs, result)
+
+    def _count(self, info: Any, n: int, args: tuple, kwargs: Any, result: Any) -> Any:
+        """Count the call's ``n`` ops (one label, ``:k`` for each of several outputs) and
+        let the rules that may match its name act."""
         name = info.name
-        if isinstance(result, Tensor) and name not in SPECIAL_OUTPUTS:
-            n = 1
-            if not writes and not live.slow and name not in _UNSHARING:
-                calls = live.calls = live.calls + 1  # LiveVersions.produced inline (per op)
-                try:
-                    ref = live.last = _ref(result)
-                    live.entries[id(result)] = (ref, None, result._version, calls)
-                except RuntimeError:  # an inference tensor made under a mode the model entered
-                    live.last = None
-                    live.remember(result)
-            else:
-                live.produced(name, [result], writes)
-        else:
-            special = SPECIAL_OUTPUTS.get(name)
-            tensors = [t for _, t in (special(args, result) if special else flatten(result)[0])]
-            if not tensors:
-                return result
-            n = len(tensors)
-            live.produced(name, tensors, writes)
         counts = self.counts
         count = counts.get(name, 0) + 1
         if self._reserved:  # a weight of the root named like a label
@@ -420,14 +477,15 @@ class RecordMode(TorchFunctionMode):
         if root is None:
             root = resolve_root(model) if modules is None else _root_of(model, modules)
         self._type = root.type_name  # the root call's name, as the trace's root names it
-        self.modules = list(root.modules)
-        self.labeler.reserve(self.modules)
+        self.modules = []
+        self._add_modules(list(root.modules))
         self.tracker.enter(root, self, self._add_modules)
 
     def _add_modules(self, modules: list[tuple[str, nn.Module]]) -> None:
         """Modules first seen during the forward (``capture/follow.py``)."""
         self.modules.extend(modules)
         self.labeler.reserve(modules)
+        self._quiet = self.exits is None and not self._reserved
 
     def traced_forward(
         self, module: nn.Module, address: str, forward: Callable[..., Any]
