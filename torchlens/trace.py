@@ -71,6 +71,32 @@ class _GradStored(Stored):
     def grad_store(self, store: PayloadStore | None) -> None:
         self._grads = store
 
+    @property
+    def out(self) -> torch.Tensor:
+        """The value this op produced (a source's: when it was first used), as it was then.
+
+        Raises:
+            PayloadUnavailableError: with code ``structure_only``, ``not_saved`` or
+                ``payload_overwritten`` when no faithful value can be given.
+        """
+        return _payload(self._store, self.label)
+
+    @property
+    def has_out(self) -> bool:
+        """Whether :attr:`out` can be given."""
+        return self._store is not None and self._store.has(self.label)
+
+    @property
+    def grad(self) -> torch.Tensor:
+        """The true gradient of the loss w.r.t. this output (a source's: summed over all its
+        uses), after backward capture.
+
+        Raises:
+            GradUnavailableError: with code ``grads_not_captured``, ``backward_not_run``,
+                ``no_grad``, ``not_saved`` or ``grad_aliased``.
+        """
+        return _grad(self._grads, self.label)
+
 
 @dataclass(eq=False)
 class Source(_GradStored):
@@ -86,25 +112,6 @@ class Source(_GradStored):
     children: list[str] = field(default_factory=list)  # labels of ops that consumed it
     _store: PayloadStore | None = field(default=None, repr=False)
     _grads: PayloadStore | None = field(default=None, repr=False)  # set by save_grads=True
-
-    @property
-    def out(self) -> torch.Tensor:
-        """The source's value when it was first used in the forward."""
-        return _payload(self._store, self.label)
-
-    @property
-    def grad(self) -> torch.Tensor:
-        """The gradient of the loss w.r.t. this source (summed over all its uses).
-
-        Raises:
-            GradUnavailableError: see :func:`_grad` for the codes.
-        """
-        return _grad(self._grads, self.label)
-
-    @property
-    def has_out(self) -> bool:
-        """Whether :attr:`out` can be given."""
-        return self._store is not None and self._store.has(self.label)
 
 
 @dataclass(eq=False)
@@ -136,31 +143,6 @@ class Op(_GradStored):
     returned_by: tuple[tuple[str, int, str], ...] = field(default=(), repr=False)
     _store: PayloadStore | None = field(default=None, repr=False)
     _grads: PayloadStore | None = field(default=None, repr=False)  # set by save_grads=True
-
-    @property
-    def out(self) -> torch.Tensor:
-        """The value this op produced, as it was at that moment.
-
-        Raises:
-            PayloadUnavailableError: with code ``structure_only``, ``not_saved`` or
-                ``payload_overwritten`` when no faithful value can be given.
-        """
-        return _payload(self._store, self.label)
-
-    @property
-    def has_out(self) -> bool:
-        """Whether :attr:`out` can be given."""
-        return self._store is not None and self._store.has(self.label)
-
-    @property
-    def grad(self) -> torch.Tensor:
-        """The true gradient of the loss w.r.t. this op's output, after backward capture.
-
-        Raises:
-            GradUnavailableError: with code ``grads_not_captured``, ``backward_not_run``,
-                ``no_grad``, ``not_saved`` or ``grad_aliased``.
-        """
-        return _grad(self._grads, self.label)
 
     @property
     def address(self) -> str:

@@ -26,8 +26,7 @@ from typing import Any
 
 import torch
 
-from torchlens._table import format_table
-from torchlens.debug._frame import dataframe
+from torchlens._table import dataframe, format_table
 from torchlens.debug._measure import DIFFERS, compare_norms, compare_values
 from torchlens.io import load
 from torchlens.replay import GROWS_TARGET, TOLERANCES, value_exempt

@@ -16,9 +16,8 @@ from typing import Any
 
 from torch import nn
 
-from torchlens._table import format_table
+from torchlens._table import dataframe, format_table
 from torchlens.capture import trace as _trace
-from torchlens.debug._frame import dataframe
 from torchlens.debug.flops import op_flops
 from torchlens.errors import InvalidArgumentError
 from torchlens.trace import Trace
