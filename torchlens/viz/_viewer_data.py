@@ -17,7 +17,7 @@ import torch
 
 from torchlens.capture import ArgSlot
 from torchlens.trace import Op, Trace
-from torchlens.viz.graph import LAYOUT_FUNCS
+from torchlens.viz.graph import LAYOUT_FUNCS, dtype_text, shape_text
 from torchlens.viz.repeats import CallKey, find_repeats
 
 __all__ = ["viewer_data", "op_verdicts"]
@@ -213,8 +213,8 @@ def _source_node(source: Any, group: int) -> dict[str, Any]:
         "id": source.label,
         "k": "input",
         "t": source.label,
-        "s": _shape(source.shape),
-        "dt": _dtype(source.dtype),
+        "s": shape_text(source.shape),
+        "dt": dtype_text(source.dtype),
         "path": source.path,
         "g": group,
     }
@@ -226,8 +226,8 @@ def _op_node(trace: Trace, op: Op, group: int, values: int) -> dict[str, Any]:
         "k": "layout" if op.func_name in LAYOUT_FUNCS else "op",
         "t": op.label,
         "f": op.func_name,
-        "s": _shape(op.shape),
-        "dt": _dtype(op.dtype),
+        "s": shape_text(op.shape),
+        "dt": dtype_text(op.dtype),
         "dev": str(op.device),
         "g": group,
         "ms": [f"{a}:{c}" for a, c in op.module_stack],
@@ -306,7 +306,7 @@ def _arg_text(value: Any, slots: list[str], depth: int = 0) -> str:
         more = ", ..." if len(value) > 8 else ""
         return f"[{inner}{more}]" if isinstance(value, list) else f"({inner}{more})"
     if isinstance(value, torch.Tensor):
-        return f"tensor{_shape(tuple(value.shape))}"
+        return f"tensor{shape_text(tuple(value.shape))}"
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
@@ -338,11 +338,3 @@ def _dot_order(nodes: list[dict[str, Any]], edges: list[list[int]]) -> list[floa
     for match in re.finditer(r"^node n(\d+) (\S+)", result.stdout, re.MULTILINE):
         xs[int(match.group(1))] = round(float(match.group(2)), 2)
     return xs
-
-
-def _shape(shape: tuple[int, ...]) -> str:
-    return "(" + ", ".join(str(d) for d in shape) + ")"
-
-
-def _dtype(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")

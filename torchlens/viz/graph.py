@@ -212,12 +212,12 @@ class _ViewBuilder:
         self._add(node, stack)
 
     def _op_node(self, op: Op) -> Node:
-        lines = [_shape_text(op.shape)]
+        lines = [shape_text(op.shape)]
         if op.dtype != self.dtype:
-            lines[0] += f" {_dtype_text(op.dtype)}"
+            lines[0] += f" {dtype_text(op.dtype)}"
         tooltip = (
             f"{op.label}: {op.func_name} in {op.address or 'root'}\n"
-            f"shape {_shape_text(op.shape)} {_dtype_text(op.dtype)}\n"
+            f"shape {shape_text(op.shape)} {dtype_text(op.dtype)}\n"
             f"parents: {', '.join(op.parents) or '-'}"
         )
         kind = "layout" if op.func_name in LAYOUT_FUNCS else "op"
@@ -260,8 +260,8 @@ class _ViewBuilder:
         if source.label not in self.nodes:
             kind = "input" if source.kind == "input" else "param"
             lines = [source.path] if kind == "input" else [source.kind]
-            lines.append(_shape_text(source.shape))
-            tooltip = f"{source.label}: {source.kind} {_shape_text(source.shape)}"
+            lines.append(shape_text(source.shape))
+            tooltip = f"{source.label}: {source.kind} {shape_text(source.shape)}"
             node = Node(source.label, kind, source.label, lines, [], tooltip)
             self._add(node, self.placed_in.get(near, ()) if near else ())
         return source.label
@@ -269,7 +269,7 @@ class _ViewBuilder:
     def _output(self, index: int, label: str) -> None:
         node_id = f"output {index}"
         record = self.trace[label]
-        lines = [label, _shape_text(record.shape)]
+        lines = [label, shape_text(record.shape)]
         self._add(Node(node_id, "output", "output", lines, tooltip=f"output: {label}"), ())
         source = self._source_node(record) if isinstance(record, Source) else None
         self._edge(source or self.node_of(label), node_id)
@@ -327,7 +327,7 @@ class _ViewBuilder:
                 self.module_params.setdefault(target, {})[source.label] = source
                 return
             name = _relative(source.label, op.module)
-            text = f"{name} {_shape_text(source.shape)}"
+            text = f"{name} {shape_text(source.shape)}"
             if text not in node.params:
                 node.params.append(text)
 
@@ -380,9 +380,9 @@ def _common_dtype(trace: Trace) -> torch.dtype | None:
     return max(counts, key=counts.__getitem__) if counts else None
 
 
-def _shape_text(shape: tuple[int, ...]) -> str:
+def shape_text(shape: tuple[int, ...]) -> str:
     return "(" + ", ".join(str(d) for d in shape) + ")"
 
 
-def _dtype_text(dtype: torch.dtype) -> str:
+def dtype_text(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
