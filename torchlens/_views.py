@@ -25,6 +25,8 @@ __all__ = [
     "not_found_message",
     "note_returns",
     "summary_text",
+    "shape_text",
+    "dtype_text",
 ]
 
 SUMMARY_ROWS = 40  # rows ``print(trace)`` shows before it keeps only the head and the tail
@@ -266,9 +268,17 @@ def _layers_line(trace: Any, repeated: Mapping[str, int], limit: int = 8) -> str
 
 
 def _row(op: Any) -> tuple[str, ...]:
-    shape = "(" + ", ".join(str(d) for d in op.shape) + ")"
-    dtype = str(op.dtype).removeprefix("torch.")
-    return (op.label, op.func_name, op.address or "-", shape, dtype)
+    return (op.label, op.func_name, op.address or "-", shape_text(op.shape), dtype_text(op.dtype))
+
+
+def shape_text(shape: Sequence[int]) -> str:
+    """``"(2, 3)"``: a shape as summaries and drawings write it (``"()"`` for a scalar)."""
+    return "(" + ", ".join(str(d) for d in shape) + ")"
+
+
+def dtype_text(dtype: Any) -> str:
+    """``"float32"``: a dtype without its ``torch.`` prefix."""
+    return str(dtype).removeprefix("torch.")
 
 
 def module_types(calls: Iterable[Any]) -> Mapping[str, str]:

@@ -15,9 +15,10 @@ from typing import Any
 
 import torch
 
+from torchlens._views import dtype_text, shape_text
 from torchlens.capture import ArgSlot
 from torchlens.trace import Op, Trace
-from torchlens.viz.graph import LAYOUT_FUNCS, dtype_text, shape_text
+from torchlens.viz.graph import LAYOUT_FUNCS
 from torchlens.viz.repeats import CallKey, find_repeats
 
 __all__ = ["viewer_data", "op_verdicts"]

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from torchlens._views import dtype_text, shape_text
 from torchlens.errors import InvalidArgumentError
 from torchlens.trace import ModuleCall, Op, Source, Trace
 from torchlens.viz.repeats import CallKey, Fold, Repeat, find_repeats, fold_repeats
@@ -378,11 +379,3 @@ def _common_dtype(trace: Trace) -> torch.dtype | None:
     for op in trace.ops:
         counts[op.dtype] = counts.get(op.dtype, 0) + 1
     return max(counts, key=counts.__getitem__) if counts else None
-
-
-def shape_text(shape: tuple[int, ...]) -> str:
-    return "(" + ", ".join(str(d) for d in shape) + ")"
-
-
-def dtype_text(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")

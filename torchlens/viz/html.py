@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from html import escape
 
+from torchlens._views import dtype_text, shape_text
 from torchlens.trace import Op, Trace
-from torchlens.viz.graph import dtype_text, shape_text
 
 __all__ = ["op_html", "trace_html"]
 
