@@ -8,7 +8,7 @@ module level (they sit at the same layer or above).
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from torchlens._patterns import module_pattern
@@ -18,6 +18,7 @@ from torchlens.errors import LookupFailedError
 __all__ = [
     "MORE_ROWS_HINT",
     "ModuleCalls",
+    "OpSequence",
     "SUMMARY_ROWS",
     "filter_ops",
     "missing_label_message",
@@ -30,6 +31,34 @@ __all__ = [
 ]
 
 SUMMARY_ROWS = 40  # rows ``print(trace)`` shows before it keeps only the head and the tail
+
+
+class OpSequence:
+    """What a trace and a recording share: their ``ops`` in execution order, records by
+    label (``_by_label``), and the ``meta`` that says whether the forward halted."""
+
+    ops: list[Any]
+    meta: dict[str, Any]
+    _by_label: Mapping[str, Any]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.ops)
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def __contains__(self, label: object) -> bool:
+        return label in self._by_label
+
+    @property
+    def labels(self) -> list[str]:
+        """Op labels in execution order."""
+        return [op.label for op in self.ops]
+
+    @property
+    def halted(self) -> bool:
+        """Whether ``stop_after=`` ended the forward early (then ``output`` is None)."""
+        return bool(self.meta.get("halted", False))
 
 
 def not_found_message(key: str, known: Iterable[str], what: str = "label") -> str:

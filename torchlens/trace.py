@@ -21,6 +21,7 @@ from torchlens._store import MemoryPayloadStore, PayloadStore, Stored
 from torchlens._views import (
     SUMMARY_ROWS,
     ModuleCalls,
+    OpSequence,
     filter_ops,
     missing_label_message,
     module_types,
@@ -254,7 +255,7 @@ class ModuleCall:
 Record = Op | Source
 
 
-class Trace:
+class Trace(OpSequence):
     """A finished recording of one forward pass.
 
     Iterating yields ops in execution order; ``trace["linear_2"]`` and ``trace[3]`` look up
@@ -310,16 +311,7 @@ class Trace:
         self._layers: Any = None
         note_returns(self.modules, self._by_label)
 
-    # -- container protocol ---------------------------------------------------------------
-    def __iter__(self) -> Iterator[Op]:
-        return iter(self.ops)
-
-    def __len__(self) -> int:
-        return len(self.ops)
-
-    def __contains__(self, label: object) -> bool:
-        return label in self._by_label
-
+    # -- container protocol (iteration, len and ``in`` from OpSequence) --------------------
     def __getitem__(self, key: int | slice | str) -> Any:
         if isinstance(key, (int, slice)):
             return self.ops[key]
@@ -340,11 +332,6 @@ class Trace:
         return self._by_label.get(label, default)
 
     # -- views ----------------------------------------------------------------------------
-    @property
-    def labels(self) -> list[str]:
-        """Op labels in execution order."""
-        return [op.label for op in self.ops]
-
     @property
     def layers(self) -> Any:
         """Layer label -> its ops in pass order (a :class:`~torchlens.layers.Layers`
@@ -385,11 +372,6 @@ class Trace:
     def buffers(self) -> dict[str, Source]:
         """Buffer sources that the forward read, by address."""
         return {s.label: s for s in self.sources if s.kind == "buffer"}
-
-    @property
-    def halted(self) -> bool:
-        """Whether ``stop_after=`` ended the forward early (then ``output`` is None)."""
-        return bool(self.meta.get("halted", False))
 
     @property
     def structure_only(self) -> bool:
