@@ -7,6 +7,7 @@ list keeps trace order, so the same trace always gives the same view.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -343,13 +344,6 @@ def _relative(label: str, module: str) -> str:
     return label[len(prefix) :] if prefix and label.startswith(prefix) else label
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    numel = 1
-    for d in shape:
-        numel *= d
-    return numel
-
-
 def _source_counts(sources: Iterable[Source]) -> list[str]:
     """``["6 parameters, 1.2K values", "4 buffers, 64 values"]``: each kind on its own line."""
     lines = []
@@ -360,7 +354,7 @@ def _source_counts(sources: Iterable[Source]) -> list[str]:
     ):
         of_kind = [s for s in sources if s.kind == kind]
         if of_kind:
-            numel = sum(_numel(s.shape) for s in of_kind)
+            numel = sum(math.prod(s.shape) for s in of_kind)
             name = kind if len(of_kind) == 1 else plural
             lines.append(f"{len(of_kind)} {name}, {_count_text(numel)}")
     return lines
