@@ -11,6 +11,7 @@ import math
 import re
 import shutil
 import subprocess
+from collections import Counter
 from typing import Any
 
 import torch
@@ -79,12 +80,7 @@ def viewer_data(
 def _verdict_counts(trace: Trace, status: Any, verdicts: dict[str, str]) -> dict[str, int]:
     """The legend's counts: ops by verdict, as ``status.verdicts`` says (the status the
     page shows, so its numbers are the status's)."""
-    if status is None:
-        return {}
-    counts: dict[str, int] = {}
-    for state in verdicts.values():
-        counts[state] = counts.get(state, 0) + 1
-    return counts
+    return {} if status is None else dict(Counter(verdicts.values()))
 
 
 def _note_passes(trace: Trace, nodes: list[dict[str, Any]], index: dict[str, int]) -> int:
@@ -146,9 +142,7 @@ def _groups(trace: Trace) -> tuple[list[dict[str, Any]], dict[str, int]]:
     the innermost group holding it (-1 for the root).
     """
     calls = {(m.address, m.call_index): m for m in trace.modules[1:] if len(m.ops) > 1}
-    counts: dict[str, int] = {}
-    for address, _ in calls:
-        counts[address] = counts.get(address, 0) + 1
+    counts = Counter(address for address, _ in calls)
     run_of = {key: r for r in find_repeats(trace) for key in r.calls if r.calls[0] in calls}
     groups: list[dict[str, Any]] = []
     index: dict[Any, int] = {}

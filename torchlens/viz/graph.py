@@ -8,6 +8,7 @@ list keeps trace order, so the same trace always gives the same view.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -120,9 +121,7 @@ class _ViewBuilder:
         # every call but the root (the capture itself: modules[0]); the owner of a traced
         # method is called at "" too, once per call (a decoding step)
         self.calls = {(m.address, m.call_index): m for m in trace.modules[1:]}
-        self.call_counts: dict[str, int] = {}
-        for m in self.calls.values():
-            self.call_counts[m.address] = self.call_counts.get(m.address, 0) + 1
+        self.call_counts = Counter(m.address for m in self.calls.values())
         self.repeat_of = {r.calls[0]: r for r in fold.repeats}
         self.dtype = _common_dtype(trace)
         self.nodes: dict[str, Node] = {}
@@ -369,7 +368,5 @@ def _count_text(numel: int) -> str:
 
 
 def _common_dtype(trace: Trace) -> torch.dtype | None:
-    counts: dict[torch.dtype, int] = {}
-    for op in trace.ops:
-        counts[op.dtype] = counts.get(op.dtype, 0) + 1
-    return max(counts, key=counts.__getitem__) if counts else None
+    counts = Counter(op.dtype for op in trace.ops)
+    return counts.most_common(1)[0][0] if counts else None
