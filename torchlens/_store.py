@@ -12,7 +12,14 @@ import torch
 from torchlens._tensors import geometry_end, version_of, write_through
 from torchlens.errors import PayloadUnavailableError
 
-__all__ = ["MemoryPayloadStore", "PayloadStore", "Stored", "WrittenOver"]
+__all__ = ["MemoryPayloadStore", "PayloadStore", "Stored", "WrittenOver", "STRUCTURE_ONLY"]
+
+# why a structure_only trace, captured or loaded, has no value: (code, message)
+STRUCTURE_ONLY = (
+    "structure_only",
+    "this trace was captured with structure_only=True, so it holds no values; trace "
+    "again without structure_only to read activations",
+)
 
 
 class PayloadStore(Protocol):

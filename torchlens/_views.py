@@ -8,7 +8,7 @@ module level (they sit at the same layer or above).
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from torchlens._patterns import module_pattern
@@ -18,6 +18,7 @@ from torchlens.errors import LookupFailedError
 __all__ = [
     "MORE_ROWS_HINT",
     "ModuleCalls",
+    "OpSequence",
     "SUMMARY_ROWS",
     "filter_ops",
     "missing_label_message",
@@ -25,9 +26,39 @@ __all__ = [
     "not_found_message",
     "note_returns",
     "summary_text",
+    "shape_text",
+    "dtype_text",
 ]
 
 SUMMARY_ROWS = 40  # rows ``print(trace)`` shows before it keeps only the head and the tail
+
+
+class OpSequence:
+    """What a trace and a recording share: their ``ops`` in execution order, records by
+    label (``_by_label``), and the ``meta`` that says whether the forward halted."""
+
+    ops: list[Any]
+    meta: dict[str, Any]
+    _by_label: Mapping[str, Any]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.ops)
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def __contains__(self, label: object) -> bool:
+        return label in self._by_label
+
+    @property
+    def labels(self) -> list[str]:
+        """Op labels in execution order."""
+        return [op.label for op in self.ops]
+
+    @property
+    def halted(self) -> bool:
+        """Whether ``stop_after=`` ended the forward early (then ``output`` is None)."""
+        return bool(self.meta.get("halted", False))
 
 
 def not_found_message(key: str, known: Iterable[str], what: str = "label") -> str:
@@ -266,9 +297,17 @@ def _layers_line(trace: Any, repeated: Mapping[str, int], limit: int = 8) -> str
 
 
 def _row(op: Any) -> tuple[str, ...]:
-    shape = "(" + ", ".join(str(d) for d in op.shape) + ")"
-    dtype = str(op.dtype).removeprefix("torch.")
-    return (op.label, op.func_name, op.address or "-", shape, dtype)
+    return (op.label, op.func_name, op.address or "-", shape_text(op.shape), dtype_text(op.dtype))
+
+
+def shape_text(shape: Sequence[int]) -> str:
+    """``"(2, 3)"``: a shape as summaries and drawings write it (``"()"`` for a scalar)."""
+    return "(" + ", ".join(str(d) for d in shape) + ")"
+
+
+def dtype_text(dtype: Any) -> str:
+    """``"float32"``: a dtype without its ``torch.`` prefix."""
+    return str(dtype).removeprefix("torch.")
 
 
 def module_types(calls: Iterable[Any]) -> Mapping[str, str]:

@@ -244,6 +244,7 @@ def _run_doctor(opts: argparse.Namespace) -> int:
 
 def _run_trace(opts: argparse.Namespace) -> int:
     import torchlens as tl
+    from torchlens.replay import before_trace
 
     _check_outputs(opts)
     stages = ["import", "build", "trace"]
@@ -256,7 +257,7 @@ def _run_trace(opts: argparse.Namespace) -> int:
         step("build")
         model, args, kwargs = _call_factory(factory, opts.target)
         step("trace")
-        before = None if opts.no_validate else _before_trace(model, args, kwargs)
+        before = None if opts.no_validate else before_trace(model, args, kwargs)
         trace = _guard(lambda: tl.trace(model, args, kwargs), "tracing", opts.traceback)
         verdict, passed = "skipped (--no-validate)", True
         if before is not None:
@@ -332,12 +333,6 @@ def _call_factory(factory: Callable[[], Any], target: str) -> tuple[Any, Any, di
     if kwargs is not None and not isinstance(kwargs, dict):
         raise UsageError(f"{target}(): kwargs must be a dict, got {type(kwargs).__name__}")
     return model, args, kwargs or {}
-
-
-def _before_trace(model: Any, args: Any, kwargs: dict) -> tuple:
-    from torchlens.replay import before_trace
-
-    return before_trace(model, args, kwargs)
 
 
 def _validate(trace: Any, before: tuple, show_traceback: bool) -> tuple[str, bool]:

@@ -7,13 +7,12 @@ moment they were produced. Labels are the ones ``tl.trace`` gives the same ops.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from torchlens._store import Stored
-from torchlens._views import not_found_message as _not_found_message
+from torchlens._views import OpSequence, not_found_message
 from torchlens.errors import LookupFailedError, PayloadUnavailableError
 from torchlens.trace import MemoryPayloadStore
 
@@ -83,7 +82,7 @@ class OpView(Stored):
         )
 
 
-class Recording:
+class Recording(OpSequence):
     """What ``tl.record`` kept: matched ops in execution order, their values and the output.
 
     ``recording["relu_1"]`` is the :class:`OpView` of that op and ``.out`` its value;
@@ -111,35 +110,16 @@ class Recording:
         self.meta = meta
         self._by_label = {op.label: op for op in ops}
 
-    def __iter__(self) -> Iterator[OpView]:
-        return iter(self.ops)
-
-    def __len__(self) -> int:
-        return len(self.ops)
-
-    def __contains__(self, label: object) -> bool:
-        return label in self._by_label
-
     def __getitem__(self, label: str) -> OpView:
         view = self._by_label.get(label)
         if view is None:
-            raise LookupFailedError(_not_found_message(label, self._by_label))
+            raise LookupFailedError(not_found_message(label, self._by_label))
         return view
-
-    @property
-    def labels(self) -> list[str]:
-        """Labels of the kept ops, in execution order."""
-        return [op.label for op in self.ops]
 
     @property
     def activations(self) -> dict[str, torch.Tensor]:
         """Every kept value by label (ops whose value could not be kept are left out)."""
         return {op.label: self.store.get(op.label) for op in self.ops if self.store.has(op.label)}
-
-    @property
-    def halted(self) -> bool:
-        """Whether ``stop_after=`` ended the forward early."""
-        return bool(self.meta.get("halted", False))
 
     @property
     def intervened(self) -> list[str]:

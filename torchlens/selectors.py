@@ -306,12 +306,9 @@ class _And(Selector):
     right: Selector
 
     def __post_init__(self) -> None:
-        a, b = self.left.func_names, self.right.func_names
-        names = a if b is None else b if a is None else a & b
-        object.__setattr__(self, "func_names", names)
-        a, b = self.left.call_labels, self.right.call_labels
-        calls = a if b is None else b if a is None else a & b
-        object.__setattr__(self, "call_labels", calls)
+        for name in ("func_names", "call_labels"):  # None: any
+            a, b = getattr(self.left, name), getattr(self.right, name)
+            object.__setattr__(self, name, a if b is None else b if a is None else a & b)
         object.__setattr__(self, "static", self.left.static and self.right.static)
         object.__setattr__(self, "at_exit", self.left.at_exit or self.right.at_exit)
 
@@ -337,10 +334,9 @@ class _Or(Selector):
     right: Selector
 
     def __post_init__(self) -> None:
-        a, b = self.left.func_names, self.right.func_names
-        object.__setattr__(self, "func_names", None if a is None or b is None else a | b)
-        a, b = self.left.call_labels, self.right.call_labels
-        object.__setattr__(self, "call_labels", None if a is None or b is None else a | b)
+        for name in ("func_names", "call_labels"):  # None: any
+            a, b = getattr(self.left, name), getattr(self.right, name)
+            object.__setattr__(self, name, None if a is None or b is None else a | b)
         object.__setattr__(self, "static", self.left.static and self.right.static)
         object.__setattr__(self, "at_exit", self.left.at_exit or self.right.at_exit)
 

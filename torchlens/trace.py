@@ -21,6 +21,7 @@ from torchlens._store import MemoryPayloadStore, PayloadStore, Stored
 from torchlens._views import (
     SUMMARY_ROWS,
     ModuleCalls,
+    OpSequence,
     filter_ops,
     missing_label_message,
     module_types,
@@ -71,6 +72,32 @@ class _GradStored(Stored):
     def grad_store(self, store: PayloadStore | None) -> None:
         self._grads = store
 
+    @property
+    def out(self) -> torch.Tensor:
+        """The value this op produced (a source's: when it was first used), as it was then.
+
+        Raises:
+            PayloadUnavailableError: with code ``structure_only``, ``not_saved`` or
+                ``payload_overwritten`` when no faithful value can be given.
+        """
+        return _payload(self._store, self.label)
+
+    @property
+    def has_out(self) -> bool:
+        """Whether :attr:`out` can be given."""
+        return self._store is not None and self._store.has(self.label)
+
+    @property
+    def grad(self) -> torch.Tensor:
+        """The true gradient of the loss w.r.t. this output (a source's: summed over all its
+        uses), after backward capture.
+
+        Raises:
+            GradUnavailableError: with code ``grads_not_captured``, ``backward_not_run``,
+                ``no_grad``, ``not_saved`` or ``grad_aliased``.
+        """
+        return _grad(self._grads, self.label)
+
 
 @dataclass(eq=False)
 class Source(_GradStored):
@@ -86,25 +113,6 @@ class Source(_GradStored):
     children: list[str] = field(default_factory=list)  # labels of ops that consumed it
     _store: PayloadStore | None = field(default=None, repr=False)
     _grads: PayloadStore | None = field(default=None, repr=False)  # set by save_grads=True
-
-    @property
-    def out(self) -> torch.Tensor:
-        """The source's value when it was first used in the forward."""
-        return _payload(self._store, self.label)
-
-    @property
-    def grad(self) -> torch.Tensor:
-        """The gradient of the loss w.r.t. this source (summed over all its uses).
-
-        Raises:
-            GradUnavailableError: see :func:`_grad` for the codes.
-        """
-        return _grad(self._grads, self.label)
-
-    @property
-    def has_out(self) -> bool:
-        """Whether :attr:`out` can be given."""
-        return self._store is not None and self._store.has(self.label)
 
 
 @dataclass(eq=False)
@@ -136,31 +144,6 @@ class Op(_GradStored):
     returned_by: tuple[tuple[str, int, str], ...] = field(default=(), repr=False)
     _store: PayloadStore | None = field(default=None, repr=False)
     _grads: PayloadStore | None = field(default=None, repr=False)  # set by save_grads=True
-
-    @property
-    def out(self) -> torch.Tensor:
-        """The value this op produced, as it was at that moment.
-
-        Raises:
-            PayloadUnavailableError: with code ``structure_only``, ``not_saved`` or
-                ``payload_overwritten`` when no faithful value can be given.
-        """
-        return _payload(self._store, self.label)
-
-    @property
-    def has_out(self) -> bool:
-        """Whether :attr:`out` can be given."""
-        return self._store is not None and self._store.has(self.label)
-
-    @property
-    def grad(self) -> torch.Tensor:
-        """The true gradient of the loss w.r.t. this op's output, after backward capture.
-
-        Raises:
-            GradUnavailableError: with code ``grads_not_captured``, ``backward_not_run``,
-                ``no_grad``, ``not_saved`` or ``grad_aliased``.
-        """
-        return _grad(self._grads, self.label)
 
     @property
     def address(self) -> str:
@@ -272,7 +255,7 @@ class ModuleCall:
 Record = Op | Source
 
 
-class Trace:
+class Trace(OpSequence):
     """A finished recording of one forward pass.
 
     Iterating yields ops in execution order; ``trace["linear_2"]`` and ``trace[3]`` look up
@@ -328,16 +311,7 @@ class Trace:
         self._layers: Any = None
         note_returns(self.modules, self._by_label)
 
-    # -- container protocol ---------------------------------------------------------------
-    def __iter__(self) -> Iterator[Op]:
-        return iter(self.ops)
-
-    def __len__(self) -> int:
-        return len(self.ops)
-
-    def __contains__(self, label: object) -> bool:
-        return label in self._by_label
-
+    # -- container protocol (iteration, len and ``in`` from OpSequence) --------------------
     def __getitem__(self, key: int | slice | str) -> Any:
         if isinstance(key, (int, slice)):
             return self.ops[key]
@@ -358,11 +332,6 @@ class Trace:
         return self._by_label.get(label, default)
 
     # -- views ----------------------------------------------------------------------------
-    @property
-    def labels(self) -> list[str]:
-        """Op labels in execution order."""
-        return [op.label for op in self.ops]
-
     @property
     def layers(self) -> Any:
         """Layer label -> its ops in pass order (a :class:`~torchlens.layers.Layers`
@@ -403,11 +372,6 @@ class Trace:
     def buffers(self) -> dict[str, Source]:
         """Buffer sources that the forward read, by address."""
         return {s.label: s for s in self.sources if s.kind == "buffer"}
-
-    @property
-    def halted(self) -> bool:
-        """Whether ``stop_after=`` ended the forward early (then ``output`` is None)."""
-        return bool(self.meta.get("halted", False))
 
     @property
     def structure_only(self) -> bool:

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from torchlens._escapes import short_repr
-from torchlens._store import WrittenOver
+from torchlens._store import STRUCTURE_ONLY, WrittenOver
 from torchlens._tensors import (
     dense,
     geometry_end,
@@ -136,15 +136,8 @@ class TraceBuilder:
         self.ops: list[Op] = []
         self.sources: list[Source] = []
         # the values kept: to a sink as produced, when one is given, instead of memory
-        self.payloads = PayloadKeeper(MemoryPayloadStore(
-            default_missing=None
-            if save_payloads
-            else (
-                "structure_only",
-                "this trace was captured with structure_only=True, so it holds no "
-                "values; trace again without structure_only to read activations",
-            )
-        ), sink)  # fmt: skip
+        store = MemoryPayloadStore(default_missing=None if save_payloads else STRUCTURE_ONLY)
+        self.payloads = PayloadKeeper(store, sink)
         self.store, self.sink = self.payloads.store, sink
         self._values, self._versions = self.payloads.values, self.payloads.versions
         self.save_payloads = save_payloads

@@ -97,10 +97,7 @@ def restored(state: RngSnapshot | None) -> Iterator[None]:
 
 
 def _generator_of(args: Any, kwargs: dict) -> torch.Generator | None:
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, torch.Generator):
-            return value
-    return None
+    return next((v for v in (*args, *kwargs.values()) if isinstance(v, torch.Generator)), None)
 
 
 # Random functions that draw only when one argument says so: name -> (its position, its

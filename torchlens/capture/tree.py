@@ -184,10 +184,6 @@ def _walk(obj: Any, path: str, leaves: list[tuple[str, Tensor]]) -> Any:
 
 def fill(template: Any, values: Sequence[Any]) -> Any:
     """Rebuild a structure from its template, slot ``i`` taking ``values[i]``."""
-    return _fill(template, values)
-
-
-def _fill(template: Any, values: Sequence[Any]) -> Any:
     kind = type(template)
     if kind is ArgSlot:
         return values[template.index]
@@ -196,20 +192,20 @@ def _fill(template: Any, values: Sequence[Any]) -> Any:
     if kind is slice:
         if plain_slice(template):
             return template
-        start, stop = _fill(template.start, values), _fill(template.stop, values)
-        return slice(start, stop, _fill(template.step, values))
+        start, stop = fill(template.start, values), fill(template.stop, values)
+        return slice(start, stop, fill(template.step, values))
     if kind is tuple:
-        return tuple([_fill(item, values) for item in template])
+        return tuple([fill(item, values) for item in template])
     if kind is list:
-        return [_fill(item, values) for item in template]
+        return [fill(item, values) for item in template]
     if kind is TemplateDataclass:
-        return template.build(lambda t: _fill(t, values))
+        return template.build(lambda t: fill(t, values))
     if isinstance(template, tuple) and hasattr(template, "_fields"):
-        return kind(*(_fill(item, values) for item in template))
+        return kind(*(fill(item, values) for item in template))
     if isinstance(template, (list, tuple)):
-        return _rebuild_sequence(kind, [_fill(item, values) for item in template])
+        return _rebuild_sequence(kind, [fill(item, values) for item in template])
     if isinstance(template, dict):
-        return _rebuild_mapping(template, {k: _fill(v, values) for k, v in template.items()})
+        return _rebuild_mapping(template, {k: fill(v, values) for k, v in template.items()})
     return template
 
 

@@ -32,15 +32,14 @@ from __future__ import annotations
 
 import itertools
 import linecache
-import os
 import re
 import sys
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from torchlens.capture import rng
+from torchlens.capture.source import is_library_file
 from torchlens.capture.tree import ArgSlot
 from torchlens.trace import ArgRef
 
@@ -51,10 +50,6 @@ UNSEEN_META = "unseen"  # op.meta key: {"made_by", "edges": {label: proven}, "re
 MAX_WALK = 100_000  # autograd nodes walked back at most, per value
 _MAX_TRIES = 48  # calls tried to find a TorchScript function's arguments
 _MAX_EXTRAS = 4  # untracked values of the calling frame tried as its other arguments
-# the packages whose frames are not the model's code: torch's and torchlens' own
-_OWN = tuple(
-    str(path) + os.sep for path in {Path(torch.__file__).parent, Path(__file__).parents[1]}
-)
 _TENSOR_TYPES = ("Tensor", "Optional[Tensor]")
 
 
@@ -246,7 +241,7 @@ def _gives(script: Any, values: list[Tensor], tensor: Tensor) -> bool:
 def _caller_frame() -> Any:
     """The innermost frame of the model's code (outside torch and torchlens)."""
     frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_OWN):
+    while frame is not None and is_library_file(frame.f_code.co_filename):
         frame = frame.f_back
     return frame
 

@@ -51,12 +51,10 @@ def owned_tensors(modules: list[tuple[str, nn.Module]]) -> dict[int, tuple[str, 
         if not parameters and not buffers:  # most modules of a deep model hold neither
             continue
         dot = prefix + "." if prefix else ""
-        for name, tensor in parameters.items():
-            if tensor is not None and id(tensor) not in owned:
-                owned[id(tensor)] = ("parameter", dot + name, tensor)
-        for name, tensor in buffers.items():
-            if tensor is not None and id(tensor) not in owned:
-                owned[id(tensor)] = ("buffer", dot + name, tensor)
+        for kind, tensors in (("parameter", parameters), ("buffer", buffers)):
+            for name, tensor in tensors.items():
+                if tensor is not None and id(tensor) not in owned:
+                    owned[id(tensor)] = (kind, dot + name, tensor)
     return owned
 
 

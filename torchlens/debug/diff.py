@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from torchlens._table import format_table
-from torchlens.debug._frame import dataframe
+from torchlens._table import dataframe, format_table
+from torchlens._views import dtype_text
 from torchlens.debug._measure import DIFFERS, compare_norms, compare_values
 from torchlens.io import load
 from torchlens.replay import GROWS_TARGET, TOLERANCES, value_exempt
@@ -329,12 +329,8 @@ def _compare(
         )
     return OpDiff(
         x.label, y.label, x.func_name, x.address, tuple(x.shape), tuple(y.shape),
-        _dtype(x.dtype), _dtype(y.dtype), max_abs, max_rel, status, how, rel_error, cosine,
+        dtype_text(x.dtype), dtype_text(y.dtype), max_abs, max_rel, status, how, rel_error, cosine,
     )  # fmt: skip
-
-
-def _dtype(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _cells(r: OpDiff) -> tuple[str, ...]:

@@ -10,15 +10,16 @@ and the bytes of what it returned. Everything is read from the trace's metadata,
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from torch import nn
 
-from torchlens._table import format_table
+from torchlens._table import dataframe, format_table
+from torchlens._views import shape_text
 from torchlens.capture import trace as _trace
-from torchlens.debug._frame import dataframe
 from torchlens.debug.flops import op_flops
 from torchlens.errors import InvalidArgumentError
 from torchlens.trace import Trace
@@ -173,7 +174,7 @@ def module_summary(trace: Trace, weights: list[Weight] | None = None) -> ModuleS
 
     if weights is None:
         weights = [
-            (s.label, s.kind, _numel(s.shape), s.requires_grad)
+            (s.label, s.kind, math.prod(s.shape), s.requires_grad)
             for s in trace.sources
             if s.kind in ("parameter", "buffer")
         ]
@@ -235,19 +236,12 @@ def _row(
     )
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for size in shape:
-        n *= size
-    return n
-
-
 def _nbytes(record: Any) -> int:
-    return _numel(record.shape) * record.dtype.itemsize
+    return math.prod(record.shape) * record.dtype.itemsize
 
 
 def _shapes(shapes: tuple[tuple[int, ...], ...]) -> str:
-    return ", ".join("(" + ", ".join(map(str, s)) + ")" for s in shapes) or "-"
+    return ", ".join(map(shape_text, shapes)) or "-"
 
 
 def summary_by(trace: Trace, by: str, select: Any, module: str | None, max_rows: int | None) -> str:

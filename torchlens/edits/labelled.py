@@ -8,9 +8,10 @@ from typing import Any
 
 import torch
 
-from torchlens.errors import InvalidArgumentError, MissingDependencyError
+from torchlens._table import dataframe
+from torchlens.errors import InvalidArgumentError
 
-__all__ = ["LabelledTensor", "frame"]
+__all__ = ["LabelledTensor"]
 
 
 class LabelledTensor:
@@ -91,25 +92,8 @@ class LabelledTensor:
         Raises:
             MissingDependencyError: ``pandas_missing`` when pandas is not installed.
         """
-        return frame(self.to_dicts())
+        return dataframe(self.to_dicts())
 
     def __repr__(self) -> str:
         axes = ", ".join(f"{d}={len(self.coords[d])}" for d in self.dims)
         return f"<LabelledTensor {self.name}: {axes}>"
-
-
-def frame(rows: list[dict[str, Any]]) -> Any:
-    """``rows`` as a ``pandas.DataFrame``.
-
-    Raises:
-        MissingDependencyError: ``pandas_missing`` when pandas is not installed.
-    """
-    try:
-        import pandas
-    except ImportError as err:
-        raise MissingDependencyError(
-            "to_pandas() needs pandas; install it with pip install 'torchlens[pandas]' "
-            "or use to_dicts()",
-            code="pandas_missing",
-        ) from err
-    return pandas.DataFrame(rows)

@@ -17,8 +17,9 @@ from typing import Any
 
 import torch
 
+from torchlens._table import dataframe
 from torchlens.edits._helpers import replace
-from torchlens.edits.labelled import LabelledTensor, frame
+from torchlens.edits.labelled import LabelledTensor
 from torchlens.edits.rerun import rerun
 from torchlens.errors import InvalidArgumentError
 from torchlens.selectors import as_selector, label
@@ -75,7 +76,7 @@ class LogitLens:
         Raises:
             MissingDependencyError: ``pandas_missing`` when pandas is not installed.
         """
-        return frame(self.to_dicts())
+        return dataframe(self.to_dicts())
 
     def __str__(self) -> str:
         """The top tokens of batch row 0 at the last position, a line per layer."""

@@ -15,13 +15,12 @@ from safetensors import safe_open
 from torch.utils.data import Dataset
 
 from torchlens.errors import ExtractionError, LookupFailedError
+from torchlens.extract._sites import SAFETENSORS_DTYPES
 from torchlens.extract._store import TARGETS, read_manifest
 
 __all__ = ["Extraction", "SiteArray", "load_extraction"]
 
-_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
-           "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
-           "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}  # fmt: skip
+_DTYPES = {name: dtype for dtype, name in SAFETENSORS_DTYPES.items()}  # "F32" -> torch.float32
 _OPEN_LIMIT = 64  # shard files held open (memory-mapped) at once
 _GAP = 16  # rows asked for this close together are read in one slice
 

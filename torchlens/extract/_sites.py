@@ -41,7 +41,7 @@ from torchlens.extract._batches import (
 from torchlens.extract._identity import Key, KeyedSave, describe_key
 from torchlens.extract._layers import resolve_layers
 
-__all__ = ["BatchRunner", "dtype_name"]
+__all__ = ["BatchRunner", "dtype_name", "SAFETENSORS_DTYPES"]
 
 
 class BatchRunner:
@@ -280,11 +280,11 @@ class BatchRunner:
                 )
 
 
-_SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
-                       torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32",
-                       torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-                       torch.bool: "BOOL"}  # fmt: skip
+SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
+                      torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32",
+                      torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+                      torch.bool: "BOOL"}  # fmt: skip
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    return _SAFETENSORS_DTYPES.get(dtype, str(dtype))
+    return SAFETENSORS_DTYPES.get(dtype, str(dtype))

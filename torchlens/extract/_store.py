@@ -274,9 +274,8 @@ class ShardWriter:
         with self.writing():  # a signal now waits: the rows are out of the buffer
             parts, batches = self.parts, self.batches
             self.parts, self.batches, self.nbytes = {}, [], 0
-            tensors = {}
-            for key in list(parts):  # free each site's parts as soon as they are joined
-                tensors[key] = torch.cat(parts.pop(key)).contiguous()
+            # each site's parts freed as soon as they are joined
+            tensors = {key: torch.cat(parts.pop(key)).contiguous() for key in list(parts)}
             metadata = {"batches": json.dumps(batches), "order": json.dumps(list(tensors))}
             if self.sources:
                 metadata["sources"] = json.dumps(self.sources)

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
+from torchlens._store import STRUCTURE_ONLY
 from torchlens.errors import TraceFileError
 from torchlens.io import _layout
 from torchlens.io._encode import Unencodable
@@ -31,11 +32,6 @@ from torchlens.trace import Trace
 
 __all__ = ["load"]
 
-_STRUCTURE_ONLY = (
-    "structure_only",
-    "this trace was captured with structure_only=True, so it holds no values; trace "
-    "again without structure_only to read activations",
-)
 _PAYLOAD_KEYS = {"complex", "dtype", "file", "key", "sha256", "shape"}
 
 
@@ -71,7 +67,7 @@ def load(path: str | os.PathLike) -> Trace:
         root,
         payloads,
         missing=_missing(data),
-        default_missing=_STRUCTURE_ONLY if structure_only else None,
+        default_missing=STRUCTURE_ONLY if structure_only else None,
     )
     rng = _read_rng(root)
     try:

@@ -63,9 +63,9 @@ def trace_to_manifest(trace: Trace, payloads: dict[str, dict], missing: dict) ->
         "torch_version": torch.__version__,
         "torchlens_version": str(trace.meta.get("torchlens_version", "")),
         # only when there are some: traces without escapes keep the bytes they had
-        **({"escapes": [_escape_to_json(e) for e in trace.escapes]} if trace.escapes else {}),
+        **({"escapes": [_located_to_json(e) for e in trace.escapes]} if trace.escapes else {}),
         **(
-            {"hidden_edges": [_hidden_to_json(e) for e in trace.hidden_edges]}
+            {"hidden_edges": [_located_to_json(e) for e in trace.hidden_edges]}
             if trace.hidden_edges
             else {}
         ),
@@ -122,12 +122,8 @@ def _encode_meta(meta: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     return kept, sorted(dropped)
 
 
-def _escape_to_json(escape: Escape) -> dict:
-    return {**dataclasses.asdict(escape), "source": _where(escape.source)}
-
-
-def _hidden_to_json(edge: HiddenEdge) -> dict:
-    return {**dataclasses.asdict(edge), "source": _where(edge.source)}
+def _located_to_json(record: Escape | HiddenEdge) -> dict:
+    return {**dataclasses.asdict(record), "source": _where(record.source)}
 
 
 def _where(source: tuple | None) -> list | None:

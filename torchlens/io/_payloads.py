@@ -19,6 +19,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from torchlens._tensors import inner_of
+from torchlens._views import dtype_text as dtype_name  # "float32", as parse_dtype reads it
 from torchlens.errors import PayloadUnavailableError, TraceFileError
 
 __all__ = ["stored_form", "entry_for", "FilePayloadStore", "dtype_name", "parse_dtype"]
@@ -29,11 +30,6 @@ _OPEN_FILES = 8  # safetensors handles kept open at once
 _QUANTIZED = {torch.quint8: torch.uint8, torch.qint8: torch.int8, torch.qint32: torch.int32}
 _PER_TENSOR = (torch.per_tensor_affine,)
 _PER_CHANNEL = (torch.per_channel_affine, torch.per_channel_affine_float_qparams)
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.float32`` -> ``"float32"``."""
-    return str(dtype).removeprefix("torch.")
 
 
 def parse_dtype(name: Any) -> torch.dtype:

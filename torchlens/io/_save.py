@@ -58,18 +58,11 @@ def save(trace: Trace, path: str | os.PathLike) -> Path:
     root = _layout.prepare(path)
     _layout.write_tensors(root / _layout.PAYLOADS, stored)
     _layout.write_tensors(root / _layout.RNG, rng_tensors(trace))
-    grads = _captured_grads(trace)
+    grads = dict(trace.grads) if trace.grad_session is not None else {}  # backward capture's
     if grads:
         write_grads(root, grads)
     _layout.finish(root, trace_to_manifest(trace, entries, missing))
     return root
-
-
-def _captured_grads(trace: Trace) -> dict[str, torch.Tensor]:
-    """The gradients backward capture recorded, if backward has run through ``trace``."""
-    if trace.grad_session is None:
-        return {}
-    return {label: trace.grads[label] for label in trace.grads}
 
 
 def collect_payloads(

@@ -220,10 +220,7 @@ class EdgeProver:
         trial.ran = trial.ran or full
         if len(outputs) != len(baselines):
             return True
-        for out, base in zip(outputs, baselines):
-            if base.moved(out):
-                return True
-        return False
+        return any(base.moved(out) for out, base in zip(outputs, baselines))
 
     def baselines(self, outputs: list[Tensor]) -> list[Baseline]:
         """What probed outputs are compared with (see :class:`Baseline`)."""

@@ -15,7 +15,8 @@ perturbation arm (:mod:`torchlens.replay.edges`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from operator import itemgetter
+from itertools import groupby
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import torch
@@ -62,14 +63,8 @@ class Unreplayable(Exception):
 
 def calls(trace: Any) -> Iterator[list[Any]]:
     """The trace's ops grouped by the function call that produced them, in order."""
-    group: list[Any] = []
-    for op in trace.ops:
-        if group and op.call_index != group[0].call_index:
-            yield group
-            group = []
-        group.append(op)
-    if group:
-        yield group
+    for _, group in groupby(trace.ops, key=attrgetter("call_index")):
+        yield list(group)
 
 
 class Interpreter:

@@ -17,6 +17,7 @@ tensor at every step, to see a small part of it move.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -64,9 +65,7 @@ def _one_write(stale: str, writer: str, base: tuple, region: tuple) -> frozenset
     write shows where it lies inside the base, and the stale value where the write, of
     fewer elements, leaves some of it. Decided without a mask over the whole base."""
     begin, end = base[2], geometry_end(base)
-    size = 1
-    for extent in region[0]:
-        size *= extent
+    size = math.prod(region[0])
     if size == 0:
         return frozenset({stale})
     inside = begin <= region[2] and geometry_end(region) <= end

@@ -233,14 +233,11 @@ class ReplayStatus:
                 f"model calls: {self.model_calls} (Python state a forward advances "
                 "advanced that many times)"
             )
-        if self.hidden_edges:
-            lines.append(
-                "hidden edges (dependencies through Python values; the graph has no edge for "
-                "them, see trace.hidden_edges):"
-            )
-            lines += [f"  {edge}" for edge in self.hidden_edges[:20]]
-            if len(self.hidden_edges) > 20:
-                lines.append(f"  ... and {len(self.hidden_edges) - 20} more")
+        lines += _section(
+            "hidden edges (dependencies through Python values; the graph has no edge for "
+            "them, see trace.hidden_edges)",
+            self.hidden_edges,
+        )
         lines += _section("failures", self.failures)
         if self.decisions:
             lines.append(
@@ -257,7 +254,7 @@ def _line(where: Any) -> tuple[str, int, str] | None:
     return None if where is None else (str(where[0]), int(where[1]), str(where[2]))
 
 
-def _section(title: str, items: list[ReplayFailure], limit: int = 20) -> list[str]:
+def _section(title: str, items: list[Any], limit: int = 20) -> list[str]:
     if not items:
         return []
     lines = [f"{title}:"] + [f"  {item}" for item in items[:limit]]

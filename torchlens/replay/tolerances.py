@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from torchlens._tensors import inner_of
+from torchlens._tensors import dense, inner_of
 
 __all__ = ["TOLERANCES", "tolerance", "mismatch", "differs", "comparable", "equal"]
 
@@ -198,20 +198,9 @@ def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     if size == 0:
         return True
     if not (a.is_contiguous() and b.is_contiguous()):
-        if a.stride() != b.stride() or not _dense(a):
+        if a.stride() != b.stride() or not dense((a.shape, a.stride(), 0)):
             return False  # (the same layout, filling its span: a transpose, say)
     return _MEMCMP(a.data_ptr(), b.data_ptr(), size) == 0
-
-
-def _dense(t: torch.Tensor) -> bool:
-    """Whether ``t``'s elements fill consecutive slots from its first one, in some order (a
-    permutation of a contiguous layout): its bytes are then ``numel * element_size`` long."""
-    expected = 1
-    for stride, size in sorted((st, n) for n, st in zip(t.shape, t.stride()) if n != 1):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
 
 
 def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -11,10 +11,12 @@ import math
 import re
 import shutil
 import subprocess
+from collections import Counter
 from typing import Any
 
 import torch
 
+from torchlens._views import dtype_text, shape_text
 from torchlens.capture import ArgSlot
 from torchlens.trace import Op, Trace
 from torchlens.viz.graph import LAYOUT_FUNCS
@@ -78,12 +80,7 @@ def viewer_data(
 def _verdict_counts(trace: Trace, status: Any, verdicts: dict[str, str]) -> dict[str, int]:
     """The legend's counts: ops by verdict, as ``status.verdicts`` says (the status the
     page shows, so its numbers are the status's)."""
-    if status is None:
-        return {}
-    counts: dict[str, int] = {}
-    for state in verdicts.values():
-        counts[state] = counts.get(state, 0) + 1
-    return counts
+    return {} if status is None else dict(Counter(verdicts.values()))
 
 
 def _note_passes(trace: Trace, nodes: list[dict[str, Any]], index: dict[str, int]) -> int:
@@ -145,9 +142,7 @@ def _groups(trace: Trace) -> tuple[list[dict[str, Any]], dict[str, int]]:
     the innermost group holding it (-1 for the root).
     """
     calls = {(m.address, m.call_index): m for m in trace.modules[1:] if len(m.ops) > 1}
-    counts: dict[str, int] = {}
-    for address, _ in calls:
-        counts[address] = counts.get(address, 0) + 1
+    counts = Counter(address for address, _ in calls)
     run_of = {key: r for r in find_repeats(trace) for key in r.calls if r.calls[0] in calls}
     groups: list[dict[str, Any]] = []
     index: dict[Any, int] = {}
@@ -213,8 +208,8 @@ def _source_node(source: Any, group: int) -> dict[str, Any]:
         "id": source.label,
         "k": "input",
         "t": source.label,
-        "s": _shape(source.shape),
-        "dt": _dtype(source.dtype),
+        "s": shape_text(source.shape),
+        "dt": dtype_text(source.dtype),
         "path": source.path,
         "g": group,
     }
@@ -226,8 +221,8 @@ def _op_node(trace: Trace, op: Op, group: int, values: int) -> dict[str, Any]:
         "k": "layout" if op.func_name in LAYOUT_FUNCS else "op",
         "t": op.label,
         "f": op.func_name,
-        "s": _shape(op.shape),
-        "dt": _dtype(op.dtype),
+        "s": shape_text(op.shape),
+        "dt": dtype_text(op.dtype),
         "dev": str(op.device),
         "g": group,
         "ms": [f"{a}:{c}" for a, c in op.module_stack],
@@ -306,7 +301,7 @@ def _arg_text(value: Any, slots: list[str], depth: int = 0) -> str:
         more = ", ..." if len(value) > 8 else ""
         return f"[{inner}{more}]" if isinstance(value, list) else f"({inner}{more})"
     if isinstance(value, torch.Tensor):
-        return f"tensor{_shape(tuple(value.shape))}"
+        return f"tensor{shape_text(tuple(value.shape))}"
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
@@ -338,11 +333,3 @@ def _dot_order(nodes: list[dict[str, Any]], edges: list[list[int]]) -> list[floa
     for match in re.finditer(r"^node n(\d+) (\S+)", result.stdout, re.MULTILINE):
         xs[int(match.group(1))] = round(float(match.group(2)), 2)
     return xs
-
-
-def _shape(shape: tuple[int, ...]) -> str:
-    return "(" + ", ".join(str(d) for d in shape) + ")"
-
-
-def _dtype(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")

@@ -7,11 +7,14 @@ list keeps trace order, so the same trace always gives the same view.
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
 
+from torchlens._views import dtype_text, shape_text
 from torchlens.errors import InvalidArgumentError
 from torchlens.trace import ModuleCall, Op, Source, Trace
 from torchlens.viz.repeats import CallKey, Fold, Repeat, find_repeats, fold_repeats
@@ -118,9 +121,7 @@ class _ViewBuilder:
         # every call but the root (the capture itself: modules[0]); the owner of a traced
         # method is called at "" too, once per call (a decoding step)
         self.calls = {(m.address, m.call_index): m for m in trace.modules[1:]}
-        self.call_counts: dict[str, int] = {}
-        for m in self.calls.values():
-            self.call_counts[m.address] = self.call_counts.get(m.address, 0) + 1
+        self.call_counts = Counter(m.address for m in self.calls.values())
         self.repeat_of = {r.calls[0]: r for r in fold.repeats}
         self.dtype = _common_dtype(trace)
         self.nodes: dict[str, Node] = {}
@@ -212,12 +213,12 @@ class _ViewBuilder:
         self._add(node, stack)
 
     def _op_node(self, op: Op) -> Node:
-        lines = [_shape_text(op.shape)]
+        lines = [shape_text(op.shape)]
         if op.dtype != self.dtype:
-            lines[0] += f" {_dtype_text(op.dtype)}"
+            lines[0] += f" {dtype_text(op.dtype)}"
         tooltip = (
             f"{op.label}: {op.func_name} in {op.address or 'root'}\n"
-            f"shape {_shape_text(op.shape)} {_dtype_text(op.dtype)}\n"
+            f"shape {shape_text(op.shape)} {dtype_text(op.dtype)}\n"
             f"parents: {', '.join(op.parents) or '-'}"
         )
         kind = "layout" if op.func_name in LAYOUT_FUNCS else "op"
@@ -260,8 +261,8 @@ class _ViewBuilder:
         if source.label not in self.nodes:
             kind = "input" if source.kind == "input" else "param"
             lines = [source.path] if kind == "input" else [source.kind]
-            lines.append(_shape_text(source.shape))
-            tooltip = f"{source.label}: {source.kind} {_shape_text(source.shape)}"
+            lines.append(shape_text(source.shape))
+            tooltip = f"{source.label}: {source.kind} {shape_text(source.shape)}"
             node = Node(source.label, kind, source.label, lines, [], tooltip)
             self._add(node, self.placed_in.get(near, ()) if near else ())
         return source.label
@@ -269,7 +270,7 @@ class _ViewBuilder:
     def _output(self, index: int, label: str) -> None:
         node_id = f"output {index}"
         record = self.trace[label]
-        lines = [label, _shape_text(record.shape)]
+        lines = [label, shape_text(record.shape)]
         self._add(Node(node_id, "output", "output", lines, tooltip=f"output: {label}"), ())
         source = self._source_node(record) if isinstance(record, Source) else None
         self._edge(source or self.node_of(label), node_id)
@@ -327,7 +328,7 @@ class _ViewBuilder:
                 self.module_params.setdefault(target, {})[source.label] = source
                 return
             name = _relative(source.label, op.module)
-            text = f"{name} {_shape_text(source.shape)}"
+            text = f"{name} {shape_text(source.shape)}"
             if text not in node.params:
                 node.params.append(text)
 
@@ -342,13 +343,6 @@ def _relative(label: str, module: str) -> str:
     return label[len(prefix) :] if prefix and label.startswith(prefix) else label
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    numel = 1
-    for d in shape:
-        numel *= d
-    return numel
-
-
 def _source_counts(sources: Iterable[Source]) -> list[str]:
     """``["6 parameters, 1.2K values", "4 buffers, 64 values"]``: each kind on its own line."""
     lines = []
@@ -359,7 +353,7 @@ def _source_counts(sources: Iterable[Source]) -> list[str]:
     ):
         of_kind = [s for s in sources if s.kind == kind]
         if of_kind:
-            numel = sum(_numel(s.shape) for s in of_kind)
+            numel = sum(math.prod(s.shape) for s in of_kind)
             name = kind if len(of_kind) == 1 else plural
             lines.append(f"{len(of_kind)} {name}, {_count_text(numel)}")
     return lines
@@ -374,15 +368,5 @@ def _count_text(numel: int) -> str:
 
 
 def _common_dtype(trace: Trace) -> torch.dtype | None:
-    counts: dict[torch.dtype, int] = {}
-    for op in trace.ops:
-        counts[op.dtype] = counts.get(op.dtype, 0) + 1
-    return max(counts, key=counts.__getitem__) if counts else None
-
-
-def _shape_text(shape: tuple[int, ...]) -> str:
-    return "(" + ", ".join(str(d) for d in shape) + ")"
-
-
-def _dtype_text(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+    counts = Counter(op.dtype for op in trace.ops)
+    return counts.most_common(1)[0][0] if counts else None

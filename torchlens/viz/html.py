@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from html import escape
 
+from torchlens._views import dtype_text, shape_text
 from torchlens.trace import Op, Trace
 
 __all__ = ["op_html", "trace_html"]
@@ -34,7 +35,7 @@ def trace_html(trace: Trace, max_rows: int = 40) -> str:
     rows = [
         ("…", f"{len(ops) - 2 * (max_rows // 2)} more ops", "", "", "")
         if op is None
-        else (op.label, op.func_name, op.address or "-", _shape(op.shape), _dtype(op))
+        else (op.label, op.func_name, op.address or "-", shape_text(op.shape), dtype_text(op.dtype))
         for op in shown
     ]
     head = (
@@ -62,8 +63,8 @@ def op_html(op: Op) -> str:
         ("module call", op.address or "-"),
         ("parents", ", ".join(op.parents) or "-"),
         ("children", ", ".join(op.children) or "-"),
-        ("shape", _shape(op.shape)),
-        ("dtype", _dtype(op)),
+        ("shape", shape_text(op.shape)),
+        ("dtype", dtype_text(op.dtype)),
         ("device", str(op.device)),
         ("requires_grad", str(op.requires_grad)),
         ("in-place", str(op.is_inplace)),
@@ -79,11 +80,3 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
         for row in rows
     )
     return f"{_TABLE}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _shape(shape: tuple[int, ...]) -> str:
-    return "(" + ", ".join(str(d) for d in shape) + ")"
-
-
-def _dtype(op: Op) -> str:
-    return str(op.dtype).removeprefix("torch.")

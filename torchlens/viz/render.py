@@ -82,9 +82,7 @@ def draw(
     depth, collapse_repeats = readable_options(
         trace, depth, collapse_repeats, params, max_nodes, rolled=rolled
     )
-    options = {"depth": depth, "collapse_repeats": collapse_repeats, "params": params}
-    options["rolled"] = rolled
-    text = to_dot(trace, rankdir=rankdir, **options)
+    text = to_dot(trace, depth, collapse_repeats, params, rankdir, rolled)
     if fmt == "png":  # the 96 dpi default makes small, blurry text
         text = text.replace("digraph torchlens {", 'digraph torchlens {\n  graph [dpi="144"];', 1)
     path.write_bytes(render_dot(text, fmt))
