@@ -60,6 +60,7 @@ _thread_id = threading.get_ident
 _ref = weakref.ref
 _Parameter = nn.Parameter
 _no_torch_function = torch._C.DisableTorchFunction
+_all_atoms = ATOMS.issuperset  # (of types: one C call for a tuple's items)
 
 
 class _Plan:
@@ -151,8 +152,12 @@ class RecordMode(TorchFunctionMode):
             info = FUNC_INFOS[func]
         except (KeyError, TypeError):  # not seen yet, or unhashable
             info = func_info(func)
+        if not info.plain:
+            if info.never_tensor and info.escape is None:  # (x.shape, x.dim(): no op)
+                return func(*args, **kwargs) if kwargs else func(*args)
+            return self._call(info, func, args, kwargs)
         live = self.live
-        if info.plain and self._quiet and not live.slow and functorch_level() == self._level:
+        if self._quiet and not live.slow and functorch_level() == self._level:
             # the common call: a plain function (FuncInfo.plain) whose tensor arguments each
             # hold the value counted, nothing kept that it could write, no rule on module
             # outputs (LiveVersions.read and .produced inline)
@@ -168,8 +173,8 @@ class RecordMode(TorchFunctionMode):
                             entries[id(arg)] = (_ref(arg), None, arg._version, live.calls)
                         elif entry[2] != arg._version:
                             break
-                    elif kind not in ATOMS:
-                        break
+                    elif kind not in ATOMS and not (kind is tuple and _all_atoms(map(type, arg))):
+                        break  # (a tuple of atoms: a shape, conv2d's stride)
                 else:
                     fast = not kwargs or "out" not in kwargs and kwargs.get("inplace") is not True
             except RuntimeError:  # an inference tensor has no version: stale() asks
