@@ -334,3 +334,47 @@ def test_a_write_through_a_view_right_before_a_module_call_is_its_refresh_in_bot
     by_index = tl.where(lambda op: op.index == refresh.index)
     assert tl.record(model, x, save=by_index).labels == ["refresh_1"]
     assert_extract_agrees(model, x)
+
+
+@torch.jit.script
+def _scripted_decay_(buffer: torch.Tensor) -> None:
+    buffer.mul_(0.5)  # a write no torch function mode sees
+
+
+class WeightsWrittenBetweenReads(nn.Module):
+    """The recording's fast path reads weights, shapes and keywords without asking
+    ``LiveVersions.stale``: every write it cannot see is still a ``refresh`` where the
+    trace has one. A buffer is halved by a TorchScript function between two reads; a
+    parameter is written through a view under ``no_grad``; ``layer_norm`` (a shape tuple,
+    its weights as keywords) then reads it; ``out=`` and ``inplace=True`` write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.norm = nn.LayerNorm(4)
+        self.register_buffer("scale", torch.full((4,), 2.0))
+
+    def forward(self, x):
+        y = self.lin(x) * self.scale
+        _scripted_decay_(self.scale)
+        y = y * self.scale
+        with torch.no_grad():
+            self.norm.weight[:2].mul_(3)
+        y = self.norm(y)
+        out = torch.empty_like(y)
+        with torch.no_grad():
+            torch.add(y, 1, out=out)
+        y = F.relu(out * self.scale, inplace=True)
+        return F.conv1d(y.unsqueeze(1), self.lin.weight[:1, None, :3], stride=(1,), padding=(1,))
+
+
+def test_the_recordings_fast_path_counts_every_write_the_trace_counts():
+    model, x = WeightsWrittenBetweenReads(), torch.randn(2, 4)
+    trace = tl.trace(model, x)
+    refreshed = [op.label for op in trace if op.func_name == "refresh"]
+    assert len(refreshed) == 2  # the buffer after the script, the layer norm's weight
+    assert op_keys(tl.record(model, x, save=EVERY_OP)) == op_keys(trace)
+    # rules by label take the inline count: the same ops by the same labels
+    last = trace.ops[-1].label
+    assert tl.record(model, x, save=tl.label(refreshed[1], last)).labels == [refreshed[1], last]
+    assert_extract_agrees(model, x)
