@@ -61,7 +61,9 @@ class LiveVersions:
         self.unshared: frozenset[Any] = frozenset()  # storages reached through x.data
         # under torch.inference_mode() most new tensors have no version: told apart first
         self.inference = torch.is_inference_mode_enabled()
-        self.slow = self.inference  # every read asks stale(): unversioned or unshared values
+        # every read asks stale(): unversioned or unshared values (or a recording that
+        # names every tensor, or counts by reserved names, asks it to)
+        self.slow = self.inference
         # the autograd sequence number now: a value first seen with a later grad_fn was made
         # during the forward, out of sight (capture/unseen.py); None: no autograd here
         self.since = _sequence_now() if on_unseen is not None else None

@@ -142,9 +142,6 @@ class RecordMode(TorchFunctionMode):
         self.halt_pending = False
         self._level = functorch_level()  # as CaptureMode: torch.func transforms unrecorded
         self.modules: list[tuple[str, nn.Module]] = []  # every module named, as they come
-        # the fast path of __torch_function__ holds: no rule on module outputs (those
-        # name every tensor, and may halt later), no weight named like a label
-        self._quiet = self.exits is None
 
     # -- the per-op path ------------------------------------------------------------------
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -157,22 +154,21 @@ class RecordMode(TorchFunctionMode):
                 return func(*args, **kwargs) if kwargs else func(*args)
             return self._call(info, func, args, kwargs)
         live = self.live
-        if self._quiet and not live.slow and functorch_level() == self._level:
+        if not live.slow and functorch_level() == self._level:
             # the common call: a plain function (FuncInfo.plain) whose tensor arguments each
             # hold the value counted, nothing kept that it could write, no rule on module
             # outputs (LiveVersions.read and .produced inline)
             entries, fast = live.entries, False
             try:
                 for arg in args if not kwargs else (*args, *kwargs.values()):
-                    kind = type(arg)
-                    if kind is Tensor or kind is _Parameter:
-                        entry = entries.get(id(arg))
-                        if entry is None or entry[0]() is not arg:  # seen first (a weight)
-                            if kind is Tensor and arg.grad_fn is not None:
-                                break  # maybe made out of sight: LiveVersions.stale asks
-                            entries[id(arg)] = (_ref(arg), None, arg._version, live.calls)
-                        elif entry[2] != arg._version:
-                            break
+                    entry = entries.get(id(arg))
+                    if entry is not None and entry[0]() is arg:  # a value counted
+                        if entry[2] != arg._version:
+                            break  # written behind the capture's back
+                    elif (kind := type(arg)) is Tensor or kind is _Parameter:
+                        if kind is Tensor and arg.grad_fn is not None:
+                            break  # maybe made out of sight: LiveVersions.stale asks
+                        entries[id(arg)] = (_ref(arg), None, arg._version, live.calls)
                     elif kind not in ATOMS and not (kind is tuple and _all_atoms(map(type, arg))):
                         break  # (a tuple of atoms: a shape, conv2d's stride)
                 else:
@@ -193,7 +189,7 @@ class RecordMode(TorchFunctionMode):
                     except RuntimeError:  # an inference tensor (a mode the model entered)
                         live.last = None
                         live.remember(result)
-                    name = info.name  # _count inline, as _quiet allows
+                    name = info.name  # _count inline: no reserved name, no exits (see _add_modules)
                     count = self.counts[name] = self.counts.get(name, 0) + 1
                     index = self.n_ops
                     self.n_ops = index + 1
@@ -490,7 +486,8 @@ class RecordMode(TorchFunctionMode):
         """Modules first seen during the forward (``capture/follow.py``)."""
         self.modules.extend(modules)
         self.labeler.reserve(modules)
-        self._quiet = self.exits is None and not self._reserved
+        if self.exits is not None or self._reserved:  # (names every tensor; counts by
+            self.live.slow, self.live.last = True, None  # reserved names): no fast path
 
     def traced_forward(
         self, module: nn.Module, address: str, forward: Callable[..., Any]
