@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from floors import graph_floor  # noqa: E402
 from models import BENCH_MODELS, LARGE_MODELS  # noqa: E402
-from timing import interleaved_times, synchronized  # noqa: E402
+from timing import interleaved_times, pin_allocator, synchronized  # noqa: E402
 
 import torchlens as tl  # noqa: E402
 
@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--large", action="store_true", help="add the real-size models")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (a GPU must be present)")
     opts = parser.parse_args(argv)
+    pin_allocator()  # the same allocator for every arm (timing.pin_allocator)
     device = torch.device(opts.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda needs a CUDA build of torch and a GPU")

@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_record import SELECTION, _output_labels, _selected_modules  # noqa: E402
 from models import BENCH_MODELS  # noqa: E402
+from timing import pin_allocator  # noqa: E402
 
 import torchlens as tl  # noqa: E402
 from torchlens.extract import REDUCTIONS, _store  # noqa: E402
@@ -183,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         child_rss(names[0], opts.child_rss, opts.folder, opts.shard_mb)
         return 0
     failed = False
+    pin_allocator()  # (speed only: the RSS runs, in their own processes, keep glibc's rules)
     with tempfile.TemporaryDirectory() as folder:
         for name in names:
             clock = time.process_time if opts.clock == "cpu" else time.perf_counter

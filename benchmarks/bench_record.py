@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from floors import count_floor  # noqa: E402
 from models import BENCH_MODELS  # noqa: E402
-from timing import interleaved_times  # noqa: E402
+from timing import interleaved_times, pin_allocator  # noqa: E402
 
 import torchlens as tl  # noqa: E402
 
@@ -167,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
     parser.add_argument("--models", default=",".join(SELECTION))
     opts = parser.parse_args(argv)
+    pin_allocator()  # the same allocator for every arm (timing.pin_allocator)
     clock = time.perf_counter
     if opts.clock == "cpu":
         torch.set_num_threads(1)
