@@ -216,35 +216,8 @@ class RecordMode(TorchFunctionMode):
             return run_after_halt(Halt, func, args, kwargs)
         if info.opens and (info.opens is True or info.opens(args, kwargs or {})):
             return self._open(info.name, func, args, kwargs or {})
-        live = self.live
-        fresh = not live.slow
-        if fresh and kwargs:  # keywords (inplace=False, dim=-1) read no tensor
-            for value in kwargs.values():
-                if type(value) not in ATOMS:
-                    fresh = False
-                    break
-        if fresh:  # the common call: each tensor argument holds the value counted, or is
-            entries = live.entries  # seen first (a weight): LiveVersions.read inline
-            try:
-                for arg in args:
-                    kind = type(arg)
-                    if kind is Tensor or kind is _Parameter:
-                        entry = entries.get(id(arg))
-                        if entry is None or entry[0]() is not arg:
-                            if kind is Tensor and live.made_unseen(arg):
-                                fresh = False
-                                break
-                            entries[id(arg)] = (_ref(arg), None, arg._version, live.calls)
-                        elif entry[2] != arg._version:
-                            fresh = False
-                            break
-                    elif kind not in ATOMS:
-                        fresh = False
-                        break
-            except RuntimeError:  # an inference tensor has no version: read() asks
-                fresh = False
-        if not fresh:  # values changed behind the capture's back: refresh ops, as tl.trace
-            live.read(_read_arguments(func, args), kwargs)
+        # values changed behind the capture's back: refresh ops, as tl.trace records
+        self.live.read(_read_arguments(func, args), kwargs)
         writes = info.inplace or kwargs and ("out" in kwargs or kwargs.get("inplace") is True)
         if writes:  # a call that may write into a kept value (see inplace_targets)
             writes = bool(inplace_targets(info.inplace, args, kwargs or {}))
