@@ -71,19 +71,20 @@ class ForwardWrap:
         forward = module.forward
         wrapper = self.wrapper = factory(module, address, forward)
         wrapper.__wrapped__ = forward  # inspect.signature sees the real one
-        # for the unwinding (attributes of the function: no reference cycle to the module)
-        wrapper._torchlens_below, wrapper._torchlens_removed = self.before, False
+        if self.before is not None:  # for the unwinding (an attribute of the function: no
+            wrapper._torchlens_below = self.before  # reference cycle to the module)
         module.__dict__["forward"] = wrapper
 
     def remove(self) -> None:
-        self.wrapper._torchlens_removed = True
         attributes = self.module.__dict__
         if attributes.get("forward") is not self.wrapper:
-            return  # another capture's wrapper lies above (it unwinds past this one later),
-            # or the model assigned a forward of its own meanwhile: that one stays
+            # another capture's wrapper lies above (it unwinds past this one later), or the
+            # model assigned a forward of its own meanwhile: that one stays
+            self.wrapper._torchlens_removed = True
+            return
         below = self.before
         while getattr(below, "_torchlens_removed", False):
-            below = below._torchlens_below
+            below = getattr(below, "_torchlens_below", None)
         if below is None:
             del attributes["forward"]
         else:
