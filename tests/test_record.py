@@ -155,3 +155,25 @@ def test_module_outputs_are_kept_in_execution_order_as_trace_lists_them():
     recording = tl.record(model, x, save=tl.module("0").output)
     trace = tl.trace(model, x, save=tl.module("0").output)
     assert recording.labels == [op.label for op in trace if op.has_out] == ["relu_1", "sigmoid_1"]
+
+
+@pytest.mark.parametrize(
+    "save", [tl.label("linear_1"), tl.module("0").output], ids=["by label", "module output"]
+)
+def test_a_dropped_recording_frees_its_values_without_the_garbage_collector(save):
+    # a reference cycle through the recording's mode kept every kept value alive until the
+    # next collection: tl.extract then held several batches' activations at once
+    import gc
+    import weakref
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        rec = tl.record(model, torch.randn(2, 4), save=save)
+        kept = weakref.ref(rec.ops[0].out)
+        del rec
+        assert kept() is None
+    finally:
+        if was:
+            gc.enable()

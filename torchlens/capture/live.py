@@ -68,8 +68,10 @@ class LiveVersions:
         # during the forward, out of sight (capture/unseen.py); None: no autograd here
         self.since = _sequence_now() if on_unseen is not None else None
         # called at each refresh stale() finds, in order; and with each value made out of
-        # sight (a trace, which asks label_of, passes neither)
-        self.on: tuple[Callable[[Tensor], None], Any] = (on_refresh, on_unseen)
+        # sight (a trace, which asks label_of, passes neither). Held weakly: they are the
+        # owning mode's methods, and a cycle through them kept its kept values (a batch's
+        # activations, in tl.extract) alive until the next garbage collection
+        self.on = (_weak(on_refresh), _weak(on_unseen))
         # the weak reference of the tensor the latest counted call made, while nothing was
         # counted since and reads are fast (a recording sets it): a module call reads it
         # without asking its version
@@ -94,7 +96,7 @@ class LiveVersions:
         entry = self.entries.get(id(tensor))
         if entry is None or entry[0]() is not tensor:
             if self.made_unseen(tensor):  # counted as an op, as tl.trace records it
-                self.on[1](tensor)
+                self.on[1]()(tensor)
             else:
                 self.remember(tensor)
             return False
@@ -171,7 +173,7 @@ class LiveVersions:
         self.calls += 1
         self.last = None
         self.remember(tensor)
-        self.on[0](tensor)
+        self.on[0]()(tensor)
 
     def produced(self, name: str, tensors: list[Tensor], inplace: bool) -> None:
         """A call counted as ops produced ``tensors`` (written in place: ``inplace``)."""
@@ -185,6 +187,11 @@ class LiveVersions:
                 if key is not None:
                     self.writers[key].append((self.calls, None))
             self.remember(tensor)
+
+
+def _weak(method: Any) -> Any:
+    """A weak reference to a bound method (None stays None)."""
+    return None if method is None else weakref.WeakMethod(method)
 
 
 def _sequence_now() -> int | None:

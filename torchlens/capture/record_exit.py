@@ -23,7 +23,7 @@ class ExitTracker:
     """Remembers which op produced each live tensor; acts on module outputs at exit."""
 
     def __init__(self, mode: Any) -> None:
-        self.mode = mode
+        self.mode = weakref.proxy(mode)  # (the mode holds this tracker: no cycle)
         c = mode.controls
         self.save = c.save if c.save is not None and c.save.at_exit else None
         self.stop = c.stop if c.stop is not None and c.stop.at_exit else None
