@@ -33,6 +33,7 @@ from torchlens._tensors import (
     version_of,
 )
 from torchlens._tensors import geometry as _geometry
+from torchlens.capture.composite import group_address
 from torchlens.capture.escapes import EscapeHook, type_name
 from torchlens.capture.labels import Labeler
 from torchlens.capture.live import LiveVersions
@@ -462,7 +463,7 @@ class TraceBuilder:
         When the recorded writes account for every step of the tensor's version counter
         since ``stale_version`` (its value then), nothing else changed it: its value is
         the writes over the stale value, and is kept that way once something writes into
-        it (:meth:`protect`), not copied whole.
+        it (:meth:`~torchlens.capture.payloads.PayloadKeeper.protect`), not copied whole.
         """
         key = storage_key(tensor)
         geometry = _geometry(tensor)
@@ -506,7 +507,7 @@ class TraceBuilder:
     def _keep_as_writes(self, op: Op, tensor: Tensor, geometry: tuple | None) -> None:
         """Note how to make the value of ``op`` (a refresh whose recorded writes account
         for every change) from its parents' saved values, when each is saved and intact:
-        :meth:`protect` then keeps it that way instead of copying it."""
+        :meth:`PayloadKeeper.protect` then keeps it that way instead of copying it."""
         values, versions = self._values, self._versions
         if (
             op.label not in values
@@ -538,11 +539,6 @@ class TraceBuilder:
         self.payloads.recipes[op.label] = WrittenOver(stale, tuple(writes), geometry)
 
     # -- ops ------------------------------------------------------------------------------
-    def protect(self, target: Tensor) -> None:
-        """Copy every saved alias of ``target``'s storage before it is written in place
-        (:meth:`~torchlens.capture.payloads.PayloadKeeper.protect`)."""
-        self.payloads.protect(target)
-
     def record_call(
         self,
         name: str,
@@ -736,12 +732,9 @@ class TraceBuilder:
     def enter_group(self, name: str, inputs: Sequence[Tensor]) -> None:
         """An opened composite function starts (``capture/composite.py``): a call like a
         module's, at the enclosing module's address plus ``"." + name``."""
-        address = self.stack.group_address(name)  # (a str key: apart from modules' ids)
+        frames = self.stack.frames  # (the address: a str key, apart from modules' ids)
+        address = group_address(frames[-1][0] if frames else "", name)
         self.stack.open(address, address, name, self._labels(inputs), len(self.ops))
-
-    def exit_group(self, outputs: Sequence[Tensor]) -> ModuleCall | None:
-        """An opened composite function returned ``outputs`` (or raised: none)."""
-        return self.exit_module(outputs)
 
     # -- finish ---------------------------------------------------------------------------
     def root_call(self, root_type: str, output_tensors: Sequence[Tensor]) -> ModuleCall:
@@ -768,7 +761,7 @@ class TraceBuilder:
         if self.without_grad:
             meta = {**meta, WITHOUT_GRAD: list(self.without_grad)}
         for tensor in keep_safe:
-            self.protect(tensor)
+            self.payloads.protect(tensor)
         calls = [root, *self.stack.calls]
         root.ops = tuple(map(_label, self.ops))
         self.stack.close(root.ops)

@@ -60,7 +60,8 @@ class CaptureMode(TorchFunctionMode):
             if not info.never_tensor:  # (so a deeper level: inside torch.func.vmap, grad)
                 self.builder.note_transform_call()
             elif func is _STORAGE and args:  # the storage may be resized out of sight (FSDP
-                self.builder.protect(args[0])  # frees what it gathered): saved values copied
+                # frees what it gathered): saved values copied
+                self.builder.payloads.protect(args[0])
             elif info.escape is not None and functorch_level() == self._level:
                 return escape_call(self.builder, info.escape, func, args, kwargs)
             return func(*args, **kwargs) if kwargs else func(*args)
@@ -81,7 +82,7 @@ class CaptureMode(TorchFunctionMode):
             _refuse_nested(err, [t for _, t in flatten_call(args, kwargs)[0]])
         targets = inplace_targets(info.inplace, args, kwargs) if info.inplace or kwargs else ()
         for target in targets:
-            self.builder.protect(target)
+            self.builder.payloads.protect(target)
         rng_state = None
         if info.stochastic and rng.draws(info.name, args, kwargs):
             rng_state = rng.call_snapshot(args, kwargs)
@@ -138,7 +139,7 @@ class CaptureMode(TorchFunctionMode):
             outputs = [t for _, t in flatten(result)[0]]
         finally:
             torch._C._pop_torch_function_stack()
-            call = builder.exit_group(outputs)
+            call = builder.exit_module(outputs)  # (or raised: none)
         if call is not None and builder.exit_hooks:
             new = run_exit_hooks(builder, call, result, outputs)
             return result if new is None else new

@@ -8,7 +8,6 @@ from typing import Any
 
 from torch import nn
 
-from torchlens.capture.composite import group_address
 from torchlens.trace import ModuleCall
 
 __all__ = ["ModuleStack"]
@@ -32,10 +31,6 @@ class ModuleStack:
         self._starts: list[int] = []
         self._ends: list[int | None] = []  # None while open
         self._counts: dict[int | str, int] = {}  # module ids; addresses of opened groups
-
-    def group_address(self, name: str) -> str:
-        """The address of an opened composite ``name`` inside the innermost open call."""
-        return group_address(self.frames[-1][0] if self.frames else "", name)
 
     def open(
         self,
