@@ -266,7 +266,7 @@ def _capture(
         builder = TraceBuilder(
             save_payloads=not structure_only, sink=sink, payload_filter=controls.save_filter()
         )
-        builder.register_model(model, walked.modules)
+        builder.register_model(walked.modules)
         if escape_hook is not None:  # validation's completeness arm perturbs escaped values
             builder.escape_hook = escape_hook
         grads = GradCapture(builder.payload_filter) if save_grads else None
@@ -287,7 +287,7 @@ def _capture(
         hooks = ((make_source_hook(),) if source else ()) + controls.hooks(builder)
         try:
             with controls.halting(model, walked.modules):
-                with CaptureSession(model, builder, hooks, walked):
+                with CaptureSession(builder, hooks, walked):
                     output = model(*args, **kwargs)
                 if builder.exit_hooks and builder.halt_pending is None:  # the root's call
                     out = [t for _, t in flatten(output)[0]]  # ends: tl.module("").output

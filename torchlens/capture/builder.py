@@ -43,7 +43,7 @@ from torchlens.capture.sinks import PayloadSink
 from torchlens.capture.source import caller_line
 from torchlens.capture.tree import _POSITIONS, _SLOTS, ATOMS, flatten_call, plain_slice
 from torchlens.capture.unseen import record_unseen
-from torchlens.capture.walk import named_modules, owned_tensors
+from torchlens.capture.walk import owned_tensors
 from torchlens.capture.wrappers import Wrappers
 from torchlens.trace import (
     ArgRef,
@@ -179,20 +179,13 @@ class TraceBuilder:
         return self.stack.calls
 
     # -- sources --------------------------------------------------------------------------
-    def register_model(
-        self, model: Any, modules: list[tuple[str, nn.Module]] | None = None
-    ) -> None:
+    def register_model(self, modules: list[tuple[str, nn.Module]]) -> None:
         """Know the model's modules, parameters and buffers, so they are named by address.
 
-        One walk of the module tree serves the hooks too (``self.named_modules``); the
-        addresses are those ``named_parameters``/``named_buffers`` give, first name first.
-        ``modules`` is that walk when the caller has made it already (for any callable:
-        the walk of its root, ``capture/roots.py``).
+        ``modules`` is the walk of the capture's root (``capture/roots.py``), which serves
+        the hooks too (``self.named_modules``); the addresses are those
+        ``named_parameters``/``named_buffers`` give, first name first.
         """
-        if modules is None:
-            if not isinstance(model, nn.Module):
-                return
-            modules = named_modules(model)
         self.named_modules = modules
         self.labeler.reserve(modules)
         self._owned = owned_tensors(self.named_modules)

@@ -34,7 +34,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from torchlens.capture.follow import Follower
-from torchlens.capture.roots import ModuleNames, Root, resolve_root
+from torchlens.capture.roots import ModuleNames, Root
 from torchlens.capture.tree import fill, flatten
 
 if TYPE_CHECKING:
@@ -184,17 +184,11 @@ class ModuleTracker:
             self.on = was
 
 
-def install_module_hooks(
-    model: Any, builder: TraceBuilder, tracker: ModuleTracker, root: Root | None = None
-) -> None:
+def install_module_hooks(builder: TraceBuilder, tracker: ModuleTracker, root: Root) -> None:
     """Follow every module call of the capture into ``builder`` with ``tracker``: the
     modules of ``root`` (the walk ``register_model`` was given, ``builder.named_modules``)
     by wrappers, any other module called on this thread by a
     :class:`~torchlens.capture.follow.Follower`."""
-    if root is None:
-        root = resolve_root(model)
-        if not builder.named_modules:
-            builder.register_model(model, root.modules)
     tracker.enter(root, _ModuleCalls(builder, tracker), builder.add_modules)
 
 

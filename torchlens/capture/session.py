@@ -52,15 +52,8 @@ def refuse_reentry() -> None:
 class CaptureSession:
     """Install capture on ``model`` for the duration of a ``with`` block."""
 
-    def __init__(
-        self,
-        model: Any,
-        builder: TraceBuilder,
-        op_hooks: tuple[OpHook, ...] = (),
-        root: Root | None = None,
-    ) -> None:
-        self.model = model
-        self.root = root  # (capture/roots.py; resolved from the model when not given)
+    def __init__(self, builder: TraceBuilder, op_hooks: tuple[OpHook, ...], root: Root) -> None:
+        self.root = root  # (capture/roots.py)
         self.builder = builder
         self.mode = CaptureMode(builder, op_hooks)
         self.tracker = ModuleTracker()  # its module calls
@@ -72,7 +65,7 @@ class CaptureSession:
             _local.session = self
             stack.callback(_clear_session)
             stack.callback(self.tracker.exit)
-            install_module_hooks(self.model, self.builder, self.tracker, self.root)
+            install_module_hooks(self.builder, self.tracker, self.root)
             stack.enter_context(self.mode)
             self._stack = stack.pop_all()
         return self
