@@ -448,8 +448,10 @@ class RecordMode(TorchFunctionMode):
         module call exactly as in ``tl.trace``; every other module called on this thread
         followed (``capture/follow.py``). ``modules``: the root's walk, when made already.
         ``self.tracker.exit()`` removes them."""
-        if root is None:
-            root = resolve_root(model) if modules is None else _root_of(model, modules)
+        if root is None and modules is None:
+            root = resolve_root(model)
+        elif root is None:  # (find_nonfinite's walk of the module it runs)
+            root = Root(modules, model, type(model).__name__)
         self._type = root.type_name  # the root call's name, as the trace's root names it
         self.modules = []
         self._add_modules(list(root.modules))
@@ -567,11 +569,3 @@ class RecordMode(TorchFunctionMode):
         if self.exits is not None and output is not None:
             return self.exits.on_exit(frame, type_name, output)
         return None
-
-
-def _root_of(model: Any, modules: list[tuple[str, nn.Module]]) -> Root:
-    """The root of ``model`` whose walk (``modules``) the caller made already."""
-    if isinstance(model, nn.Module):
-        return Root(modules, model, type(model).__name__)
-    root = resolve_root(model)
-    return Root(modules or root.modules, None, root.type_name)
