@@ -173,11 +173,6 @@ class TraceBuilder:
         """The open module calls as ``(address, call number)``, outermost first."""
         return self.stack.frames
 
-    @property
-    def module_calls(self) -> list[ModuleCall]:
-        """The module calls so far, in the order they started."""
-        return self.stack.calls
-
     # -- sources --------------------------------------------------------------------------
     def register_model(self, modules: list[tuple[str, nn.Module]]) -> None:
         """Know the model's modules, parameters and buffers, so they are named by address.

@@ -11,7 +11,6 @@ model's call itself; a bug inside torchlens keeps its full traceback.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -36,10 +35,8 @@ def note_model_error(err: BaseException, builder: Any, func_name: str) -> None:
 
     Called only on the error path, so it costs the capture nothing per op.
     """
-    _note(err, builder.labeler.peek(func_name), builder.module_stack)  # its would-be label
-
-
-def _note(err: BaseException, label: str, stack: Sequence[tuple[str, int]]) -> None:
+    label = builder.labeler.peek(func_name)  # its would-be label
+    stack = builder.module_stack
     if getattr(err, _MARK, None) is not None or isinstance(err, TorchLensError):
         return
     where = "the traced model's own forward"
@@ -124,5 +121,5 @@ def _raised_in(err: BaseException, builder: Any) -> str:
         tb = tb.tb_next
     if not address:
         return ""
-    call = max((c.call_index for c in builder.module_calls if c.address == address), default=1)
+    call = max((c.call_index for c in builder.stack.calls if c.address == address), default=1)
     return f"{address}:{call}"
