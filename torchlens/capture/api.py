@@ -278,10 +278,9 @@ def _capture(
             if sink is not None:
                 grads.sinks.append(sink.write_grads)
         arg_leaves, kwarg_leaves = flatten(args)[0], flatten(kwargs)[0]
-        for path, tensor in arg_leaves:
-            builder.add_input(_input_path(path, positional=True), tensor)
-        for path, tensor in kwarg_leaves:
-            builder.add_input(_input_path(path, positional=False), tensor)
+        for positional, leaves in ((True, arg_leaves), (False, kwarg_leaves)):
+            for path, tensor in leaves:
+                builder.add_input(_input_path(path, positional), tensor)
         rng_state = rng.snapshot()
         output = None
         hooks = ((make_source_hook(),) if source else ()) + controls.hooks(builder)
@@ -303,16 +302,9 @@ def _capture(
             raise
         out_tensors = [t for _, t in flatten(output)[0]]
         meta = _meta(walked, controls, structure_only)
+        keep = [t for _, t in arg_leaves + kwarg_leaves] + out_tensors if keep_caller_safe else []
         result = builder.finish(
-            walked.type_name,
-            output,
-            out_tensors,
-            rng_state=rng_state,
-            meta=meta,
-            keep_safe=(
-                [t for _, t in arg_leaves + kwarg_leaves] + out_tensors if keep_caller_safe else []
-            )
-            + builder.model_buffers,
+            walked.type_name, output, out_tensors, rng_state, meta, keep + builder.model_buffers
         )
         if grads is not None:
             grads.attach(result)

@@ -72,12 +72,7 @@ def slots_in_order(args: Any, kwargs: Any, n: int) -> bool:
             i += 1
         elif not is_atom(item) and not _atoms_tuple(item):
             return False
-    if i != n:
-        return False
-    for item in kwargs.values():
-        if not is_atom(item) and not _atoms_tuple(item):
-            return False
-    return True
+    return i == n and all(is_atom(item) or _atoms_tuple(item) for item in kwargs.values())
 
 
 def _atoms_tuple(item: Any) -> bool:
