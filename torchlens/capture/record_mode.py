@@ -210,7 +210,11 @@ class RecordMode(TorchFunctionMode):
         """Every call the fast path of :meth:`__torch_function__` does not take."""
         if info.never_tensor or functorch_level() != self._level:
             if info.escape is not None and functorch_level() == self._level:
-                return self._escape(func, args, kwargs)
+                # a read into Python (.item()): its tensors are read as tl.trace reads an
+                # escape's (a changed value is a refresh)
+                value = func(*args, **kwargs) if kwargs else func(*args)
+                self.read(escaped_tensors(args, kwargs))
+                return value
             return func(*args, **kwargs) if kwargs else func(*args)
         if self.halt_pending:  # the op stop_after matched has left every call returning it
             return run_after_halt(Halt, func, args, kwargs)
@@ -298,13 +302,6 @@ class RecordMode(TorchFunctionMode):
     def _count_unseen(self, name: str, tensor: Tensor) -> None:
         self.live.produced(name, [tensor], False)
         self._refresh(tensor, name)
-
-    def _escape(self, func: Any, args: tuple, kwargs: dict | None) -> Any:
-        """A call that reads values into Python (``.item()``): what it reads is read as
-        ``tl.trace`` reads an escape's tensors (a changed value is a refresh)."""
-        value = func(*args, **kwargs) if kwargs else func(*args)
-        self.read(escaped_tensors(args, kwargs))
-        return value
 
     def read(self, tensors: list[Tensor] | tuple[Tensor, ...]) -> None:
         """``tensors`` are read outside an op (a module call's inputs or outputs, an
