@@ -29,9 +29,7 @@ def escape_call(builder: Any, via: str, func: Callable[..., Any], args: tuple, k
     (or as the builder's ``escape_hook`` replaces it)."""
     value = func(*args, **kwargs) if kwargs else func(*args)
     tensors = escaped_tensors(args, kwargs)
-    if not tensors:
-        return value
-    return builder.record_escape(via, tensors, value)
+    return builder.record_escape(via, tensors, value) if tensors else value
 
 
 def escaped_tensors(args: tuple, kwargs: dict | None) -> list[torch.Tensor]:
@@ -41,6 +39,4 @@ def escaped_tensors(args: tuple, kwargs: dict | None) -> list[torch.Tensor]:
 
 def type_name(value: Any) -> str:
     """The type an escape gave, as recorded (``"ndarray"`` for NumPy arrays)."""
-    if isinstance(value, np.ndarray):
-        return "ndarray"
-    return type(value).__name__
+    return "ndarray" if isinstance(value, np.ndarray) else type(value).__name__

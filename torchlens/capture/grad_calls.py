@@ -81,11 +81,9 @@ _REWRITTEN = frozenset(1 + len(order) for order in BACKWARDS.values())
 
 def _retaining(builder: Any) -> bool:
     """Whether a tensor the capture recorded is a non-leaf that retains its grad."""
-    for entry in list(builder._live.values()):
-        tensor = entry[0]()
-        if tensor is not None and tensor.retains_grad:
-            return True
-    return False
+    return any(
+        (t := entry[0]()) is not None and t.retains_grad for entry in [*builder._live.values()]
+    )
 
 
 def _leaves(outputs: Any) -> tuple[Tensor, ...]:
