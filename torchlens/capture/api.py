@@ -266,7 +266,7 @@ def _capture(
         builder = TraceBuilder(
             save_payloads=not structure_only, sink=sink, payload_filter=controls.save_filter()
         )
-        builder.register_model(walked.modules)
+        builder.add_modules(walked.modules)
         if escape_hook is not None:  # validation's completeness arm perturbs escaped values
             builder.escape_hook = escape_hook
         grads = GradCapture(builder.payload_filter) if save_grads else None

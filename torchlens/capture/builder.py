@@ -143,7 +143,7 @@ class TraceBuilder:
         self._values, self._versions = self.payloads.values, self.payloads.versions
         self.save_payloads = save_payloads
         self.payload_filter = payload_filter
-        self.named_modules: list[tuple[str, nn.Module]] = []  # filled by register_model
+        self.named_modules: list[tuple[str, nn.Module]] = []  # filled by add_modules
         self.model_buffers: list[Tensor] = []  # updated in place by forwards; see finish
         # called as observe(record, live tensor, alias_of) each time a record takes a tensor;
         # alias_of is the label the tensor held with the same value (an op returned its input)
@@ -174,28 +174,18 @@ class TraceBuilder:
         return self.stack.frames
 
     # -- sources --------------------------------------------------------------------------
-    def register_model(self, modules: list[tuple[str, nn.Module]]) -> None:
-        """Know the model's modules, parameters and buffers, so they are named by address.
-
-        ``modules`` is the walk of the capture's root (``capture/roots.py``), which serves
-        the hooks too (``self.named_modules``); the addresses are those
-        ``named_parameters``/``named_buffers`` give, first name first.
-        """
-        self.named_modules = modules
-        self.labeler.reserve(modules)
-        self._owned = owned_tensors(self.named_modules)
-        self.model_buffers = [t for kind, _, t in self._owned.values() if kind == "buffer"]
-
     def add_modules(self, modules: list[tuple[str, nn.Module]]) -> None:
-        """Know modules first seen during the forward (``(address, module)``, their
-        addresses given by ``capture/roots.py``): their weights are named by address."""
+        """Know modules (``(address, module)``), so their parameters and buffers are named
+        by address: the walk of the capture's root (``capture/roots.py``), which serves the
+        hooks too (``self.named_modules``), then each module first seen during the forward.
+        Their addresses are those ``named_parameters``/``named_buffers`` give (the first)."""
         self.named_modules = [*self.named_modules, *modules]
         self.labeler.reserve(modules)
-        for key, entry in owned_tensors(modules).items():
-            if key not in self._owned:
-                self._owned[key] = entry
-                if entry[0] == "buffer":
-                    self.model_buffers.append(entry[2])
+        new = {
+            key: entry for key, entry in owned_tensors(modules).items() if key not in self._owned
+        }
+        self._owned.update(new)
+        self.model_buffers += [t for kind, _, t in new.values() if kind == "buffer"]
 
     def add_input(self, path: str, tensor: Tensor) -> str:
         """Record a tensor passed to the traced callable; returns its label."""

@@ -186,7 +186,7 @@ class ModuleTracker:
 
 def install_module_hooks(builder: TraceBuilder, tracker: ModuleTracker, root: Root) -> None:
     """Follow every module call of the capture into ``builder`` with ``tracker``: the
-    modules of ``root`` (the walk ``register_model`` was given, ``builder.named_modules``)
+    modules of ``root`` (the walk ``add_modules`` was given first, ``builder.named_modules``)
     by wrappers, any other module called on this thread by a
     :class:`~torchlens.capture.follow.Follower`."""
     tracker.enter(root, _ModuleCalls(builder, tracker), builder.add_modules)
