@@ -380,24 +380,18 @@ class Controls:
 
     # -- halting and checks ---------------------------------------------------------------
     @contextmanager
-    def halting(
-        self, model: Any, modules: list[tuple[str, nn.Module]] | None = None
-    ) -> Iterator[None]:
+    def halting(self, model: Any, modules: list[tuple[str, nn.Module]]) -> Iterator[None]:
         """Catch the halt of ``stop_after``; the RNG state and the model's buffers (of
-        ``modules``, the walk of its root, when given) are then put back as they were when
-        the block began. Also notes the model's type, which selectors see as
-        ``op.module_type`` of the ops run outside any submodule."""
+        ``modules``, the walk of its root) are then put back as they were when the block
+        began. Also notes the model's type, which selectors see as ``op.module_type`` of
+        the ops run outside any submodule."""
         if not isinstance(model, nn.Module):
             self._types[""] = getattr(model, "__qualname__", None) or type(model).__name__
         if self.stop is None:
             yield
             return
         state = rng.snapshot()
-        if modules is not None:
-            walked: Iterable[nn.Module] = (module for _, module in modules)
-        else:
-            walked = model.modules() if isinstance(model, nn.Module) else ()
-        buffers = snapshot_buffers(walked)
+        buffers = snapshot_buffers(module for _, module in modules)
         try:
             yield
         except Halt:
