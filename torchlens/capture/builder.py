@@ -755,11 +755,9 @@ class TraceBuilder:
             meta=meta,
             escapes=list(self.escapes),
         )
-        self._live.clear()
-        self._owned.clear()
-        self.payloads.aliases.clear()
-        self._writers.clear()
-        self.payloads.recipes.clear()
+        payloads = self.payloads
+        for held in (self._live, self._owned, payloads.aliases, self._writers, payloads.recipes):
+            held.clear()
         self.__dict__.pop("label_of", None)  # set by _note_unshared: a cycle through self
         self.__dict__.pop("arguments", None)
         return trace

@@ -144,8 +144,7 @@ def recording_session(
     root: Root | None = None,
 ) -> Iterator[None]:
     """Run a block with ``mode`` recording ``model`` (its walked ``modules``, or its
-    ``root``, when known),
-    Python's cyclic garbage collector paused as in ``tl.trace``
+    ``root``, when known), Python's cyclic garbage collector paused as in ``tl.trace``
     (:func:`~torchlens._gc.collector_paused`)."""
     if _session.active_session() is not None:
         raise ReentrantCaptureError(
