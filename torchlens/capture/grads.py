@@ -42,6 +42,15 @@ __all__ = ["GradCapture", "GradStore", "GradMapping", "default_loss", "grad_untr
 
 Tensor = torch.Tensor
 
+_UNTRACKED = (
+    "{label!r} was computed without gradient tracking (requires_grad=False: under "
+    "torch.no_grad, detached, or from integer/bool values), so no gradient can reach it "
+    "and it does not lie on the path to the loss"
+)
+_NOT_SELECTED = (
+    "{label!r} was not selected by save=, so its gradient was not kept; trace again with "
+    "a selector that matches it"
+)
 _NOT_ON_PATH = (
     "no gradient reached {label!r}: it does not lie on the path from the outputs to the "
     "loss (its value was not used by anything the loss depends on)"
@@ -181,7 +190,7 @@ class GradCapture:
         if old is not None:  # the record took a new tensor (an intervention replaced it)
             old.remove()
         if isinstance(record, Op) and self.payload_filter and not self.payload_filter(record):
-            self.store.missing[label] = ("not_saved", _not_selected(label))
+            self.store.missing[label] = ("not_saved", _NOT_SELECTED.format(label=label))
             if self.pending is not None:
                 self.pending[label] = alias_of
             return
@@ -197,7 +206,7 @@ class GradCapture:
     def _hook(self, record: Op | Source, tensor: Tensor, alias_of: str | None) -> None:
         label = record.label
         if not tensor.requires_grad:
-            self.store.missing[label] = ("no_grad", _untracked(label))
+            self.store.missing[label] = ("no_grad", _UNTRACKED.format(label=label))
             self.store.untracked.add(label)
             return
         self.store.missing.pop(label, None)
@@ -329,18 +338,3 @@ def grad_untracked(record: Op | Source) -> bool:
     loaded trace)."""
     store = record.grad_store
     return isinstance(store, GradStore) and record.label in store.untracked
-
-
-def _untracked(label: str) -> str:
-    return (
-        f"{label!r} was computed without gradient tracking (requires_grad=False: under "
-        "torch.no_grad, detached, or from integer/bool values), so no gradient can reach it "
-        "and it does not lie on the path to the loss"
-    )
-
-
-def _not_selected(label: str) -> str:
-    return (
-        f"{label!r} was not selected by save=, so its gradient was not kept; trace again with "
-        "a selector that matches it"
-    )
