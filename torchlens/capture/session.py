@@ -50,7 +50,7 @@ def refuse_reentry() -> None:
 
 
 class CaptureSession:
-    """Install capture on ``model`` for the duration of a ``with`` block."""
+    """Install capture on the modules of ``root`` for the duration of a ``with`` block."""
 
     def __init__(self, builder: TraceBuilder, op_hooks: tuple[OpHook, ...], root: Root) -> None:
         self.root = root  # (capture/roots.py)
