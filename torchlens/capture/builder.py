@@ -666,17 +666,11 @@ class TraceBuilder:
 
     # -- module calls ---------------------------------------------------------------------
     def enter_module(
-        self,
-        module: nn.Module,
-        address: str,
-        inputs: Sequence[Tensor],
-        type_name: str | None = None,
+        self, module: nn.Module, address: str, inputs: Sequence[Tensor], type_name: str
     ) -> None:
-        """A module's forward starts: push it on the module stack (``type_name``: its class
-        name, when the caller knows it already)."""
+        """A module's forward starts: push it on the module stack, named ``type_name``."""
         if self.halt_pending is not None:  # stop_after= matched: no call starts after it
             raise self.halt_pending
-        type_name = type_name or type(module).__name__
         self.stack.open(id(module), address, type_name, self._labels(inputs), len(self.ops), module)
 
     def _labels(self, tensors: Sequence[Tensor]) -> tuple[str, ...]:

@@ -232,7 +232,8 @@ class _ModuleCalls:
     def enter_own(self, address: str, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if self._active():
             with _no_torch_function():
-                self.builder.enter_module(module, address, _call_inputs(args, kwargs))
+                inputs = _call_inputs(args, kwargs)
+                self.builder.enter_module(module, address, inputs, type(module).__name__)
 
     def exit_own(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
         return self._exit(output) if self._active() else None
