@@ -40,7 +40,7 @@ class ModuleStack:
         inputs: tuple[str, ...],
         n_ops: int,
         module: nn.Module | None = None,
-    ) -> ModuleCall:
+    ) -> None:
         """A call of the module (``key``: its id) or group (its address) at ``address``
         starts after the first ``n_ops`` ops, given the values labelled ``inputs``."""
         counts = self._counts
@@ -51,7 +51,6 @@ class ModuleStack:
         self.calls.append(call)
         self._starts.append(n_ops)
         self._ends.append(None)
-        return call
 
     def pop(self, n_ops: int) -> ModuleCall | None:
         """The innermost open call ends after the first ``n_ops`` ops; returns it."""
