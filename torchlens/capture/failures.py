@@ -91,12 +91,11 @@ def attach_partial_trace(
     """
     try:
         label = getattr(err, _MARK, None)
+        where = getattr(err, _WHERE, "") if label is not None else _raised_in(err, builder)
         notes = {
             "partial": True,
             "failed_call": label,
-            "failed_in": getattr(err, _WHERE, "")
-            if label is not None
-            else _raised_in(err, builder),
+            "failed_in": where,
             "error": f"{type(err).__name__}: {err}",
         }
         trace = builder.finish(root_type, None, [], rng_state=rng_state, meta={**meta, **notes})

@@ -100,16 +100,15 @@ def _held(builder: Any, frame: Any, tensor: Tensor) -> dict[tuple[Any, int], Ten
     """Values the calling frame holds in its variables that were also made out of sight
     (``g = scripted_gate(a, b)`` before ``silu(g)``), by autograd node: the walk stops at
     them, and each is recorded as an opaque op of its own."""
-    held: dict[tuple[Any, int], Tensor] = {}
-    for value in list(frame.f_locals.values()) if frame is not None else ():
-        if (
-            isinstance(value, Tensor)
-            and value is not tensor
-            and value.grad_fn is not None
-            and builder._current_label(value) is None
-        ):
-            held[(value.grad_fn, value.output_nr)] = value
-    return held
+    values = list(frame.f_locals.values()) if frame is not None else []
+    return {
+        (value.grad_fn, value.output_nr): value
+        for value in values
+        if isinstance(value, Tensor)
+        and value is not tensor
+        and value.grad_fn is not None
+        and builder._current_label(value) is None
+    }
 
 
 def _parents(builder: Any, tensor: Tensor, held: dict) -> dict[str, Tensor]:
