@@ -308,11 +308,9 @@ class Controls:
         """
         shapes = self.edit_shapes[i]
         kind = (len(shape), shape[-1]) if shape else (0, 0)
-        if kind in shapes or len(shapes) > 1:
-            shapes.setdefault(kind, (shape, label))
-            return
-        shapes[kind] = (shape, label)
-        if len(shapes) == 2:
+        new = kind not in shapes
+        shapes.setdefault(kind, (shape, label))
+        if new and len(shapes) == 2:
             selector = self.edits[i][0]
             seen = ", ".join(f"{lab} {tuple(s)}" for s, lab in shapes.values())
             warnings.warn(
