@@ -394,9 +394,7 @@ class NonFiniteMode(RecordMode):
         of them cannot be run again to the same values."""
         call = self.call
         tensors = [t for _, t in flatten((call.args, call.kwargs))[0]]
-        for _, module in call.modules or ():
-            tensors += [t for t in module._parameters.values() if t is not None]
-            tensors += [t for t in module._buffers.values() if t is not None]
+        tensors += [t for _, _, t in owned_tensors(call.modules or []).values()]
         self._outside = {storage_key(t) for t in tensors} - {None}
         return self._outside
 
