@@ -455,7 +455,8 @@ class RecordMode(TorchFunctionMode):
         self.tracker.enter(root, self, self._add_modules)
 
     def _add_modules(self, modules: list[tuple[str, nn.Module]]) -> None:
-        """Modules first seen during the forward (``capture/follow.py``)."""
+        """Modules named: the root's walk, then each first seen during the forward
+        (``capture/follow.py``)."""
         self.modules.extend(modules)
         self.labeler.reserve(modules)
         if self.exits is not None or self._reserved:  # (names every tensor; counts by
