@@ -101,6 +101,12 @@ class _Plan:
 class RecordMode(TorchFunctionMode):
     """Counts ops like the full capture and keeps only what :class:`Controls` selects.
 
+    It is the counting every recording policy shares; what a policy does with the ops lies
+    in four methods a subclass may override (``find_nonfinite``'s mode does): :meth:`plan_for`
+    (which ops of a function name it looks at), :meth:`act` (what it does with one),
+    :meth:`before_write` (before a call writes in place) and :meth:`refreshed` (an op the
+    capture counts itself). Labels, indices and module calls stay the capture's.
+
     Args:
         controls: the parsed ``save=``, ``intervene=`` and ``stop_after=``.
         clone: copy each kept value at once instead of aliasing it and copying only before
@@ -197,12 +203,12 @@ class RecordMode(TorchFunctionMode):
                     if plan is None:
                         return result
                     if plan is _UNSEEN:
-                        plan = self._plans[name] = self._plan_for(name)
+                        plan = self._plans[name] = self.plan_for(name)
                         if plan is None:
                             return result
                     if type(plan) is _Plan and plan.counts is not None and count not in plan.counts:
                         return result  # rules by label that name other calls (linear_3)
-                    return self._act(plan, name, count, index, 1, (False, args, kwargs), result)
+                    return self.act(plan, name, count, index, 1, (False, args, kwargs), result)
                 return self._counted_outputs(info, args, kwargs, result, False)
         return self._call(info, func, args, kwargs)
 
@@ -226,7 +232,7 @@ class RecordMode(TorchFunctionMode):
         if writes:  # a call that may write into a kept value (see inplace_targets)
             writes = bool(inplace_targets(info.inplace, args, kwargs or {}))
             if self.payloads.aliases:
-                self._protect(info.inplace, args, kwargs or {})
+                self.before_write(info.inplace, args, kwargs or {})
         try:
             result = func(*args, **kwargs) if kwargs else func(*args)
         except Exception as err:  # the model's own error: noted, never wrapped
@@ -264,12 +270,12 @@ class RecordMode(TorchFunctionMode):
             self.exits.note(name, count, index, args, result)
         plan = self._plans.get(name, _UNSEEN)
         if plan is _UNSEEN:
-            plan = self._plans[name] = self._plan_for(name)
+            plan = self._plans[name] = self.plan_for(name)
         if plan is None:
             return result
         if type(plan) is _Plan and plan.counts is not None and count not in plan.counts:
             return result  # rules by label that name other calls (tl.label("linear_3"))
-        return self._act(plan, name, count, index, n, (info.inplace, args, kwargs), result)
+        return self.act(plan, name, count, index, n, (info.inplace, args, kwargs), result)
 
     @property
     def module_stack(self) -> tuple[tuple[str, int], ...]:
@@ -329,9 +335,9 @@ class RecordMode(TorchFunctionMode):
         self.n_ops = index + 1
         if self.exits is not None:
             self.exits.note(name, count, index, (), tensor)
-        self._refreshed(name, count, index, tensor)
+        self.refreshed(name, count, index, tensor)
 
-    def _refreshed(self, name: str, count: int, index: int, tensor: Tensor) -> None:
+    def refreshed(self, name: str, count: int, index: int, tensor: Tensor) -> None:
         """What a recording does with an op the capture counts itself: keep it when
         ``save=`` selects it."""
         save = self.controls.save
@@ -345,7 +351,9 @@ class RecordMode(TorchFunctionMode):
             self._keep(view, tensor)
             self.controls.saved += 1
 
-    def _plan_for(self, name: str) -> _Plan | None:
+    def plan_for(self, name: str) -> _Plan | None:
+        """The rules that may act on ops of function ``name`` (asked once per name);
+        ``None``: its ops are only counted."""
         c = self.controls
 
         def may(sel: Selector | None) -> bool:
@@ -355,7 +363,7 @@ class RecordMode(TorchFunctionMode):
         save, stop = (c.save if may(c.save) else None), (c.stop if may(c.stop) else None)
         return _Plan(name, save, edits, stop) if save or stop or edits else None
 
-    def _act(self, plan: _Plan, name: str, count: int, index: int, n: int, call, result):
+    def act(self, plan: _Plan, name: str, count: int, index: int, n: int, call, result):
         """A call some rule may match: ask, then save, edit or halt."""
         if plan.static:
             key = (name, self._path)
@@ -427,7 +435,7 @@ class RecordMode(TorchFunctionMode):
             self.kept.append(view)
             self.kept_views[view.label] = view
 
-    def _protect(self, inplace: bool, args: tuple, kwargs: dict) -> None:
+    def before_write(self, inplace: bool, args: tuple, kwargs: dict) -> None:
         """Copy kept values that alias a tensor about to be written in place."""
         for target in inplace_targets(inplace, args, kwargs):
             self.payloads.protect(target)

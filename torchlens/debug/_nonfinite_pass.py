@@ -255,23 +255,23 @@ class NonFiniteMode(RecordMode):
         self._before: tuple[tuple, Any, list[tuple[Tensor, Tensor | None]]] | None = None
         self._outside: set[Any] | None = None  # storages of inputs, parameters, buffers
         self._copy_all = False  # set once something outside was written: copy every target
-        self.payloads.aliases[_NO_STORAGE] = []  # never empty: in-place calls reach _protect
+        self.payloads.aliases[_NO_STORAGE] = []  # never empty: in-place calls reach before_write
 
     @property
     def halted_at(self) -> str | None:
         """The culprit's label once the forward halted there."""
         return self.controls.halted_at
 
-    def _plan_for(self, name: str) -> Any:
-        """Not ``None``: every function name reaches :meth:`_act`."""
+    def plan_for(self, name: str) -> Any:
+        """Not ``None``: every function name reaches :meth:`act`."""
         return _KEEPS if name in _KEEPS_FINITE else _KEEPS_WHEN.get(name, _CHECK)
 
-    def _refreshed(self, name: str, count: int, index: int, tensor: Tensor) -> None:
+    def refreshed(self, name: str, count: int, index: int, tensor: Tensor) -> None:
         """A value changed behind the capture's back (a ``refresh`` op in a trace), or made
         out of its sight: checked as any op's output."""
-        self._act(self._plan_for(name), name, count, index, 1, (False, (), None), tensor)
+        self.act(self.plan_for(name), name, count, index, 1, (False, (), None), tensor)
 
-    def _protect(self, inplace: bool, args: tuple, kwargs: dict) -> None:
+    def before_write(self, inplace: bool, args: tuple, kwargs: dict) -> None:
         """Before a call writes into tensors: note whether its arguments were proven finite
         (a ReLU in place keeps them so), and copy the targets when their values could not
         be had again by running the forward up to this call: when it writes into an input,
@@ -288,7 +288,7 @@ class NonFiniteMode(RecordMode):
         copies = [(t, t.detach().clone() if copy else None) for t in targets]
         self._before = (args, self._clean_args(args, kwargs), copies)
 
-    def _act(self, plan: Any, name: str, count: int, index: int, n: int, call, result):
+    def act(self, plan: Any, name: str, count: int, index: int, n: int, call, result):
         if n == 1 and isinstance(result, Tensor):
             tensors: Any = (result,)
         else:
