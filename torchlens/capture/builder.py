@@ -38,6 +38,7 @@ from torchlens.capture.escapes import EscapeHook, type_name
 from torchlens.capture.labels import Labeler
 from torchlens.capture.live import LiveVersions
 from torchlens.capture.module_stack import ModuleStack
+from torchlens.capture.naming import SET_DATA, UNSHARING
 from torchlens.capture.payloads import ASK, PayloadKeeper
 from torchlens.capture.sinks import PayloadSink
 from torchlens.capture.source import caller_line
@@ -532,8 +533,8 @@ class TraceBuilder:
         """Record the outputs of one function call as ops; returns them."""
         live = self.live
         live.calls += 1
-        if name == "data" or name == "set_data":  # x.data, x.data = y: an alias with a
-            self._note_unshared(outputs[0])  # version counter of its own
+        if name in UNSHARING:  # x.data, x.data = y: an alias with a version counter of
+            self._note_unshared(outputs[0])  # its own
         if len(outputs) == 1 and not inplace:  # the common case, without the loop
             return [self._new_op(name, func, args_template, kwargs_template, parent_args,
                                  outputs[0], 0, False, None, rng_state)]  # fmt: skip
@@ -546,7 +547,7 @@ class TraceBuilder:
                 name, func, args_template, kwargs_template, parent_args, tensor,
                 output_index, inplace, label, rng_state,
             )  # fmt: skip
-            if inplace and name != "set_data":  # (x.data = y writes no memory: y's is x's)
+            if inplace and name != SET_DATA:  # (x.data = y writes no memory: y's is x's)
                 key = storage_key(tensor)
                 if key is not None:
                     self._writers[key].append((live.calls, op.label))

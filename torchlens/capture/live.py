@@ -25,6 +25,7 @@ from torch import nn
 
 from torchlens._tensors import geometry as _geometry
 from torchlens._tensors import storage_key, version_of
+from torchlens.capture.naming import SET_DATA, UNSHARING
 from torchlens.capture.tree import _SLOTS, ATOMS, flatten_call, plain_slice
 
 __all__ = ["LiveVersions", "LiveEntry", "SeenByRecord", "same_value"]
@@ -179,10 +180,10 @@ class LiveVersions:
         """A call counted as ops produced ``tensors`` (written in place: ``inplace``)."""
         self.calls += 1
         self.last = None
-        if name == "data" or name == "set_data":
+        if name in UNSHARING:
             self.note_unshared(tensors[0])
         for tensor in tensors:
-            if inplace and name != "set_data":
+            if inplace and name != SET_DATA:
                 key = storage_key(tensor)
                 if key is not None:
                     self.writers[key].append((self.calls, None))

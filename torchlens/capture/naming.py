@@ -25,6 +25,7 @@ __all__ = [
     "TENSOR_PROPERTIES",
     "ESCAPES",
     "SET_DATA",
+    "UNSHARING",
 ]
 
 # Dunder methods whose readable name differs from the stripped dunder.
