@@ -17,7 +17,6 @@ place that knows which live tensor is which record:
 from __future__ import annotations
 
 import operator
-import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -25,18 +24,16 @@ import torch
 from torch import nn
 
 from torchlens._escapes import short_repr
-from torchlens._store import STRUCTURE_ONLY, WrittenOver
+from torchlens._store import STRUCTURE_ONLY
+from torchlens._tensors import geometry as _geometry
 from torchlens._tensors import (
-    dense,
-    geometry_end,
     storage_key,
     version_of,
 )
-from torchlens._tensors import geometry as _geometry
 from torchlens.capture.composite import group_address
 from torchlens.capture.escapes import EscapeHook, type_name
 from torchlens.capture.labels import Labeler
-from torchlens.capture.live import LiveVersions
+from torchlens.capture.live import LiveEntry, LiveVersions, live_entry
 from torchlens.capture.module_stack import ModuleStack
 from torchlens.capture.naming import SET_DATA, UNSHARING
 from torchlens.capture.payloads import ASK, PayloadKeeper
@@ -79,29 +76,6 @@ _Parameter = nn.Parameter
 _arg_ref = tuple.__new__  # ArgRef(label, position) without the Python-level __new__
 _first = operator.itemgetter(0)  # (the per-op path: map with these runs no Python frame)
 _label = operator.attrgetter("label")
-
-
-def _covers(region: tuple | None, base: tuple | None) -> bool:
-    """Whether a write at ``region`` reaches every element at ``base`` (both geometries):
-    the same layout, or a contiguous region spanning the base's whole extent."""
-    if region is None or base is None:
-        return False
-    if region == base:
-        return True
-    shape, stride, offset = region
-    expected = 1
-    for size, step in reversed(list(zip(shape, stride))):
-        if size != 1 and step != expected:
-            return False
-        expected *= size
-    if any(size == 0 for size in base[0]):
-        return True
-    return offset <= base[2] and geometry_end(base) <= offset + expected
-
-
-def _intact(value: Tensor | None, saved_version: Any, dtype: torch.dtype) -> bool:
-    """Whether a saved ``value`` is there, of ``dtype``, and unwritten since it was saved."""
-    return value is not None and value.dtype == dtype and saved_version == version_of(value)
 
 
 class TraceBuilder:
@@ -221,27 +195,27 @@ class TraceBuilder:
             version = version_of(tensor)
         if self.observers:
             before = self._live.get(key)
-            same = before is not None and before[0]() is tensor and before[2] == version
+            same = before is not None and before() is tensor and before.version == version
             for observe in self.observers:
-                observe(self._records[label], tensor, before[1] if same else None)
-        self._live[key] = (weakref.ref(tensor), label, version, self.live.calls)
+                observe(self._records[label], tensor, before.label if same else None)
+        self._live[key] = live_entry(tensor, label, version, self.live.calls)
 
     def _current_label(self, tensor: Tensor) -> str | None:
         entry = self._live.get(id(tensor))
-        return entry[1] if entry is not None and entry[0]() is tensor else None
+        return entry.label if entry is not None and entry() is tensor else None
 
     def label_of(self, tensor: Tensor) -> str:
         """The label of the record holding ``tensor``'s current value, creating a source
         (parameter, buffer or constant) or a ``refresh`` op when needed."""
         entry = self._live.get(id(tensor))
-        if entry is not None and entry[0]() is tensor:
-            if entry[2] is None:  # an inference tensor: no version counter
-                return self._unversioned(tensor, entry[1], entry[3])
-            if entry[2] == tensor._version:  # version_of inline: every tensor argument
-                return entry[1]
-            if entry[2] is _FRESH_WEIGHT:
+        if entry is not None and entry() is tensor:
+            if entry.version is None:  # an inference tensor: no version counter
+                return self._unversioned(tensor, entry.label, entry.calls)
+            if entry.version == tensor._version:  # version_of inline: every tensor argument
+                return entry.label
+            if entry.version is _FRESH_WEIGHT:
                 return self._fresh_weight(tensor, entry)
-            return self._refresh(tensor, entry[1], entry[3], entry[2])
+            return self._refresh(tensor, entry.label, entry.calls, entry.version)
         owned = self._owned.get(id(tensor))
         if owned is not None and owned[2] is tensor:
             kind, address, _ = owned
@@ -295,17 +269,17 @@ class TraceBuilder:
                         return self._weight_source(kind, address, tensor)
         return None
 
-    def _fresh_weight(self, tensor: Tensor, entry: tuple) -> str:
+    def _fresh_weight(self, tensor: Tensor, entry: LiveEntry) -> str:
         """:meth:`label_of` of a parameter an op made (``_FRESH_WEIGHT``): a parameter
         source when a module whose call is open holds it now, else the op's value, or a
         refresh of it if it was written since."""
         weight = self._current_weight(tensor)
         if weight is not None:
             return weight
-        label = entry[1]
+        label = entry.label
         if self._versions.get(label, version_of(tensor)) == version_of(tensor):
             return label
-        return self._refresh(tensor, label, entry[3])
+        return self._refresh(tensor, label, entry.calls)
 
     def _weight_source(self, kind: str, address: str, tensor: Tensor) -> str:
         """The source of a weight found at ``address`` during the forward: the one recorded
@@ -367,11 +341,11 @@ class TraceBuilder:
                         entry = live.get(id(arg))
                         if (
                             entry is not None
-                            and entry[0]() is arg
-                            and entry[2] is not None  # an inference tensor: label_of asks
-                            and entry[2] == arg._version
+                            and entry() is arg
+                            and entry.version is not None  # an inference tensor: label_of asks
+                            and entry.version == arg._version
                         ):
-                            label = entry[1]
+                            label = entry.label
                         else:
                             label = self.label_of(arg)
                         template.append(_SLOTS[len(refs)])
@@ -408,12 +382,12 @@ class TraceBuilder:
         entry = self._live.get(id(tensor))
         if (
             entry is not None
-            and entry[0]() is tensor
-            and entry[2] is not None
-            and entry[2] == tensor._version
+            and entry() is tensor
+            and entry.version is not None
+            and entry.version == tensor._version
             and storage_key(tensor) in self.live.unshared
         ):
-            return self._unversioned(tensor, entry[1], entry[3])
+            return self._unversioned(tensor, entry.label, entry.calls)
         return TraceBuilder.label_of(self, tensor)
 
     def _unversioned(self, tensor: Tensor, label: str, since: int) -> str:
@@ -429,44 +403,18 @@ class TraceBuilder:
     ) -> str:
         """Record that ``tensor`` changed behind the capture's back (see module docstring).
 
-        Its parents are the stale value, then every recorded write into its storage since
-        that value was taken (call count ``since``), in order: replay redoes each of them.
-        A write into memory later reused by this storage came before ``since``, so the
-        call counts also keep writes into freed tensors out. A write makes the writes
-        before it moot where it covers them: all of them when it covers the whole tensor,
-        an earlier write at the same place (``v.copy_(a); v.add_(b)``, a loop updating one
-        slice) otherwise. Moot writes are left out: their values reach this one only
-        through the write that overwrote them, and a parent that keeps no element would
-        be an edge no probe can show.
+        Its parents are the stale value, then the recorded writes into its storage since
+        that value was taken (call count ``since``) that are not moot, in order
+        (:meth:`LiveVersions.writes_since`): replay redoes each of them.
 
         When the recorded writes account for every step of the tensor's version counter
         since ``stale_version`` (its value then), nothing else changed it: its value is
         the writes over the stale value, and is kept that way once something writes into
-        it (:meth:`~torchlens.capture.payloads.PayloadKeeper.protect`), not copied whole.
+        it (:meth:`~torchlens.capture.payloads.PayloadKeeper.keep_as_writes`).
         """
-        key = storage_key(tensor)
         geometry = _geometry(tensor)
-        writers: dict[str, None] = {}  # the writes kept, in order
-        at: dict[tuple, str] = {}  # (geometry, dtype) -> the last write kept there
-        covered = False  # whether a write reached every element of the stale value
-        since_stale = 0  # the writes since the stale value, moot ones too
-        for when, writer in self._writers.get(key, ()) if key is not None else ():
-            if when > since and writer != stale_label:
-                since_stale += 1
-                record = self._records[writer]
-                region = record.meta.get("geometry")
-                if _covers(region, geometry):
-                    writers.clear()
-                    at.clear()
-                    covered = True
-                elif region is not None:
-                    earlier = at.get((region, record.dtype))
-                    if earlier is not None:
-                        del writers[earlier]
-                writers[writer] = None
-                if region is not None:
-                    at[region, record.dtype] = writer
-        parents = [stale_label, *writers]
+        writes, covered, since_stale = self.live.writes_since(tensor, stale_label, since, geometry)
+        parents = [stale_label, *(label for label, _ in writes)]
         refs = [ArgRef(label, str(i)) for i, label in enumerate(parents)]
         self.live.calls += 1  # a call of its own, not part of the previous one
         op = self._new_op(REFRESH_FUNC_NAME, None, (), {}, refs, tensor, 0, False)
@@ -474,48 +422,17 @@ class TraceBuilder:
         op.meta["geometry"] = geometry  # with the writers', replay can redo the writes
         if covered:  # the stale value is still the base replay writes over, but unread
             op.meta["covered"] = True
+        stale = self._records[stale_label]
         if (
-            writers
+            writes
             and stale_version is not None
             and version_of(tensor) == stale_version + since_stale
-            and key not in self.live.unshared
+            and storage_key(tensor) not in self.live.unshared
+            and stale.shape == tuple(tensor.shape)
+            and stale.dtype == tensor.dtype
         ):
-            self._keep_as_writes(op, tensor, geometry)
+            self.payloads.keep_as_writes(op.label, tensor, stale_label, writes, geometry)
         return op.label
-
-    def _keep_as_writes(self, op: Op, tensor: Tensor, geometry: tuple | None) -> None:
-        """Note how to make the value of ``op`` (a refresh whose recorded writes account
-        for every change) from its parents' saved values, when each is saved and intact:
-        :meth:`PayloadKeeper.protect` then keeps it that way instead of copying it."""
-        values, versions = self._values, self._versions
-        if (
-            op.label not in values
-            or geometry is None
-            or not dense(geometry)
-            or tensor.layout is not torch.strided
-            or tensor.is_quantized
-            or tensor.is_conj()
-            or tensor.is_neg()
-        ):
-            return
-        stale, *writers = (ref.label for ref in op.parent_args)
-        record = self._records[stale]
-        if record.shape != tuple(tensor.shape) or record.dtype != tensor.dtype:
-            return
-        # kept as writes itself (the previous step of the same loop), or saved and intact
-        if stale not in self.store.written_over and not _intact(
-            values.get(stale), versions.get(stale, _ASK), tensor.dtype
-        ):
-            return
-        writes = []
-        for label in writers:
-            region = self._records[label].meta.get("geometry")
-            if region is None or not _intact(
-                values.get(label), versions.get(label, _ASK), tensor.dtype
-            ):
-                return
-            writes.append((label, region))
-        self.payloads.recipes[op.label] = WrittenOver(stale, tuple(writes), geometry)
 
     # -- ops ------------------------------------------------------------------------------
     def record_call(
@@ -549,9 +466,9 @@ class TraceBuilder:
             )  # fmt: skip
             if inplace and name != SET_DATA:  # (x.data = y writes no memory: y's is x's)
                 key = storage_key(tensor)
-                if key is not None:
-                    self._writers[key].append((live.calls, op.label))
-                    op.meta["geometry"] = _geometry(tensor)  # where it wrote, for replay
+                if key is not None:  # where it wrote: for refreshes, and replay
+                    region = op.meta["geometry"] = _geometry(tensor)
+                    live.wrote(key, op.label, region, tensor.dtype)
             ops.append(op)
         return ops
 
@@ -607,7 +524,8 @@ class TraceBuilder:
         if self.observers:
             self._remember(tensor, label, version)
         else:  # _remember inline (the per-op path)
-            self._live[id(tensor)] = (weakref.ref(tensor), label, version, live.calls)
+            entry = self._live[id(tensor)] = LiveEntry(tensor)
+            entry.label, entry.version, entry.calls = label, version, live.calls
         return op
 
     def note_returned_weight(self, op: Op, tensor: Tensor) -> None:
@@ -616,20 +534,20 @@ class TraceBuilder:
         asks :meth:`label_of`, which names it as the parameter of the open module holding
         it by then (``_FRESH_WEIGHT``). One written in place (an init) keeps its edges."""
         entry = self._live.get(id(tensor))
-        if id(tensor) not in self._owned and entry is not None and entry[1] == op.label:
-            self._live[id(tensor)] = (entry[0], entry[1], _FRESH_WEIGHT, entry[3])
+        if id(tensor) not in self._owned and entry is not None and entry.label == op.label:
+            self._live[id(tensor)] = live_entry(tensor, entry.label, _FRESH_WEIGHT, entry.calls)
 
-    def live_entry(self, tensors: list[Tensor]) -> list[tuple | None]:
+    def live_entry(self, tensors: list[Tensor]) -> list[LiveEntry | None]:
         """Per tensor, what the builder knows of it when it holds a recorded value still
         (an argument returned as it is), else None: see :meth:`restore_entry`."""
-        entries: list[tuple | None] = []
+        entries: list[LiveEntry | None] = []
         for tensor in tensors:
             entry = self._live.get(id(tensor))
-            alive = entry is not None and entry[0]() is tensor and entry[2] == version_of(tensor)
+            alive = entry is not None and entry() is tensor and entry.version == version_of(tensor)
             entries.append(entry if alive else None)
         return entries
 
-    def restore_entry(self, tensor: Tensor, entry: tuple) -> None:
+    def restore_entry(self, tensor: Tensor, entry: LiveEntry) -> None:
         """``tensor`` holds again the value ``entry`` (from :meth:`live_entry`) labelled:
         an op returned it as it was and an edit replaced that output, so its other
         readers (a residual kept aside) still read the earlier value."""
@@ -683,12 +601,12 @@ class TraceBuilder:
         entry = self._live.get(id(tensor))
         if (
             entry is not None
-            and entry[0]() is tensor
-            and entry[2] is not None  # an inference tensor: label_of asks
-            and entry[2] == tensor._version
+            and entry() is tensor
+            and entry.version is not None  # an inference tensor: label_of asks
+            and entry.version == tensor._version
             and not self.live.unshared
         ):
-            return (entry[1],)
+            return (entry.label,)
         return (self.label_of(tensor),)
 
     def exit_module(self, outputs: Sequence[Tensor]) -> ModuleCall | None:

@@ -81,9 +81,7 @@ _REWRITTEN = frozenset(1 + len(order) for order in BACKWARDS.values())
 
 def _retaining(builder: Any) -> bool:
     """Whether a tensor the capture recorded is a non-leaf that retains its grad."""
-    return any(
-        (t := entry[0]()) is not None and t.retains_grad for entry in [*builder._live.values()]
-    )
+    return any((t := entry()) is not None and t.retains_grad for entry in [*builder._live.values()])
 
 
 def _leaves(outputs: Any) -> tuple[Tensor, ...]:

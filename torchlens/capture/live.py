@@ -24,19 +24,37 @@ import torch
 from torch import nn
 
 from torchlens._tensors import geometry as _geometry
-from torchlens._tensors import storage_key, version_of
+from torchlens._tensors import geometry_end, storage_key, version_of
 from torchlens.capture.naming import SET_DATA, UNSHARING
 from torchlens.capture.tree import _SLOTS, ATOMS, flatten_call, plain_slice
 
-__all__ = ["LiveVersions", "LiveEntry", "SeenByRecord", "same_value"]
+__all__ = ["LiveVersions", "LiveEntry", "live_entry", "SeenByRecord", "same_value"]
 
 Tensor = torch.Tensor
 _Parameter = nn.Parameter
-_ref = weakref.ref
-# id(tensor) -> (weak reference, label of its value (None in a recording), version when its
-# value was counted (None: an inference tensor), call count then): the writes into its
-# storage after that call are what change it
-LiveEntry = tuple[Any, "str | None", Any, int]
+
+
+class LiveEntry(weakref.ref):
+    """A weak reference to a live tensor (call it for the tensor), carrying what the capture
+    knows of its value: ``label``, the record that made it (None in a recording);
+    ``version``, its version counter then (None: an inference tensor has none); ``calls``,
+    the call count then (the writes into its storage after that call are what change it).
+
+    One object is the reference and the record at once: as cheap to make as the tuple of
+    a weak reference and three fields, and cheaper to read (the per-op path reads it).
+    """
+
+    __slots__ = ("label", "version", "calls")
+    label: str | None
+    version: Any
+    calls: int
+
+
+def live_entry(tensor: Tensor, label: str | None, version: Any, calls: int) -> LiveEntry:
+    """A :class:`LiveEntry` of ``tensor`` (the per-op paths make theirs inline)."""
+    entry = LiveEntry(tensor)
+    entry.label, entry.version, entry.calls = label, version, calls
+    return entry
 
 
 class LiveVersions:
@@ -57,8 +75,9 @@ class LiveVersions:
     def __init__(self, on_refresh: Any = None, on_unseen: Any = None) -> None:
         self.entries: dict[int, LiveEntry] = {}
         self.calls = 0  # the calls counted so far (ops, and refreshes: one call each)
-        # storage -> [(call count, label)] of the in-place writes into it, in order
-        self.writers: defaultdict[Any, list[tuple[int, str | None]]] = defaultdict(list)
+        # storage -> the in-place writes into it, in order: (call count, label (None in a
+        # recording), where it wrote (a geometry; None in a recording), dtype written)
+        self.writers: defaultdict[Any, list[tuple[int, str | None, Any, Any]]] = defaultdict(list)
         self.unshared: frozenset[Any] = frozenset()  # storages reached through x.data
         # under torch.inference_mode() most new tensors have no version: told apart first
         self.inference = torch.is_inference_mode_enabled()
@@ -89,24 +108,24 @@ class LiveVersions:
                 version = None
         if version is None:  # reads must ask stale(): the inline checks read versions
             self.slow, self.last = True, None
-        self.entries[id(tensor)] = (_ref(tensor), None, version, self.calls)
+        self.entries[id(tensor)] = live_entry(tensor, None, version, self.calls)
 
     def stale(self, tensor: Tensor) -> bool:
         """Whether reading ``tensor`` now is a refresh; a tensor not seen before is
         remembered (a source: an input, a weight, a constant)."""
         entry = self.entries.get(id(tensor))
-        if entry is None or entry[0]() is not tensor:
+        if entry is None or entry() is not tensor:
             if self.made_unseen(tensor):  # counted as an op, as tl.trace records it
                 self.on[1]()(tensor)
             else:
                 self.remember(tensor)
             return False
-        version = entry[2]
+        version = entry.version
         if version is None:
-            return self.written_since(tensor, entry[3])
+            return self.written_since(tensor, entry.calls)
         if version != tensor._version:
             return True
-        return bool(self.unshared) and self.written_since(tensor, entry[3], self.unshared)
+        return bool(self.unshared) and self.written_since(tensor, entry.calls, self.unshared)
 
     def made_unseen(self, tensor: Tensor) -> bool:
         """Whether ``tensor``, seen first now, got autograd history during the forward:
@@ -123,6 +142,49 @@ class LiveVersions:
             return False
         writes = self.writers.get(key)
         return bool(writes) and writes[-1][0] > since
+
+    def wrote(self, key: Any, label: str | None, region: Any = None, dtype: Any = None) -> None:
+        """The call counted last (the op ``label``, in a trace) wrote into storage ``key``
+        in place, at ``region`` (a geometry), values of ``dtype``."""
+        self.writers[key].append((self.calls, label, region, dtype))
+
+    def writes_since(
+        self, tensor: Tensor, stale_label: str, since: int, geometry: Any
+    ) -> tuple[list[tuple[str, Any]], bool, int]:
+        """The recorded writes that a ``refresh`` of ``tensor`` (a trace's) redoes over its
+        stale value ``stale_label``, taken at call count ``since``, ``geometry`` its place.
+
+        Every write into its storage since then, in order: a write into memory later
+        reused by this storage came before ``since``, so the call counts also keep writes
+        into freed tensors out. A write makes the writes before it moot where it covers
+        them: all of them when it covers the whole tensor, an earlier write at the same
+        place (``v.copy_(a); v.add_(b)``, a loop updating one slice) otherwise. Moot writes
+        are left out: their values reach this one only through the write that overwrote
+        them, and a parent that keeps no element would be an edge no probe can show.
+
+        Returns the writes kept (``(label, region)``, in order), whether one of them
+        covers the whole stale value, and how many writes there were, moot ones too.
+        """
+        key = storage_key(tensor)
+        kept: dict[str, Any] = {}  # label -> region, in order
+        at: dict[tuple, str] = {}  # (region, dtype) -> the last write kept there
+        covered = False
+        count = 0
+        for when, writer, region, dtype in self.writers.get(key, ()) if key is not None else ():
+            if when > since and writer != stale_label:
+                count += 1
+                if _covers(region, geometry):
+                    kept.clear()
+                    at.clear()
+                    covered = True
+                elif region is not None:
+                    earlier = at.get((region, dtype))
+                    if earlier is not None:
+                        del kept[earlier]
+                kept[writer] = region
+                if region is not None:
+                    at[region, dtype] = writer
+        return list(kept.items()), covered, count
 
     def note_unshared(self, tensor: Tensor) -> bool:
         """``tensor`` came from ``x.data``: an alias with a version counter of its own, so
@@ -148,9 +210,9 @@ class LiveVersions:
                         entry = entries.get(id(arg))
                         if (
                             entry is None
-                            or entry[0]() is not arg
-                            or entry[2] is None
-                            or entry[2] != arg._version
+                            or entry() is not arg
+                            or entry.version is None
+                            or entry.version != arg._version
                             or unshared
                         ) and self.stale(arg):
                             self._counted(arg)
@@ -186,8 +248,26 @@ class LiveVersions:
             if inplace and name != SET_DATA:
                 key = storage_key(tensor)
                 if key is not None:
-                    self.writers[key].append((self.calls, None))
+                    self.wrote(key, None)
             self.remember(tensor)
+
+
+def _covers(region: tuple | None, base: tuple | None) -> bool:
+    """Whether a write at ``region`` reaches every element at ``base`` (both geometries):
+    the same layout, or a contiguous region spanning the base's whole extent."""
+    if region is None or base is None:
+        return False
+    if region == base:
+        return True
+    shape, stride, offset = region
+    expected = 1
+    for size, step in reversed(list(zip(shape, stride))):
+        if size != 1 and step != expected:
+            return False
+        expected *= size
+    if any(size == 0 for size in base[0]):
+        return True
+    return offset <= base[2] and geometry_end(base) <= offset + expected
 
 
 def _weak(method: Any) -> Any:
@@ -221,19 +301,25 @@ class SeenByRecord:
         modules: list[tuple[str, nn.Module]],
     ) -> None:  # fmt: skip
         self.live, self.count, self.named_modules = live, count, modules
-        self.input_labels = [(live.entries[key][3], key) for key in inputs if key in live.entries]
+        self.input_labels = [
+            (live.entries[key].calls, key) for key in inputs if key in live.entries
+        ]
 
     @property
-    def _live(self) -> dict[int, tuple[Any, tuple[int, int]]]:
-        return {key: (entry[0], (entry[3], key)) for key, entry in self.live.entries.items()}
+    def _live(self) -> dict[int, LiveEntry]:
+        return {
+            key: live_entry(tensor, (entry.calls, key), entry.version, entry.calls)
+            for key, entry in self.live.entries.items()
+            if (tensor := entry()) is not None
+        }
 
     @property
     def _records(self) -> list[tuple[int, int]]:
-        return sorted(label for _, label in self._live.values())
+        return sorted(entry.label for entry in self._live.values())
 
     def _current_label(self, tensor: Tensor) -> tuple[int, int] | None:
         entry = self.live.entries.get(id(tensor))
-        return (entry[3], id(tensor)) if entry is not None and entry[0]() is tensor else None
+        return (entry.calls, id(tensor)) if entry is not None and entry() is tensor else None
 
     def label_of(self, tensor: Tensor) -> tuple[int, int] | None:
         """Read ``tensor`` as the capture does (a source, a refresh, or made out of sight)."""
@@ -256,7 +342,7 @@ def same_value(live: LiveVersions, tensor: Tensor) -> bool:
         return False
     where = (_geometry(tensor), tensor.dtype, version_of(tensor))
     for entry in list(live.entries.values()):
-        other = entry[0]()
+        other = entry()
         if (
             other is not None
             and other is not tensor

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from torchlens._store import WrittenOver
+from torchlens._tensors import dense, storage_address, storage_key, version_of
 from torchlens._tensors import geometry as _geometry
-from torchlens._tensors import storage_address, storage_key, version_of
 from torchlens.capture.alias_copies import copies_before_write
 from torchlens.capture.sinks import PayloadSink
 from torchlens.trace import MemoryPayloadStore
@@ -114,6 +114,39 @@ class PayloadKeeper:
                 )  # fmt: skip
                 continue
             self.store.set(label, copy, version_of(copy))
+
+    def keep_as_writes(
+        self, label: str, tensor: Tensor, stale: str, writes: list[tuple[str, Any]], base: Any
+    ) -> None:
+        """Keep the value of ``label``, a refresh of ``tensor`` whose recorded ``writes``
+        (``(label, region)``) over the value ``stale`` account for every change, as that
+        recipe when every value it needs is kept and intact: :meth:`protect` then keeps
+        it so instead of copying it (``base``: the refresh's own geometry)."""
+        if (
+            label not in self.values
+            or base is None
+            or not dense(base)
+            or tensor.layout is not torch.strided
+            or tensor.is_quantized
+            or tensor.is_conj()
+            or tensor.is_neg()
+        ):
+            return
+        values, versions = self.values, self.versions
+
+        def intact(kept: str) -> bool:  # saved, of the tensor's dtype, unwritten since
+            value = values.get(kept)
+            return (
+                value is not None
+                and value.dtype == tensor.dtype
+                and versions.get(kept, ASK) == version_of(value)
+            )
+
+        # stale: kept as writes itself (the previous step of the same loop), or intact
+        if (stale in self.store.written_over or intact(stale)) and all(
+            region is not None and intact(writer) for writer, region in writes
+        ):
+            self.recipes[label] = WrittenOver(stale, tuple(writes), base)
 
     def same_memory(self, tensor: Tensor) -> str | None:
         """The label of a kept value that ``tensor``, an object not seen before, is: the

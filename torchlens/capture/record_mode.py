@@ -17,7 +17,6 @@ only the rest build an :class:`~torchlens.recording.OpView` to ask.
 from __future__ import annotations
 
 import threading
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -39,7 +38,7 @@ from torchlens.capture.escapes import escaped_tensors
 from torchlens.capture.failures import note_model_error
 from torchlens.capture.hooks import ModuleTracker, _call_inputs, _tensors_in
 from torchlens.capture.labels import Labeler
-from torchlens.capture.live import LiveVersions, SeenByRecord, same_value
+from torchlens.capture.live import LiveEntry, LiveVersions, SeenByRecord, same_value
 from torchlens.capture.mode import _read_arguments, functorch_level, inplace_targets
 from torchlens.capture.naming import FUNC_INFOS, func_info
 from torchlens.capture.payloads import PayloadKeeper
@@ -57,7 +56,6 @@ __all__ = ["RecordMode"]
 Tensor = torch.Tensor
 _UNSEEN = object()
 _thread_id = threading.get_ident
-_ref = weakref.ref
 _Parameter = nn.Parameter
 _no_torch_function = torch._C.DisableTorchFunction
 _all_atoms = ATOMS.issuperset  # (of types: one C call for a tuple's items)
@@ -168,13 +166,15 @@ class RecordMode(TorchFunctionMode):
             try:
                 for arg in args if not kwargs else (*args, *kwargs.values()):
                     entry = entries.get(id(arg))
-                    if entry is not None and entry[0]() is arg:  # a value counted
-                        if entry[2] != arg._version:
+                    if entry is not None and entry() is arg:  # a value counted
+                        if entry.version != arg._version:
                             break  # written behind the capture's back
                     elif (kind := type(arg)) is Tensor or kind is _Parameter:
                         if kind is Tensor and arg.grad_fn is not None:
                             break  # maybe made out of sight: LiveVersions.stale asks
-                        entries[id(arg)] = (_ref(arg), None, arg._version, live.calls)
+                        version = arg._version  # (first: an inference tensor raises)
+                        entry = entries[id(arg)] = LiveEntry(arg)
+                        entry.label, entry.version, entry.calls = None, version, live.calls
                     elif kind not in ATOMS and not (kind is tuple and _all_atoms(map(type, arg))):
                         break  # (a tuple of atoms: a shape, conv2d's stride)
                 else:
@@ -190,8 +190,9 @@ class RecordMode(TorchFunctionMode):
                 if type(result) is Tensor:
                     calls = live.calls = live.calls + 1
                     try:
-                        ref = live.last = _ref(result)
-                        entries[id(result)] = (ref, None, result._version, calls)
+                        version = result._version
+                        entry = live.last = entries[id(result)] = LiveEntry(result)
+                        entry.label, entry.version, entry.calls = None, version, calls
                     except RuntimeError:  # an inference tensor (a mode the model entered)
                         live.last = None
                         live.remember(result)
@@ -319,7 +320,7 @@ class RecordMode(TorchFunctionMode):
             entries = live.entries
             for tensor in tensors:  # the common read: each holds the value counted (inline)
                 entry = entries.get(id(tensor))
-                if entry is None or entry[0]() is not tensor or entry[2] != tensor._version:
+                if entry is None or entry() is not tensor or entry.version != tensor._version:
                     break
             else:
                 return

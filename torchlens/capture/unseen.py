@@ -118,7 +118,7 @@ def _parents(builder: Any, tensor: Tensor, held: dict) -> dict[str, Tensor]:
     known: dict[tuple[Any, int], tuple[str, Tensor]] = {}
     leaves: dict[int, tuple[str, Tensor]] = {}
     for entry in list(builder._live.values()):
-        value = entry[0]()
+        value = entry()
         if value is None or not value.requires_grad:
             continue
         label = builder._current_label(value)
@@ -188,7 +188,7 @@ def _untracked(builder: Any, frame: Any, parents: set[str]) -> list[tuple[str, T
     found: dict[str, Tensor] = {}
     inputs = set(builder.input_labels)
     held = list(frame.f_locals.values()) if frame is not None else []
-    held += [entry[0]() for entry in builder._live.values() if entry[1] in inputs]
+    held += [entry() for entry in builder._live.values() if entry.label in inputs]
     for value in held:
         if isinstance(value, Tensor) and not value.requires_grad:
             label = builder._current_label(value)
