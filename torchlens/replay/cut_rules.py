@@ -110,42 +110,21 @@ CUT_RULES: tuple[CutRule, ...] = (
         BATCH,
         "each image or sequence of the batch is computed from its own sizes; grid_sample "
         "checks that input and grid have the same batch",
-        functions=frozenset(
-            {
-                "avg_pool1d",
-                "avg_pool2d",
-                "max_pool1d",
-                "max_pool2d",
-                "adaptive_avg_pool1d",
-                "adaptive_avg_pool2d",
-                "adaptive_max_pool2d",
-                "interpolate",
-                "grid_sample",
-                "pad",
-                "roll",
-            }
-        ),  # fmt: skip
+        functions=frozenset({
+            "avg_pool1d", "avg_pool2d", "max_pool1d", "max_pool2d", "adaptive_avg_pool1d",
+            "adaptive_avg_pool2d", "adaptive_max_pool2d", "interpolate", "grid_sample", "pad",
+            "roll",
+        }),
     ),
     CutRule(
         "copies, joins and indexing",
         BATCH,
         "reshapes check the element count, cat and stack the other dimensions, "
         "and indexing checks every index against the size it indexes",
-        functions=frozenset(
-            {
-                "contiguous",
-                "clone",
-                "to",
-                "float",
-                "copy_",
-                "cat",
-                "stack",
-                "flatten",
-                "reshape",
-                "getitem",
-                "setitem",
-            }
-        ),  # fmt: skip
+        functions=frozenset({
+            "contiguous", "clone", "to", "float", "copy_", "cat", "stack", "flatten", "reshape",
+            "getitem", "setitem",
+        }),
     ),
     CutRule(
         "attention",
@@ -170,7 +149,7 @@ CUT_RULES: tuple[CutRule, ...] = (
         functions=frozenset({"rnn_tanh_cell", "rnn_relu_cell", "gru_cell", "lstm_cell"}),
         when=_batched_cell,
     ),
-)
+)  # fmt: skip
 
 # The calls of changed values, which every function gets (no rule excludes one).
 VALUE_RULES: tuple[tuple[str, str], ...] = (
