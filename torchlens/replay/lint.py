@@ -13,7 +13,7 @@ from typing import Any
 
 from torchlens.capture import ArgSlot, is_atom, slots_in_order
 
-__all__ = ["lint"]
+__all__ = ["lint", "slot_indices"]
 
 
 def lint(trace: Any) -> list[str]:
@@ -212,18 +212,18 @@ def _boundary_problems(trace: Any, records: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _slot_indices(template: Any) -> list[int]:
-    """The ArgSlot indices of a call template, in order."""
+def slot_indices(template: Any) -> list[int]:
+    """The ArgSlot indices of a call template (or a part of one), in order."""
     found: list[int] = []
     _collect_slots(template, found)
     return found
 
 
 def _call_slots(args: tuple, kwargs: dict) -> list[int]:
-    """:func:`_slot_indices` of ``(args, kwargs)``; flat templates without a walk."""
+    """:func:`slot_indices` of ``(args, kwargs)``; flat templates without a walk."""
     items = [*args, *kwargs.values()] if type(args) is tuple and type(kwargs) is dict else None
     if items is None or not all(type(item) is ArgSlot or is_atom(item) for item in items):
-        return _slot_indices((args, kwargs))
+        return slot_indices((args, kwargs))
     return [item.index for item in items if type(item) is ArgSlot]
 
 
