@@ -29,6 +29,7 @@ from __future__ import annotations
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 import torch
@@ -723,21 +724,19 @@ def _same_site(a: Escape, b: Escape) -> bool:
     return a.source is not None and a.source == b.source and a.via == b.via
 
 
-def _divergence(vias: list[str], recorded: list[str]) -> int | None:
-    """The first escape call at which two runs differ, or None."""
-    for k, (a, b) in enumerate(zip(vias, recorded)):
+def _divergence(ran: list, recorded: list) -> int | None:
+    """The first position (an escape call, a call) at which two runs differ, or None."""
+    for k, (a, b) in enumerate(zip(ran, recorded)):
         if a != b:
             return k
-    return None if len(vias) == len(recorded) else min(len(vias), len(recorded))
+    return None if len(ran) == len(recorded) else min(len(ran), len(recorded))
 
 
 def _structure_divergence(trace: Trace, other: Trace) -> int | None:
     """The position of the first op at which ``other`` ran something else (another
     function, label or parents), or None when both ran the same ops."""
-    for i, (a, b) in enumerate(zip(trace.ops, other.ops)):
-        if a.label != b.label or a.func_name != b.func_name or a.parents != b.parents:
-            return i
-    return None if len(trace.ops) == len(other.ops) else min(len(trace.ops), len(other.ops))
+    step = attrgetter("label", "func_name", "parents")
+    return _divergence(list(map(step, other.ops)), list(map(step, trace.ops)))
 
 
 def _record_moved(record: Any, other: Any, atol, rtol) -> bool:
@@ -783,11 +782,7 @@ def _what(err: BaseException | None) -> str:
     """What a perturbed forward that stopped did, in words."""
     if isinstance(err, OverBudget):
         return f"changed how long the run is (it was stopped past {err.what})"
-    return f"raised {_short(err)}"
-
-
-def _short(err: BaseException | None) -> str:
     if err is None:
-        return "nothing"
+        return "raised nothing"
     text = str(err).splitlines()[0] if str(err) else ""
-    return f"{type(err).__name__}" + (f" ({text[:60]})" if text else "")
+    return f"raised {type(err).__name__}" + (f" ({text[:60]})" if text else "")
