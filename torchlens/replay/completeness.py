@@ -42,9 +42,9 @@ from torchlens.replay.escape_values import (
     OverBudget,
     PerturbingMode,
     Plan,
-    fingerprint,
     recorded_calls,
     recorded_groups,
+    saved_fingerprint,
 )
 from torchlens.replay.exemptions import MAY_BE_UNINITIALIZED
 from torchlens.replay.findings import Findings
@@ -481,7 +481,7 @@ class _Arm:
         per call: each light forward whose outputs stayed is compared with them."""
         prints = self._saved_prints.get(i)
         if prints is None:
-            prints = self._saved_prints[i] = [_saved_print(op) for op in ops]
+            prints = self._saved_prints[i] = [saved_fingerprint(op) for op in ops]
         return prints
 
     def _drifts(self) -> bool:
@@ -707,16 +707,6 @@ def _two_way(escape: Escape) -> bool:
     if escape.type in ("float", "ndarray", "list", "tuple", "complex"):
         return True
     return escape.type == "int" and escape.value != "0"
-
-
-def _saved_print(op: Any) -> tuple | None:
-    """The :func:`fingerprint` of ``op``'s saved value, or None when it is not compared."""
-    if op.func_name in MAY_BE_UNINITIALIZED:
-        return None
-    try:
-        return fingerprint(op.out)
-    except PayloadUnavailableError:
-        return None
 
 
 def _same_site(a: Escape, b: Escape) -> bool:

@@ -30,6 +30,8 @@ from torchlens.capture import (
     functorch_level,
     opened_body,
 )
+from torchlens.errors import PayloadUnavailableError
+from torchlens.replay.exemptions import MAY_BE_UNINITIALIZED
 
 __all__ = [
     "UNCHANGED",
@@ -42,6 +44,7 @@ __all__ = [
     "recorded_calls",
     "recorded_groups",
     "fingerprint",
+    "saved_fingerprint",
 ]
 
 UNCHANGED = object()  # what perturbed() gives for a value it has no way to move (text)
@@ -267,6 +270,17 @@ def fingerprint(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None
 
 
 _vector_norm = torch.linalg.vector_norm
+
+
+def saved_fingerprint(op: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The :func:`fingerprint` of ``op``'s saved value, or None when it is not compared
+    (uninitialised memory, which differs run to run; a value not saved)."""
+    if op.func_name in MAY_BE_UNINITIALIZED:
+        return None
+    try:
+        return fingerprint(op.out)
+    except PayloadUnavailableError:
+        return None
 
 
 def _prints(name: str, result: Any) -> list[tuple | None] | None:
