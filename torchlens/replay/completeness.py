@@ -441,14 +441,10 @@ class _Arm:
     # -- what moved -----------------------------------------------------------------------
     def _outputs_moved(self, got: list[torch.Tensor]) -> bool:
         want = expected_outputs(self.trace)
-        if len(got) != len(want):
-            return True
-        for value, expected in zip(got, want):
-            if expected is None:
-                continue
-            if _moved(value, expected, self.atol, self.rtol):
-                return True
-        return False
+        return len(got) != len(want) or any(
+            expected is not None and _moved(value, expected, self.atol, self.rtol)
+            for value, expected in zip(got, want)
+        )
 
     def _inside_moved(self, mode: PerturbingMode) -> bool:
         """Whether a value the light forward computed from the first escape on differs

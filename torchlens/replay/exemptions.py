@@ -305,9 +305,7 @@ def _keeps_no_element(upper: bool) -> Callable[[Callable[[int, str, Any], Any]],
 
     def keeps_none(get: Callable[[int, str, Any], Any]) -> bool:
         value, diagonal = get(0, "input", None), get(1, "diagonal", 0)
-        if not isinstance(value, torch.Tensor) or value.dim() < 2:
-            return False
-        if not isinstance(diagonal, int):
+        if not isinstance(value, torch.Tensor) or value.dim() < 2 or not isinstance(diagonal, int):
             return False
         rows, cols = value.shape[-2], value.shape[-1]
         return diagonal > cols - 1 if upper else diagonal < -(rows - 1)
