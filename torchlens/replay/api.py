@@ -381,13 +381,12 @@ def _check_self_difference(
     leaves."""
     left = ModelState(model)
     state.rewind()
-    reason = None
     try:
         reason = differs_from_itself(
             model, inputs, start, host, reference, trace, atol, rtol, state
-        )  # fmt: skip
+        )
     except Exception:  # noqa: BLE001 - validation returns: the difference stays a failure
-        pass
+        reason = None
     if reason is None:
         left.rewind()
         return

@@ -394,9 +394,7 @@ class _Arm:
         j = None if expected is None else _divergence(mode.calls, expected.calls)
         if j is None:
             return None
-        calls = [
-            c for c in sorted(plan.moved) if c < min(k, len(mode.at)) and mode.at[c] <= j
-        ]  # fmt: skip
+        calls = [c for c in sorted(plan.moved) if c < min(k, len(mode.at)) and mode.at[c] <= j]
         return self._prefer_control(calls) if calls else None
 
     def _bool_before(self, plan: Plan, mode: PerturbingMode, j: int) -> int | None:

@@ -253,10 +253,8 @@ class ModelState:
                 after[name] = rewound[id(now)] = now.detach().clone()
                 if now is buf and storage_key(now) != address:  # buf.data = value: that
                     now.data = saved.clone()  # memory may be another tensor's (an output)
-                elif now.shape == saved.shape and now.dtype == saved.dtype:
-                    now.copy_(saved)
                 else:
-                    _set_buffer(self.model, name, saved.clone())
+                    _put_buffer(self.model, name, now, saved)
         return after
 
     def leave(self, after: dict[str, Tensor]) -> None:
@@ -268,11 +266,7 @@ class ModelState:
         current = named_tensors(self.model, "_buffers")
         with torch.no_grad():
             for name, value in after.items():
-                now = current.get(name)
-                if now is not None and now.shape == value.shape and now.dtype == value.dtype:
-                    now.copy_(value)
-                else:
-                    _set_buffer(self.model, name, value.clone())
+                _put_buffer(self.model, name, current.get(name), value)
 
     def _rewind_attributes(self) -> None:
         """Put tensor attributes back: the object the attribute held, with its values
@@ -360,10 +354,15 @@ def _same(buffer: Tensor, saved: Tensor, version: int | None) -> bool:
     return buffer.shape == saved.shape and buffer.dtype == saved.dtype and equal(buffer, saved)
 
 
-def _set_buffer(model: nn.Module, name: str, value: Tensor) -> None:
+def _put_buffer(model: nn.Module, name: str, now: Tensor | None, value: Tensor) -> None:
+    """Give buffer ``name`` (``now``, the tensor it names) the values of ``value``: copied
+    into it where shape and dtype allow, else a copy of ``value`` set in its place."""
+    if now is not None and now.shape == value.shape and now.dtype == value.dtype:
+        now.copy_(value)
+        return
     owner_name, _, attr = name.rpartition(".")
     owner = model.get_submodule(owner_name) if owner_name else model
-    setattr(owner, attr, value)
+    setattr(owner, attr, value.clone())
 
 
 def rerun(
