@@ -661,17 +661,8 @@ class _Arm:
         for e in self.edges:
             if e != edge:
                 hidden.setdefault(e.parent, []).append(e.child)
-        seen: set[str] = set()
-        stack = [edge.parent]
-        while stack:
-            label = stack.pop()
-            if label in seen:
-                continue
-            seen.add(label)
-            stack += hidden.get(label, ())
-            if label in self.trace:
-                stack += self.trace[label].children
-        return any(e.parent in seen and e.parent != edge.parent for e in others)
+        reached = _descendants(self.trace, edge.parent, hidden)
+        return any(e.parent in reached for e in others)
 
     # -- branch decisions -----------------------------------------------------------------
     def _decided(self, call: int | None, what: str) -> int | None:
@@ -751,14 +742,18 @@ def _moved(value: torch.Tensor, expected: torch.Tensor, atol, rtol) -> bool:
     return not torch.equal(value, expected)
 
 
-def _descendants(trace: Trace, label: str) -> set[str]:
+def _descendants(trace: Trace, label: str, hidden: dict[str, list[str]] | None = None) -> set[str]:
+    """The records ``label`` reaches through recorded edges and the ``hidden`` ones
+    (parent -> children)."""
     seen: set[str] = set()
-    stack = list(trace[label].children) if label in trace else []
+    stack = [label]
     while stack:
-        child = stack.pop()
-        if child not in seen:
-            seen.add(child)
-            stack += trace[child].children
+        node = stack.pop()
+        children = trace[node].children if node in trace else ()
+        for child in (*children, *(hidden or {}).get(node, ())):
+            if child not in seen:
+                seen.add(child)
+                stack.append(child)
     return seen
 
 

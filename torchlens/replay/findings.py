@@ -75,7 +75,6 @@ class Findings:
     def status(self, arms: tuple[str, ...], unavailable: bool = False) -> ReplayStatus:
         """The summary: ``failed`` > ``unavailable`` > ``unverified`` > ``incomplete`` >
         ``passed``."""
-        gap_labels = {gap.label for gap in self.gaps}
         if self.failures:
             state = "failed"
         elif unavailable:
@@ -92,7 +91,7 @@ class Findings:
             replayed=len(self._replayed),
             perturbation_verified=len(self._verified),
             exempt=len(self._exempt),
-            unverified=len(gap_labels),
+            unverified=len({gap.label for gap in self.gaps}),
             exempt_edges=sum(map(len, self._exempt_edges.values())),
             unread=list(self.unread),
             failures=list(self.failures),

@@ -59,10 +59,7 @@ def differs_from_itself(
         rng.restore(host)
     got = [t.detach() for _, t in flatten(output)[0]]
     want = [t.detach() for _, t in flatten(reference)[0]]
-    same = len(got) == len(want) and not any(
-        differs(a, b, atol, rtol) for a, b in zip(got, want)
-    )  # fmt: skip
-    if same:
+    if len(got) == len(want) and not any(differs(a, b, atol, rtol) for a, b in zip(got, want)):
         return None
     label = _first_differing_op(trace, mode)
     if label is not None:
