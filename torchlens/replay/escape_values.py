@@ -206,9 +206,8 @@ class Plan:
         if new is UNCHANGED:
             return value
         self.moved.add(call)
-        if self.direction > 0 and not isinstance(value, bool):
-            if perturbed_down(value) is not UNCHANGED:
-                self.downs.add(call)
+        if self.direction > 0 and perturbed_down(value) is not UNCHANGED:  # (never a bool)
+            self.downs.add(call)
         return new
 
 

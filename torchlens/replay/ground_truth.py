@@ -447,14 +447,13 @@ def compare_outputs(
 ) -> None:
     """The reference run's output tensors must match the captured ones, one by one."""
     got = [t for _, t in flatten(reference)[0]]
-    labels = trace.output_labels
     if len(got) != len(expected):
         findings.fail(
             "output", "ground_truth",
             f"the reference returned {len(got)} tensors but the capture recorded {len(expected)}",
         )  # fmt: skip
         return
-    for label, value, want in zip(labels, got, expected):
+    for label, value, want in zip(trace.output_labels, got, expected):
         if want is None:
             findings.unchecked(label, "ground_truth", "no captured value for this output")
             continue
