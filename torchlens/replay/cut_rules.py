@@ -18,6 +18,7 @@ fails when a named function was never run at a cut point.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -172,6 +173,7 @@ VALUE_RULES: tuple[tuple[str, str], ...] = (
 # ops among them (roi_align reads the image each box names, unchecked).
 
 
+@functools.cache  # function -> whether it is torch's own
 def _from_torch(func: Any) -> bool:
     """Whether ``func`` is one of torch's own (functions, Tensor methods), not a third
     party's that happens to share a name."""
@@ -183,14 +185,11 @@ def _from_torch(func: Any) -> bool:
 
 _BY_NAME: dict[str, CutRule] = {name: rule for rule in CUT_RULES for name in rule.functions}
 _TAGGED = [rule for rule in CUT_RULES if rule.tag is not None]
-_RULES: dict[str, CutRule | None] = {}  # function name -> its rule, worked out once
-_ORIGIN: dict[Any, bool] = {}  # function -> whether it is torch's own
 
 
+@functools.cache  # function name -> its rule, worked out once
 def rule_for(func_name: str) -> CutRule | None:
     """The rule of :data:`CUT_RULES` covering the function ``func_name``, or None."""
-    if func_name in _RULES:
-        return _RULES[func_name]
     rule = _BY_NAME.get(func_name)
     if rule is None and _TAGGED:
         try:  # (the aten namespace answers None for a name it lacks)
@@ -201,7 +200,6 @@ def rule_for(func_name: str) -> CutRule | None:
         if isinstance(packet, torch._ops.OpOverloadPacket):
             tags = {tag for name in packet.overloads() for tag in getattr(packet, name).tags}
         rule = next((r for r in _TAGGED if r.tag in tags), None)
-    _RULES[func_name] = rule
     return rule
 
 
@@ -210,10 +208,7 @@ def cut_points(func: Any, func_name: str, values: list[Tensor]) -> tuple[Point, 
     or none (the call is probed at its recorded shapes only)."""
     if func is None:
         return ()
-    ours = _ORIGIN.get(func)
-    if ours is None:
-        ours = _ORIGIN[func] = _from_torch(func)
-    if not ours:
+    if not _from_torch(func):
         return ()
     rule = rule_for(func_name)
     if rule is None or (rule.when is not None and not rule.when(values)):
