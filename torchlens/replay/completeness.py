@@ -164,12 +164,11 @@ class _Runner:
     """Runs the model from the state the capture started from, with a plan's values. The
     state the capture left is taken before its first run and put back by :meth:`close`."""
 
-    def __init__(self, model: Any, trace: Trace, inputs: tuple, start: Any, host: Any,
+    def __init__(self, model: Any, inputs: tuple, start: Any, host: Any,
                  state: ModelState | None, intervene: Any,
                  expected: PerturbingMode | None = None,
                  budget: Budget | None = None) -> None:  # fmt: skip
-        self.model, self.trace, self.inputs, self.expected = model, trace, inputs, expected
-        self.budget = budget
+        self.model, self.inputs, self.expected, self.budget = model, inputs, expected, budget
         self.start, self.host, self.state, self.intervene = start, host, state, intervene
         self.forwards = 0
         self._left: tuple[ModelState, Any] | None = None  # the capture's state, its RNGs
@@ -239,7 +238,7 @@ def check_completeness(
     Returns:
         The hidden edges, the branch decisions (as text), and the forwards it ran here.
     """
-    runner = _Runner(model, trace, inputs, rngs[0], rngs[1], state, intervene, expected, budget)
+    runner = _Runner(model, inputs, rngs[0], rngs[1], state, intervene, expected, budget)
     try:
         edges, decisions = _Arm(runner, trace, findings, atol, rtol, first).run()
     finally:

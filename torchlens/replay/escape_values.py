@@ -84,12 +84,12 @@ def perturbed_down(value: Any) -> Any:
             return UNCHANGED
         return value - (abs(value) * _RELATIVE + _ABSOLUTE)
     if isinstance(value, list):
-        items = [perturbed_down(v) for v in values] if (values := value) else []
+        items = [perturbed_down(v) for v in value]
         if all(item is UNCHANGED for item in items):
             return UNCHANGED
-        if all(type(v) is int for v in values) and len(values) > 1:
+        if all(type(v) is int for v in value) and len(value) > 1:
             return UNCHANGED  # (sizes: the one move that keeps their sum was made)
-        return [v if item is UNCHANGED else item for v, item in zip(values, items)]
+        return [v if item is UNCHANGED else item for v, item in zip(value, items)]
     if isinstance(value, np.ndarray):
         if np.issubdtype(value.dtype, np.inexact):
             return (value - (np.abs(value) * _RELATIVE + _ABSOLUTE)).astype(value.dtype)

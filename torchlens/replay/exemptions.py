@@ -367,9 +367,7 @@ def _bernoulli_settled(get: Callable[[int, str, Any], Any]) -> bool:
 
 
 def _is_zero(value: Any) -> bool:
-    if isinstance(value, torch.Tensor):
-        return value.numel() > 0 and not bool(value.any())
-    return isinstance(value, (int, float)) and value == 0
+    return _all_false(value) or (isinstance(value, (int, float)) and value == 0)
 
 
 UNREAD: dict[str, tuple[Unread, ...]] = {

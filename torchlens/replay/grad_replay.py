@@ -36,13 +36,7 @@ from torchlens.replay.exemptions import may_write_arguments
 from torchlens.replay.lint import slot_indices
 from torchlens.replay.tolerances import mismatch
 
-__all__ = [
-    "GRAD_FUNCS",
-    "differentiate",
-    "differentiated",
-    "graph_edge",
-    "unseen_verdicts",
-]
+__all__ = ["GRAD_FUNCS", "differentiate", "differentiated", "graph_edge", "unseen_verdicts"]
 
 Tensor = torch.Tensor
 GRAD_FUNCS = (torch.autograd.grad, *BACKWARDS)  # replayed by differentiate
