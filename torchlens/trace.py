@@ -386,10 +386,7 @@ class Trace(OpSequence):
         return self._grads_session().grads
 
     def backward(
-        self,
-        loss_fn: Callable[[Any], torch.Tensor] | None = None,
-        *,
-        retain_graph: bool = False,
+        self, loss_fn: Callable[[Any], torch.Tensor] | None = None, *, retain_graph: bool = False
     ) -> torch.Tensor:
         """Run backward through the captured forward, filling ``op.grad`` for every op.
 

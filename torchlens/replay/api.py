@@ -293,11 +293,7 @@ def attach_status(
 
 
 def check_trace(
-    trace: Any,
-    reference: Any = None,
-    *,
-    atol: float | None = None,
-    rtol: float | None = None,
+    trace: Any, reference: Any = None, *, atol: float | None = None, rtol: float | None = None
 ) -> ReplayStatus:
     """Validate a finished trace without its model: lint, per-op replay, perturbation.
 
