@@ -23,6 +23,7 @@ from torchlens.capture import SETTLES, every_address, fill, flatten, named_tenso
 from torchlens.errors import PayloadUnavailableError
 from torchlens.replay.escape_values import PerturbingMode, Plan
 from torchlens.replay.findings import Findings
+from torchlens.replay.interpreter import settle_of
 from torchlens.replay.tolerances import equal, mismatch
 
 __all__ = [
@@ -398,13 +399,6 @@ def rerun(
 _DATA = torch._C.TensorBase.data.__get__
 
 
-def _settles(func: Any) -> bool:
-    try:
-        return func in SETTLES
-    except TypeError:  # unhashable
-        return False  # x.data (equal to every reading of it)
-
-
 class _Unrecorded(PerturbingMode):
     """A mode that records nothing. Under the capture a mode is active, so code that asks
     whether one is (``has_torch_function``: the fast paths of ``nn.MultiheadAttention`` and
@@ -423,8 +417,9 @@ class _Unrecorded(PerturbingMode):
         if self.watch:
             return super().__torch_function__(func, types, args, kwargs)
         result = func(*args, **kwargs) if kwargs else func(*args)
-        if SETTLES and _settles(func):  # (a collective in flight: see special.SETTLES)
-            SETTLES[func](result)
+        settle = settle_of(func) if SETTLES else None  # (a collective in flight)
+        if settle is not None:
+            settle(result)
         return result
 
 
