@@ -27,7 +27,6 @@ values perturbed (``replay/escape_values.py``) and watches what moves:
 from __future__ import annotations
 
 import warnings
-from contextlib import nullcontext
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
@@ -134,8 +133,7 @@ def _settled(first: FirstLook, reference: Any, tolerances: tuple) -> bool:
 
 def _light_forward(
     model: Any, args: tuple, kwargs: dict, start: Any, plan: Plan,
-    expected: PerturbingMode | None = None, state: ModelState | None = None,
-    fingerprints: bool = True,
+    expected: PerturbingMode | None, state: ModelState, fingerprints: bool = True,
 ) -> tuple[list[torch.Tensor] | None, PerturbingMode, BaseException | None]:  # fmt: skip
     """A plain forward under a :class:`PerturbingMode` with ``plan`` (stopping where it
     leaves ``expected``'s path): (the tensors it returned, detached so their graph is
@@ -143,8 +141,7 @@ def _light_forward(
     forward writes (a perturbed flag re-running a first-call initialisation) is copied
     first into ``state``, whose next rewind puts it back."""
     mode = PerturbingMode(plan, expected, fingerprints=fingerprints)
-    if state is not None:
-        mode.guard = ParamGuard(state)
+    mode.guard = ParamGuard(state)
     try:
         with rng.restored(start), mode, warnings.catch_warnings():
             warnings.simplefilter("ignore")  # (the ground-truth run showed the model's own)
@@ -165,7 +162,7 @@ class _Runner:
     state the capture left is taken before its first run and put back by :meth:`close`."""
 
     def __init__(self, model: Any, inputs: tuple, start: Any, host: Any,
-                 state: ModelState | None, intervene: Any,
+                 state: ModelState, intervene: Any,
                  expected: PerturbingMode | None = None,
                  budget: Budget | None = None) -> None:  # fmt: skip
         self.model, self.inputs, self.expected, self.budget = model, inputs, expected, budget
@@ -176,8 +173,7 @@ class _Runner:
     def _fresh(self) -> tuple[tuple, dict]:
         if self._left is None:
             self._left = (ModelState(self.model), rng.host_snapshot())
-        if self.state is not None:
-            self.state.rewind()
+        self.state.rewind()
         rng.restore(self.host)
         self.forwards += 1
         return copy_inputs(*self.inputs)
@@ -202,8 +198,7 @@ class _Runner:
         args, kwargs = self._fresh()
         plan.start(self.budget, captured=True)
         try:
-            guard = ParamGuard(self.state) if self.state is not None else nullcontext()
-            with rng.restored(self.start), warnings.catch_warnings(), guard:
+            with rng.restored(self.start), warnings.catch_warnings(), ParamGuard(self.state):
                 warnings.simplefilter("ignore")  # (the ground-truth run showed the model's own)
                 return trace_for_check(
                     self.model, args, kwargs, intervene=self.intervene, escape_hook=plan
