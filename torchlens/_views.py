@@ -189,7 +189,8 @@ def summary_text(
 ) -> str:
     """The trace's heading, a table of ``ops`` (head and tail past ``max_rows``), outputs;
     ``more_hint`` says how to see the rows left out."""
-    repeated = _repeated_layers(trace)
+    layers = getattr(trace, "layers", None)  # (none for a recording)
+    repeated = layers.repeated if layers is not None else {}  # layer -> passes, if several
     rows = [_row(op) + (_pass_cell(op, repeated),) * bool(repeated) for op in ops]
     hidden = 0
     if max_rows is not None and len(rows) > max_rows:
@@ -273,12 +274,6 @@ def train_mode_note(trace: Any) -> str:
         f"note: traced in training mode: {found} op(s) used random masks or batch "
         "statistics; call model.eval() before tracing for inference behaviour"
     )
-
-
-def _repeated_layers(trace: Any) -> dict[str, int]:
-    """Layer label -> passes, for the layers run more than once (none for a recording)."""
-    layers = getattr(trace, "layers", None)
-    return layers.repeated if layers is not None else {}
 
 
 def _pass_cell(op: Any, repeated: Mapping[str, int]) -> str:

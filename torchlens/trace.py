@@ -80,7 +80,11 @@ class _GradStored(Stored):
             PayloadUnavailableError: with code ``structure_only``, ``not_saved`` or
                 ``payload_overwritten`` when no faithful value can be given.
         """
-        return _payload(self._store, self.label)
+        if self._store is None:
+            raise PayloadUnavailableError(
+                f"no payload store is attached to {self.label!r}", code="not_saved"
+            )
+        return self._store.get(self.label)
 
     @property
     def has_out(self) -> bool:
@@ -96,7 +100,13 @@ class _GradStored(Stored):
             GradUnavailableError: with code ``grads_not_captured``, ``backward_not_run``,
                 ``no_grad``, ``not_saved`` or ``grad_aliased``.
         """
-        return _grad(self._grads, self.label)
+        if self._grads is None:
+            raise GradUnavailableError(
+                f"no gradients were captured for {self.label!r}; trace with save_grads=True "
+                "and run trace.backward() to record them",
+                code="grads_not_captured",
+            )
+        return self._grads.get(self.label)
 
 
 @dataclass(eq=False)
@@ -215,24 +225,6 @@ def _layer_of(op: Op) -> tuple[str, int]:
             "while its Trace exists"
         )
     return trace.layers.of(op.label)
-
-
-def _payload(store: PayloadStore | None, label: str) -> torch.Tensor:
-    if store is None:
-        raise PayloadUnavailableError(
-            f"no payload store is attached to {label!r}", code="not_saved"
-        )
-    return store.get(label)
-
-
-def _grad(store: PayloadStore | None, label: str) -> torch.Tensor:
-    if store is None:
-        raise GradUnavailableError(
-            f"no gradients were captured for {label!r}; trace with save_grads=True and run "
-            "trace.backward() to record them",
-            code="grads_not_captured",
-        )
-    return store.get(label)
 
 
 @dataclass(eq=False)
@@ -394,10 +386,7 @@ class Trace(OpSequence):
         return self._grads_session().grads
 
     def backward(
-        self,
-        loss_fn: Callable[[Any], torch.Tensor] | None = None,
-        *,
-        retain_graph: bool = False,
+        self, loss_fn: Callable[[Any], torch.Tensor] | None = None, *, retain_graph: bool = False
     ) -> torch.Tensor:
         """Run backward through the captured forward, filling ``op.grad`` for every op.
 

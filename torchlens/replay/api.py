@@ -293,11 +293,7 @@ def attach_status(
 
 
 def check_trace(
-    trace: Any,
-    reference: Any = None,
-    *,
-    atol: float | None = None,
-    rtol: float | None = None,
+    trace: Any, reference: Any = None, *, atol: float | None = None, rtol: float | None = None
 ) -> ReplayStatus:
     """Validate a finished trace without its model: lint, per-op replay, perturbation.
 
@@ -381,13 +377,12 @@ def _check_self_difference(
     leaves."""
     left = ModelState(model)
     state.rewind()
-    reason = None
     try:
         reason = differs_from_itself(
             model, inputs, start, host, reference, trace, atol, rtol, state
-        )  # fmt: skip
+        )
     except Exception:  # noqa: BLE001 - validation returns: the difference stays a failure
-        pass
+        reason = None
     if reason is None:
         left.rewind()
         return

@@ -36,9 +36,7 @@ from torchlens.capture import (
     rng,
     suspended,
 )
-from torchlens.capture import (
-    trace as capture,
-)
+from torchlens.capture import trace as capture
 from torchlens.errors import GradUnavailableError, PayloadUnavailableError
 from torchlens.replay.exemptions import MUTATES_ARGUMENTS
 from torchlens.replay.findings import Findings
@@ -96,7 +94,8 @@ def validate_backward(
     try:
         trace.backward(loss_fn)
     finally:
-        _restore_grads(grads_before)
+        for tensor, grad in grads_before:  # the caller's, put back
+            tensor.grad = grad
     findings = Findings(trace)
     check_grads(trace, findings, atol, rtol, loss_fn)
     if not state.rerun_blocked(findings):
@@ -442,8 +441,3 @@ def _saved_grads(model: Any, inputs: list[Tensor]) -> list[tuple[Tensor, Tensor 
     for tensor in tensors:
         tensor.grad = None
     return saved
-
-
-def _restore_grads(saved: list[tuple[Tensor, Tensor | None]]) -> None:
-    for tensor, grad in saved:
-        tensor.grad = grad

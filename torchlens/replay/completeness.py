@@ -27,8 +27,8 @@ values perturbed (``replay/escape_values.py``) and watches what moves:
 from __future__ import annotations
 
 import warnings
-from contextlib import nullcontext
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 import torch
@@ -41,9 +41,9 @@ from torchlens.replay.escape_values import (
     OverBudget,
     PerturbingMode,
     Plan,
-    fingerprint,
     recorded_calls,
     recorded_groups,
+    saved_fingerprint,
 )
 from torchlens.replay.exemptions import MAY_BE_UNINITIALIZED
 from torchlens.replay.findings import Findings
@@ -133,8 +133,7 @@ def _settled(first: FirstLook, reference: Any, tolerances: tuple) -> bool:
 
 def _light_forward(
     model: Any, args: tuple, kwargs: dict, start: Any, plan: Plan,
-    expected: PerturbingMode | None = None, state: ModelState | None = None,
-    fingerprints: bool = True,
+    expected: PerturbingMode | None, state: ModelState, fingerprints: bool = True,
 ) -> tuple[list[torch.Tensor] | None, PerturbingMode, BaseException | None]:  # fmt: skip
     """A plain forward under a :class:`PerturbingMode` with ``plan`` (stopping where it
     leaves ``expected``'s path): (the tensors it returned, detached so their graph is
@@ -142,8 +141,7 @@ def _light_forward(
     forward writes (a perturbed flag re-running a first-call initialisation) is copied
     first into ``state``, whose next rewind puts it back."""
     mode = PerturbingMode(plan, expected, fingerprints=fingerprints)
-    if state is not None:
-        mode.guard = ParamGuard(state)
+    mode.guard = ParamGuard(state)
     try:
         with rng.restored(start), mode, warnings.catch_warnings():
             warnings.simplefilter("ignore")  # (the ground-truth run showed the model's own)
@@ -163,12 +161,11 @@ class _Runner:
     """Runs the model from the state the capture started from, with a plan's values. The
     state the capture left is taken before its first run and put back by :meth:`close`."""
 
-    def __init__(self, model: Any, trace: Trace, inputs: tuple, start: Any, host: Any,
-                 state: ModelState | None, intervene: Any,
+    def __init__(self, model: Any, inputs: tuple, start: Any, host: Any,
+                 state: ModelState, intervene: Any,
                  expected: PerturbingMode | None = None,
                  budget: Budget | None = None) -> None:  # fmt: skip
-        self.model, self.trace, self.inputs, self.expected = model, trace, inputs, expected
-        self.budget = budget
+        self.model, self.inputs, self.expected, self.budget = model, inputs, expected, budget
         self.start, self.host, self.state, self.intervene = start, host, state, intervene
         self.forwards = 0
         self._left: tuple[ModelState, Any] | None = None  # the capture's state, its RNGs
@@ -176,8 +173,7 @@ class _Runner:
     def _fresh(self) -> tuple[tuple, dict]:
         if self._left is None:
             self._left = (ModelState(self.model), rng.host_snapshot())
-        if self.state is not None:
-            self.state.rewind()
+        self.state.rewind()
         rng.restore(self.host)
         self.forwards += 1
         return copy_inputs(*self.inputs)
@@ -202,8 +198,7 @@ class _Runner:
         args, kwargs = self._fresh()
         plan.start(self.budget, captured=True)
         try:
-            guard = ParamGuard(self.state) if self.state is not None else nullcontext()
-            with rng.restored(self.start), warnings.catch_warnings(), guard:
+            with rng.restored(self.start), warnings.catch_warnings(), ParamGuard(self.state):
                 warnings.simplefilter("ignore")  # (the ground-truth run showed the model's own)
                 return trace_for_check(
                     self.model, args, kwargs, intervene=self.intervene, escape_hook=plan
@@ -238,7 +233,7 @@ def check_completeness(
     Returns:
         The hidden edges, the branch decisions (as text), and the forwards it ran here.
     """
-    runner = _Runner(model, trace, inputs, rngs[0], rngs[1], state, intervene, expected, budget)
+    runner = _Runner(model, inputs, rngs[0], rngs[1], state, intervene, expected, budget)
     try:
         edges, decisions = _Arm(runner, trace, findings, atol, rtol, first).run()
     finally:
@@ -393,9 +388,7 @@ class _Arm:
         j = None if expected is None else _divergence(mode.calls, expected.calls)
         if j is None:
             return None
-        calls = [
-            c for c in sorted(plan.moved) if c < min(k, len(mode.at)) and mode.at[c] <= j
-        ]  # fmt: skip
+        calls = [c for c in sorted(plan.moved) if c < min(k, len(mode.at)) and mode.at[c] <= j]
         return self._prefer_control(calls) if calls else None
 
     def _bool_before(self, plan: Plan, mode: PerturbingMode, j: int) -> int | None:
@@ -440,14 +433,10 @@ class _Arm:
     # -- what moved -----------------------------------------------------------------------
     def _outputs_moved(self, got: list[torch.Tensor]) -> bool:
         want = expected_outputs(self.trace)
-        if len(got) != len(want):
-            return True
-        for value, expected in zip(got, want):
-            if expected is None:
-                continue
-            if _moved(value, expected, self.atol, self.rtol):
-                return True
-        return False
+        return len(got) != len(want) or any(
+            expected is not None and _moved(value, expected, self.atol, self.rtol)
+            for value, expected in zip(got, want)
+        )
 
     def _inside_moved(self, mode: PerturbingMode) -> bool:
         """Whether a value the light forward computed from the first escape on differs
@@ -480,7 +469,7 @@ class _Arm:
         per call: each light forward whose outputs stayed is compared with them."""
         prints = self._saved_prints.get(i)
         if prints is None:
-            prints = self._saved_prints[i] = [_saved_print(op) for op in ops]
+            prints = self._saved_prints[i] = [saved_fingerprint(op) for op in ops]
         return prints
 
     def _drifts(self) -> bool:
@@ -666,17 +655,8 @@ class _Arm:
         for e in self.edges:
             if e != edge:
                 hidden.setdefault(e.parent, []).append(e.child)
-        seen: set[str] = set()
-        stack = [edge.parent]
-        while stack:
-            label = stack.pop()
-            if label in seen:
-                continue
-            seen.add(label)
-            stack += hidden.get(label, ())
-            if label in self.trace:
-                stack += self.trace[label].children
-        return any(e.parent in seen and e.parent != edge.parent for e in others)
+        reached = _descendants(self.trace, edge.parent, hidden)
+        return any(e.parent in reached for e in others)
 
     # -- branch decisions -----------------------------------------------------------------
     def _decided(self, call: int | None, what: str) -> int | None:
@@ -708,36 +688,24 @@ def _two_way(escape: Escape) -> bool:
     return escape.type == "int" and escape.value != "0"
 
 
-def _saved_print(op: Any) -> tuple | None:
-    """The :func:`fingerprint` of ``op``'s saved value, or None when it is not compared."""
-    if op.func_name in MAY_BE_UNINITIALIZED:
-        return None
-    try:
-        return fingerprint(op.out)
-    except PayloadUnavailableError:
-        return None
-
-
 def _same_site(a: Escape, b: Escape) -> bool:
     """Two escapes read by one line of code through one call."""
     return a.source is not None and a.source == b.source and a.via == b.via
 
 
-def _divergence(vias: list[str], recorded: list[str]) -> int | None:
-    """The first escape call at which two runs differ, or None."""
-    for k, (a, b) in enumerate(zip(vias, recorded)):
+def _divergence(ran: list, recorded: list) -> int | None:
+    """The first position (an escape call, a call) at which two runs differ, or None."""
+    for k, (a, b) in enumerate(zip(ran, recorded)):
         if a != b:
             return k
-    return None if len(vias) == len(recorded) else min(len(vias), len(recorded))
+    return None if len(ran) == len(recorded) else min(len(ran), len(recorded))
 
 
 def _structure_divergence(trace: Trace, other: Trace) -> int | None:
     """The position of the first op at which ``other`` ran something else (another
     function, label or parents), or None when both ran the same ops."""
-    for i, (a, b) in enumerate(zip(trace.ops, other.ops)):
-        if a.label != b.label or a.func_name != b.func_name or a.parents != b.parents:
-            return i
-    return None if len(trace.ops) == len(other.ops) else min(len(trace.ops), len(other.ops))
+    step = attrgetter("label", "func_name", "parents")
+    return _divergence(list(map(step, other.ops)), list(map(step, trace.ops)))
 
 
 def _record_moved(record: Any, other: Any, atol, rtol) -> bool:
@@ -768,14 +736,18 @@ def _moved(value: torch.Tensor, expected: torch.Tensor, atol, rtol) -> bool:
     return not torch.equal(value, expected)
 
 
-def _descendants(trace: Trace, label: str) -> set[str]:
+def _descendants(trace: Trace, label: str, hidden: dict[str, list[str]] | None = None) -> set[str]:
+    """The records ``label`` reaches through recorded edges and the ``hidden`` ones
+    (parent -> children)."""
     seen: set[str] = set()
-    stack = list(trace[label].children) if label in trace else []
+    stack = [label]
     while stack:
-        child = stack.pop()
-        if child not in seen:
-            seen.add(child)
-            stack += trace[child].children
+        node = stack.pop()
+        children = trace[node].children if node in trace else ()
+        for child in (*children, *(hidden or {}).get(node, ())):
+            if child not in seen:
+                seen.add(child)
+                stack.append(child)
     return seen
 
 
@@ -783,11 +755,7 @@ def _what(err: BaseException | None) -> str:
     """What a perturbed forward that stopped did, in words."""
     if isinstance(err, OverBudget):
         return f"changed how long the run is (it was stopped past {err.what})"
-    return f"raised {_short(err)}"
-
-
-def _short(err: BaseException | None) -> str:
     if err is None:
-        return "nothing"
+        return "raised nothing"
     text = str(err).splitlines()[0] if str(err) else ""
-    return f"{type(err).__name__}" + (f" ({text[:60]})" if text else "")
+    return f"raised {type(err).__name__}" + (f" ({text[:60]})" if text else "")

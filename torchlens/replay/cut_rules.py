@@ -18,6 +18,7 @@ fails when a named function was never run at a cut point.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -110,42 +111,21 @@ CUT_RULES: tuple[CutRule, ...] = (
         BATCH,
         "each image or sequence of the batch is computed from its own sizes; grid_sample "
         "checks that input and grid have the same batch",
-        functions=frozenset(
-            {
-                "avg_pool1d",
-                "avg_pool2d",
-                "max_pool1d",
-                "max_pool2d",
-                "adaptive_avg_pool1d",
-                "adaptive_avg_pool2d",
-                "adaptive_max_pool2d",
-                "interpolate",
-                "grid_sample",
-                "pad",
-                "roll",
-            }
-        ),  # fmt: skip
+        functions=frozenset({
+            "avg_pool1d", "avg_pool2d", "max_pool1d", "max_pool2d", "adaptive_avg_pool1d",
+            "adaptive_avg_pool2d", "adaptive_max_pool2d", "interpolate", "grid_sample", "pad",
+            "roll",
+        }),
     ),
     CutRule(
         "copies, joins and indexing",
         BATCH,
         "reshapes check the element count, cat and stack the other dimensions, "
         "and indexing checks every index against the size it indexes",
-        functions=frozenset(
-            {
-                "contiguous",
-                "clone",
-                "to",
-                "float",
-                "copy_",
-                "cat",
-                "stack",
-                "flatten",
-                "reshape",
-                "getitem",
-                "setitem",
-            }
-        ),  # fmt: skip
+        functions=frozenset({
+            "contiguous", "clone", "to", "float", "copy_", "cat", "stack", "flatten", "reshape",
+            "getitem", "setitem",
+        }),
     ),
     CutRule(
         "attention",
@@ -170,7 +150,7 @@ CUT_RULES: tuple[CutRule, ...] = (
         functions=frozenset({"rnn_tanh_cell", "rnn_relu_cell", "gru_cell", "lstm_cell"}),
         when=_batched_cell,
     ),
-)
+)  # fmt: skip
 
 # The calls of changed values, which every function gets (no rule excludes one).
 VALUE_RULES: tuple[tuple[str, str], ...] = (
@@ -193,6 +173,7 @@ VALUE_RULES: tuple[tuple[str, str], ...] = (
 # ops among them (roi_align reads the image each box names, unchecked).
 
 
+@functools.cache  # function -> whether it is torch's own
 def _from_torch(func: Any) -> bool:
     """Whether ``func`` is one of torch's own (functions, Tensor methods), not a third
     party's that happens to share a name."""
@@ -204,14 +185,11 @@ def _from_torch(func: Any) -> bool:
 
 _BY_NAME: dict[str, CutRule] = {name: rule for rule in CUT_RULES for name in rule.functions}
 _TAGGED = [rule for rule in CUT_RULES if rule.tag is not None]
-_RULES: dict[str, CutRule | None] = {}  # function name -> its rule, worked out once
-_ORIGIN: dict[Any, bool] = {}  # function -> whether it is torch's own
 
 
+@functools.cache  # function name -> its rule, worked out once
 def rule_for(func_name: str) -> CutRule | None:
     """The rule of :data:`CUT_RULES` covering the function ``func_name``, or None."""
-    if func_name in _RULES:
-        return _RULES[func_name]
     rule = _BY_NAME.get(func_name)
     if rule is None and _TAGGED:
         try:  # (the aten namespace answers None for a name it lacks)
@@ -222,7 +200,6 @@ def rule_for(func_name: str) -> CutRule | None:
         if isinstance(packet, torch._ops.OpOverloadPacket):
             tags = {tag for name in packet.overloads() for tag in getattr(packet, name).tags}
         rule = next((r for r in _TAGGED if r.tag in tags), None)
-    _RULES[func_name] = rule
     return rule
 
 
@@ -231,10 +208,7 @@ def cut_points(func: Any, func_name: str, values: list[Tensor]) -> tuple[Point, 
     or none (the call is probed at its recorded shapes only)."""
     if func is None:
         return ()
-    ours = _ORIGIN.get(func)
-    if ours is None:
-        ours = _ORIGIN[func] = _from_torch(func)
-    if not ours:
+    if not _from_torch(func):
         return ()
     rule = rule_for(func_name)
     if rule is None or (rule.when is not None and not rule.when(values)):

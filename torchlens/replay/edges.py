@@ -150,10 +150,8 @@ class EdgeProver:
         reason = parent_kind_reason(parent)
         if reason is None and maybe_exempt(head, head.parent_args[indices[0]][1]):
             reason = exempt_reason(head, [head.parent_args[i][1] for i in indices])
-        if reason:
-            return "exempt", f"{label}: {reason}"
-        if unmovable:
-            return "exempt", f"{label}: {unmovable}"
+        if reason or unmovable:
+            return "exempt", f"{label}: {reason or unmovable}"
         if head.func in GRAD_FUNCS and label in differentiated(head):  # its graph, not value
             return graph_edge(self.runner, head, label, values)
         for out in outputs:

@@ -30,6 +30,8 @@ from torchlens.capture import (
     functorch_level,
     opened_body,
 )
+from torchlens.errors import PayloadUnavailableError
+from torchlens.replay.exemptions import MAY_BE_UNINITIALIZED
 
 __all__ = [
     "UNCHANGED",
@@ -42,6 +44,7 @@ __all__ = [
     "recorded_calls",
     "recorded_groups",
     "fingerprint",
+    "saved_fingerprint",
 ]
 
 UNCHANGED = object()  # what perturbed() gives for a value it has no way to move (text)
@@ -81,12 +84,12 @@ def perturbed_down(value: Any) -> Any:
             return UNCHANGED
         return value - (abs(value) * _RELATIVE + _ABSOLUTE)
     if isinstance(value, list):
-        items = [perturbed_down(v) for v in values] if (values := value) else []
+        items = [perturbed_down(v) for v in value]
         if all(item is UNCHANGED for item in items):
             return UNCHANGED
-        if all(type(v) is int for v in values) and len(values) > 1:
+        if all(type(v) is int for v in value) and len(value) > 1:
             return UNCHANGED  # (sizes: the one move that keeps their sum was made)
-        return [v if item is UNCHANGED else item for v, item in zip(values, items)]
+        return [v if item is UNCHANGED else item for v, item in zip(value, items)]
     if isinstance(value, np.ndarray):
         if np.issubdtype(value.dtype, np.inexact):
             return (value - (np.abs(value) * _RELATIVE + _ABSOLUTE)).astype(value.dtype)
@@ -203,9 +206,8 @@ class Plan:
         if new is UNCHANGED:
             return value
         self.moved.add(call)
-        if self.direction > 0 and not isinstance(value, bool):
-            if perturbed_down(value) is not UNCHANGED:
-                self.downs.add(call)
+        if self.direction > 0 and perturbed_down(value) is not UNCHANGED:  # (never a bool)
+            self.downs.add(call)
         return new
 
 
@@ -267,6 +269,17 @@ def fingerprint(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None
 
 
 _vector_norm = torch.linalg.vector_norm
+
+
+def saved_fingerprint(op: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The :func:`fingerprint` of ``op``'s saved value, or None when it is not compared
+    (uninitialised memory, which differs run to run; a value not saved)."""
+    if op.func_name in MAY_BE_UNINITIALIZED:
+        return None
+    try:
+        return fingerprint(op.out)
+    except PayloadUnavailableError:
+        return None
 
 
 def _prints(name: str, result: Any) -> list[tuple | None] | None:

@@ -305,9 +305,7 @@ def _keeps_no_element(upper: bool) -> Callable[[Callable[[int, str, Any], Any]],
 
     def keeps_none(get: Callable[[int, str, Any], Any]) -> bool:
         value, diagonal = get(0, "input", None), get(1, "diagonal", 0)
-        if not isinstance(value, torch.Tensor) or value.dim() < 2:
-            return False
-        if not isinstance(diagonal, int):
+        if not isinstance(value, torch.Tensor) or value.dim() < 2 or not isinstance(diagonal, int):
             return False
         rows, cols = value.shape[-2], value.shape[-1]
         return diagonal > cols - 1 if upper else diagonal < -(rows - 1)
@@ -369,9 +367,7 @@ def _bernoulli_settled(get: Callable[[int, str, Any], Any]) -> bool:
 
 
 def _is_zero(value: Any) -> bool:
-    if isinstance(value, torch.Tensor):
-        return value.numel() > 0 and not bool(value.any())
-    return isinstance(value, (int, float)) and value == 0
+    return _all_false(value) or (isinstance(value, (int, float)) and value == 0)
 
 
 UNREAD: dict[str, tuple[Unread, ...]] = {

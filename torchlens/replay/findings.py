@@ -30,7 +30,6 @@ class Findings:
         self._exempt: dict[str, tuple[str, ...]] = {}  # exempt op -> why, edge by edge
         self._outputs = set(getattr(trace, "output_labels", ()))
         self._exempt_edges: dict[str, list[str]] = {}  # op -> why each exempt edge is
-        self.exempt_edges = 0  # edges a table exempts without a call
         self.unread: list[ReplayFailure] = []  # edges no probe could show, exempt by a rule
         self.hidden_edges: list[Any] = []  # dependencies through escapes (completeness arm)
         self.decisions: list[str] = []  # escapes that decide which ops run (completeness arm)
@@ -62,8 +61,7 @@ class Findings:
                 self.fail(label, "perturbation", reason)
             elif verdict == "unchecked":
                 self.unchecked(label, "perturbation", reason)
-            elif verdict == "exempt":
-                self.exempt_edges += 1
+            elif verdict == "exempt":  # a table exempts it without a call
                 self._exempt_edges.setdefault(label, []).append(reason)
             elif verdict == "unread":
                 self.unread.append(ReplayFailure(label, "perturbation", reason))
@@ -77,7 +75,6 @@ class Findings:
     def status(self, arms: tuple[str, ...], unavailable: bool = False) -> ReplayStatus:
         """The summary: ``failed`` > ``unavailable`` > ``unverified`` > ``incomplete`` >
         ``passed``."""
-        gap_labels = {gap.label for gap in self.gaps}
         if self.failures:
             state = "failed"
         elif unavailable:
@@ -94,8 +91,8 @@ class Findings:
             replayed=len(self._replayed),
             perturbation_verified=len(self._verified),
             exempt=len(self._exempt),
-            unverified=len(gap_labels),
-            exempt_edges=self.exempt_edges,
+            unverified=len({gap.label for gap in self.gaps}),
+            exempt_edges=sum(map(len, self._exempt_edges.values())),
             unread=list(self.unread),
             failures=list(self.failures),
             unchecked=list(self.gaps),

@@ -31,35 +31,15 @@ from typing import Any
 
 import torch
 
-from torchlens.capture import BACKWARDS, UNSEEN_META, ArgSlot, backward_roles, fill, flatten
+from torchlens.capture import BACKWARDS, UNSEEN_META, backward_roles, fill, flatten
 from torchlens.replay.exemptions import may_write_arguments
+from torchlens.replay.lint import slot_indices
 from torchlens.replay.tolerances import mismatch
 
-__all__ = [
-    "GRAD_FUNCS",
-    "differentiate",
-    "differentiated",
-    "graph_edge",
-    "unseen_verdicts",
-]
+__all__ = ["GRAD_FUNCS", "differentiate", "differentiated", "graph_edge", "unseen_verdicts"]
 
 Tensor = torch.Tensor
 GRAD_FUNCS = (torch.autograd.grad, *BACKWARDS)  # replayed by differentiate
-
-
-def _slots(template: Any) -> list[int]:
-    """The ArgSlot indices in ``template``, in order."""
-    found: list[int] = []
-    stack = [template]
-    while stack:
-        item = stack.pop()
-        if type(item) is ArgSlot:
-            found.append(item.index)
-        elif isinstance(item, (list, tuple)):
-            stack.extend(reversed(item))
-        elif isinstance(item, dict):
-            stack.extend(reversed(list(item.values())))
-    return found
 
 
 def _roles(op: Any) -> tuple[list[int], list[int]]:
@@ -67,10 +47,10 @@ def _roles(op: Any) -> tuple[list[int], list[int]]:
     args, kwargs = op.args_template, op.kwargs_template
     if op.func in BACKWARDS:  # (tensors, gradients, ..., inputs): grad_calls.py
         outputs, _, inputs = backward_roles(op.func)
-        return _slots(args[outputs]), _slots(args[inputs])
+        return slot_indices(args[outputs]), slot_indices(args[inputs])
     outputs = args[0] if args else kwargs.get("outputs")
     inputs = args[1] if len(args) > 1 else kwargs.get("inputs")
-    return _slots(outputs), _slots(inputs)
+    return slot_indices(outputs), slot_indices(inputs)
 
 
 def differentiated(op: Any) -> set[str]:

@@ -23,6 +23,7 @@ from torchlens.capture import SETTLES, every_address, fill, flatten, named_tenso
 from torchlens.errors import PayloadUnavailableError
 from torchlens.replay.escape_values import PerturbingMode, Plan
 from torchlens.replay.findings import Findings
+from torchlens.replay.interpreter import settle_of
 from torchlens.replay.tolerances import equal, mismatch
 
 __all__ = [
@@ -253,10 +254,8 @@ class ModelState:
                 after[name] = rewound[id(now)] = now.detach().clone()
                 if now is buf and storage_key(now) != address:  # buf.data = value: that
                     now.data = saved.clone()  # memory may be another tensor's (an output)
-                elif now.shape == saved.shape and now.dtype == saved.dtype:
-                    now.copy_(saved)
                 else:
-                    _set_buffer(self.model, name, saved.clone())
+                    _put_buffer(self.model, name, now, saved)
         return after
 
     def leave(self, after: dict[str, Tensor]) -> None:
@@ -268,11 +267,7 @@ class ModelState:
         current = named_tensors(self.model, "_buffers")
         with torch.no_grad():
             for name, value in after.items():
-                now = current.get(name)
-                if now is not None and now.shape == value.shape and now.dtype == value.dtype:
-                    now.copy_(value)
-                else:
-                    _set_buffer(self.model, name, value.clone())
+                _put_buffer(self.model, name, current.get(name), value)
 
     def _rewind_attributes(self) -> None:
         """Put tensor attributes back: the object the attribute held, with its values
@@ -360,10 +355,15 @@ def _same(buffer: Tensor, saved: Tensor, version: int | None) -> bool:
     return buffer.shape == saved.shape and buffer.dtype == saved.dtype and equal(buffer, saved)
 
 
-def _set_buffer(model: nn.Module, name: str, value: Tensor) -> None:
+def _put_buffer(model: nn.Module, name: str, now: Tensor | None, value: Tensor) -> None:
+    """Give buffer ``name`` (``now``, the tensor it names) the values of ``value``: copied
+    into it where shape and dtype allow, else a copy of ``value`` set in its place."""
+    if now is not None and now.shape == value.shape and now.dtype == value.dtype:
+        now.copy_(value)
+        return
     owner_name, _, attr = name.rpartition(".")
     owner = model.get_submodule(owner_name) if owner_name else model
-    setattr(owner, attr, value)
+    setattr(owner, attr, value.clone())
 
 
 def rerun(
@@ -399,13 +399,6 @@ def rerun(
 _DATA = torch._C.TensorBase.data.__get__
 
 
-def _settles(func: Any) -> bool:
-    try:
-        return func in SETTLES
-    except TypeError:  # unhashable
-        return False  # x.data (equal to every reading of it)
-
-
 class _Unrecorded(PerturbingMode):
     """A mode that records nothing. Under the capture a mode is active, so code that asks
     whether one is (``has_torch_function``: the fast paths of ``nn.MultiheadAttention`` and
@@ -424,8 +417,9 @@ class _Unrecorded(PerturbingMode):
         if self.watch:
             return super().__torch_function__(func, types, args, kwargs)
         result = func(*args, **kwargs) if kwargs else func(*args)
-        if SETTLES and _settles(func):  # (a collective in flight: see special.SETTLES)
-            SETTLES[func](result)
+        settle = settle_of(func) if SETTLES else None  # (a collective in flight)
+        if settle is not None:
+            settle(result)
         return result
 
 
@@ -448,14 +442,13 @@ def compare_outputs(
 ) -> None:
     """The reference run's output tensors must match the captured ones, one by one."""
     got = [t for _, t in flatten(reference)[0]]
-    labels = trace.output_labels
     if len(got) != len(expected):
         findings.fail(
             "output", "ground_truth",
             f"the reference returned {len(got)} tensors but the capture recorded {len(expected)}",
         )  # fmt: skip
         return
-    for label, value, want in zip(labels, got, expected):
+    for label, value, want in zip(trace.output_labels, got, expected):
         if want is None:
             findings.unchecked(label, "ground_truth", "no captured value for this output")
             continue

@@ -42,7 +42,7 @@ from torchlens.replay.grad_replay import GRAD_FUNCS, differentiate, unseen_verdi
 from torchlens.replay.tolerances import mismatch
 from torchlens.replay.written_over import MadeRefreshes
 
-__all__ = ["Interpreter", "Checker", "Unreplayable", "calls", "LOCKSTEP", "RESTORES"]
+__all__ = ["Interpreter", "Checker", "Unreplayable", "calls", "settle_of", "LOCKSTEP", "RESTORES"]
 
 # Calls that every process of a distributed run must rerun together (collectives):
 # function -> ``check(op)``, run before each rerun of ``op``; it raises a typed error when
@@ -145,7 +145,7 @@ class Interpreter:
         func, special = op.func, SPECIAL_OUTPUTS.get(op.func_name)
         args_template, kwargs_template = op.args_template, op.kwargs_template
         n = len(op.parent_args)
-        settle = _settle_of(func)
+        settle = settle_of(func)
         if settle is not None:  # (a collective: each rerun waits for what it writes)
             func = _settled(func, settle, LOCKSTEP.get(func), op, RESTORES.get(func))
         if special is None and slots_in_order(args_template, kwargs_template, n):
@@ -180,7 +180,8 @@ class Interpreter:
         return [write_through(stale, list(zip(written, regions)), base)]
 
 
-def _settle_of(func: Any) -> Callable[[Any], None] | None:
+def settle_of(func: Any) -> Callable[[Any], None] | None:
+    """What waits for a call of ``func`` to finish writing (a collective's: ``SETTLES``)."""
     try:
         return SETTLES.get(func)
     except TypeError:  # unhashable

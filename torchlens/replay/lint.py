@@ -13,7 +13,7 @@ from typing import Any
 
 from torchlens.capture import ArgSlot, is_atom, slots_in_order
 
-__all__ = ["lint"]
+__all__ = ["lint", "slot_indices"]
 
 
 def lint(trace: Any) -> list[str]:
@@ -110,13 +110,11 @@ def _sound(trace: Any) -> bool:
 def _problems(trace: Any) -> list[str]:
     """Every problem of the trace, each with its message (see :func:`lint`)."""
     problems: list[str] = []
-    records: dict[str, Any] = {}
     counts = Counter([s.label for s in trace.sources] + [op.label for op in trace.ops])
     for label, n in counts.items():
         if n > 1:
             problems.append(f"{label}: label used by {n} records")
-    for source in trace.sources:
-        records[source.label] = source
+    records: dict[str, Any] = {source.label: source for source in trace.sources}
     for position, op in enumerate(trace.ops):
         if op.index != position:
             problems.append(f"{op.label}: index {op.index} but position {position}")
@@ -162,11 +160,9 @@ def _parent_problems(op: Any, records: dict[str, Any], known: Counter) -> list[s
             problems.append(f"{op.label}: parent {parent!r} is {where}")
         elif op.label not in records[parent].children:
             problems.append(f"{op.label}: parent {parent!r} does not list it as a child")
-    positions = [ref.position for ref in op.parent_args]
-    if len(set(positions)) != len(positions):
-        for position, n in Counter(positions).items():
-            if n > 1:
-                problems.append(f"{op.label}: argument position {position!r} fed by {n} parents")
+    for position, n in Counter(ref.position for ref in op.parent_args).items():
+        if n > 1:
+            problems.append(f"{op.label}: argument position {position!r} fed by {n} parents")
     if op.func is not None:
         slots = _call_slots(op.args_template, op.kwargs_template)
         if slots != list(range(len(op.parent_args))):
@@ -180,11 +176,7 @@ def _parent_problems(op: Any, records: dict[str, Any], known: Counter) -> list[s
 def _child_problems(record: Any, records: dict[str, Any]) -> list[str]:
     """Every listed child exists and lists the record back as a parent, once."""
     problems = []
-    children = record.children
-    counts = (
-        Counter(children) if len(set(children)) != len(children) else dict.fromkeys(children, 1)
-    )
-    for child, n in counts.items():
+    for child, n in Counter(record.children).items():
         if n > 1:
             problems.append(f"{record.label}: child {child!r} listed {n} times")
         target = records.get(child)
@@ -212,18 +204,18 @@ def _boundary_problems(trace: Any, records: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _slot_indices(template: Any) -> list[int]:
-    """The ArgSlot indices of a call template, in order."""
+def slot_indices(template: Any) -> list[int]:
+    """The ArgSlot indices of a call template (or a part of one), in order."""
     found: list[int] = []
     _collect_slots(template, found)
     return found
 
 
 def _call_slots(args: tuple, kwargs: dict) -> list[int]:
-    """:func:`_slot_indices` of ``(args, kwargs)``; flat templates without a walk."""
+    """:func:`slot_indices` of ``(args, kwargs)``; flat templates without a walk."""
     items = [*args, *kwargs.values()] if type(args) is tuple and type(kwargs) is dict else None
     if items is None or not all(type(item) is ArgSlot or is_atom(item) for item in items):
-        return _slot_indices((args, kwargs))
+        return slot_indices((args, kwargs))
     return [item.index for item in items if type(item) is ArgSlot]
 
 

@@ -7,6 +7,7 @@ makes a cheap sliced version of a large call to try first."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator
 
@@ -328,15 +329,10 @@ def _layout(t: Tensor) -> list[tuple[int, int]]:
 _NUMPY_FLOATS = frozenset({torch.float32, torch.float64})
 
 
-_RELATIVE_BOUNDS: dict[torch.dtype, float] = {}
-
-
+@functools.cache
 def _relative_bound(dtype: torch.dtype) -> float:
     """``4 * eps`` of a floating dtype (cached: ``torch.finfo`` is slow to ask)."""
-    bound = _RELATIVE_BOUNDS.get(dtype)
-    if bound is None:
-        bound = _RELATIVE_BOUNDS[dtype] = 4 * torch.finfo(dtype).eps
-    return bound
+    return 4 * torch.finfo(dtype).eps
 
 
 class Baseline:

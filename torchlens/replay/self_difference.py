@@ -17,9 +17,7 @@ from typing import Any
 import torch
 
 from torchlens.capture import flatten, rng
-from torchlens.errors import PayloadUnavailableError
-from torchlens.replay.escape_values import PerturbingMode, Plan, fingerprint, recorded_groups
-from torchlens.replay.exemptions import MAY_BE_UNINITIALIZED
+from torchlens.replay.escape_values import PerturbingMode, Plan, recorded_groups, saved_fingerprint
 from torchlens.replay.findings import Findings
 from torchlens.replay.param_guard import ParamGuard
 from torchlens.replay.tolerances import differs
@@ -61,10 +59,7 @@ def differs_from_itself(
         rng.restore(host)
     got = [t.detach() for _, t in flatten(output)[0]]
     want = [t.detach() for _, t in flatten(reference)[0]]
-    same = len(got) == len(want) and not any(
-        differs(a, b, atol, rtol) for a, b in zip(got, want)
-    )  # fmt: skip
-    if same:
+    if len(got) == len(want) and not any(differs(a, b, atol, rtol) for a, b in zip(got, want)):
         return None
     label = _first_differing_op(trace, mode)
     if label is not None:
@@ -96,12 +91,7 @@ def _first_differing_op(trace: Any, mode: PerturbingMode) -> str | None:
         if prints is None or len(prints) != len(ops):
             continue
         for value, op in zip(prints, ops):
-            if value is None or op.func_name in MAY_BE_UNINITIALIZED:
-                continue
-            try:
-                saved = fingerprint(op.out)
-            except PayloadUnavailableError:
-                continue
+            saved = None if value is None else saved_fingerprint(op)
             if saved is None or saved[0].device != value[0].device:
                 continue
             a, b = torch.stack(value).double(), torch.stack(saved).double()
