@@ -104,7 +104,7 @@ def view_to_dot(view: View, rankdir: str = "TB") -> str:
     """DOT text for an already built view."""
     lines = ["digraph torchlens {"]
     graph = {**_GRAPH, "rankdir": rankdir}
-    lines.append(f"  graph [{_attrs(graph)}, label={_html_text(view.title, bold=True)}];")
+    lines.append(f"  graph [{_attrs(graph)}, label=<<B>{escape(view.title)}</B>>];")
     lines.append(f"  node [{_attrs(_NODE)}];")
     lines.append(f"  edge [{_attrs(_EDGE)}];")
     _write_cluster(view, view.root, lines, "  ")
@@ -191,11 +191,6 @@ def _cluster_label(cluster: Cluster) -> str:
 
 def _font(text: str, size: int, color: str) -> str:
     return f'<FONT POINT-SIZE="{size}" COLOR="{color}">{escape(text)}</FONT>'
-
-
-def _html_text(text: str, bold: bool = False) -> str:
-    inner = f"<B>{escape(text)}</B>" if bold else escape(text)
-    return f"<{inner}>"
 
 
 def _attrs(attrs: dict[str, str]) -> str:
