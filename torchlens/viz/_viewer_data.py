@@ -70,17 +70,11 @@ def viewer_data(
         "groups": groups,
         "edges": edges,
         "status": getattr(status, "state", None),
-        "counts": _verdict_counts(trace, status, verdicts),
+        "counts": {} if status is None else dict(Counter(verdicts.values())),  # the legend
         "hidden": hidden,
         "layout": "graphviz" if hints else "page",
         "repeated": repeated,  # layers run more than once: the page offers a rolled view
     }
-
-
-def _verdict_counts(trace: Trace, status: Any, verdicts: dict[str, str]) -> dict[str, int]:
-    """The legend's counts: ops by verdict, as ``status.verdicts`` says (the status the
-    page shows, so its numbers are the status's)."""
-    return {} if status is None else dict(Counter(verdicts.values()))
 
 
 def _note_passes(trace: Trace, nodes: list[dict[str, Any]], index: dict[str, int]) -> int:
