@@ -53,7 +53,7 @@ def trace_to_manifest(trace: Trace, payloads: dict[str, dict], missing: dict) ->
         "input_labels": list(trace.input_labels),
         "meta": meta,
         "missing": {label: list(reason) for label, reason in sorted(missing.items())},
-        "modules": [_module_to_json(m) for m in trace.modules],
+        "modules": [dataclasses.asdict(m) for m in trace.modules],
         "ops": [_op_to_json(op) for op in trace.ops],
         "output": _output_template(trace.output),
         "output_labels": list(trace.output_labels),
@@ -163,17 +163,6 @@ def _source_to_json(source: Source) -> dict:
         "path": source.path,
         "requires_grad": source.requires_grad,
         "shape": list(source.shape),
-    }
-
-
-def _module_to_json(call: ModuleCall) -> dict:
-    return {
-        "address": call.address,
-        "call_index": call.call_index,
-        "inputs": list(call.inputs),
-        "module_type": call.module_type,
-        "ops": list(call.ops),
-        "outputs": list(call.outputs),
     }
 
 
