@@ -123,11 +123,9 @@ def _encode_meta(meta: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 
 
 def _located_to_json(record: Escape | HiddenEdge) -> dict:
-    return {**dataclasses.asdict(record), "source": _where(record.source)}
-
-
-def _where(source: tuple | None) -> list | None:
-    return None if source is None else [str(source[0]), int(source[1]), str(source[2])]
+    source = record.source
+    where = None if source is None else [str(source[0]), int(source[1]), str(source[2])]
+    return {**dataclasses.asdict(record), "source": where}
 
 
 def _line(value: Any) -> tuple[str, int, str] | None:
