@@ -113,20 +113,12 @@ def op_verdicts(trace: Trace, status: Any) -> tuple[dict[str, str], dict[str, li
                 reasons[op.label] = list(verdict.reasons)
         return verdicts, reasons
     reasons: dict[str, list[str]] = {}
-    verdicts: dict[str, str] = {}
-    default = "unverified" if status.state == "unavailable" else "passed"
-    failed = {f.label for f in status.failures}
-    unchecked = {f.label for f in status.unchecked}
     for finding in [*status.failures, *status.unchecked]:
         reasons.setdefault(finding.label, []).append(f"[{finding.arm}] {finding.reason}")
-    for op in trace.ops:
-        if op.label in failed:
-            verdicts[op.label] = "failed"
-        elif op.label in unchecked:
-            verdicts[op.label] = "unverified"
-        else:
-            verdicts[op.label] = default
-    return verdicts, reasons
+    default = "unverified" if status.state == "unavailable" else "passed"
+    found = {f.label: "unverified" for f in status.unchecked}
+    found.update({f.label: "failed" for f in status.failures})  # a failure outranks a gap
+    return {op.label: found.get(op.label, default) for op in trace.ops}, reasons
 
 
 def _groups(trace: Trace) -> tuple[list[dict[str, Any]], dict[str, int]]:
