@@ -241,8 +241,6 @@ def _scan(trace: Trace, inf: bool) -> NonFiniteReport:
 
 
 def _source(op: Op | CulpritOp | None) -> SourceLine | None:
-    if isinstance(op, CulpritOp):
-        return op.source
-    if op is None or "source" not in op.meta:
+    if op is None or (isinstance(op, Op) and "source" not in op.meta):
         return None
     return op.source

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from html import escape
 
+from torchlens.errors import InvalidArgumentError
 from torchlens.trace import Trace
 from torchlens.viz.graph import Cluster, Node, View, build_view
 
@@ -91,8 +92,6 @@ def to_dot(
         (True, True)
     """
     if rankdir not in ("TB", "LR", "BT", "RL"):
-        from torchlens.errors import InvalidArgumentError
-
         raise InvalidArgumentError(
             f"rankdir must be TB, LR, BT or RL, got {rankdir!r}", code="bad_option"
         )
