@@ -266,9 +266,7 @@ def _histogram(finite: torch.Tensor, lo: float, hi: float) -> list[int]:
 
 
 def _num(x: float) -> float | str:
-    if math.isnan(x) or math.isinf(x):
-        return str(x)
-    return float(f"{x:.5g}")
+    return float(f"{x:.5g}") if math.isfinite(x) else str(x)
 
 
 def _call_text(op: Op) -> str:
