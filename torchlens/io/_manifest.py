@@ -99,14 +99,13 @@ def _op_to_json(op: Op) -> dict:
     if dropped:
         data["dropped_meta"] = dropped
     if op.func is not None:
-        try:
-            data["args_template"] = encode(op.args_template)
-            data["kwargs_template"] = encode(op.kwargs_template)
-            data["func"] = func_ref(op.func)
+        try:  # all three or none: "func" stays None
+            data.update(
+                args_template=encode(op.args_template),
+                kwargs_template=encode(op.kwargs_template),
+                func=func_ref(op.func),
+            )
         except (Unencodable, UnresolvableFunc) as err:
-            data.pop("args_template", None)
-            data.pop("kwargs_template", None)
-            data["func"] = None
             data[REPLAY_UNAVAILABLE] = f"{op.func_name}: {err}"
     return data
 
