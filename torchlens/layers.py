@@ -155,12 +155,8 @@ def group_layers(trace: Any) -> Layers:
                         groups[key] = [item]
                     else:
                         group.append(item)
-        ordered = sorted(groups.values(), key=_first_index)
+        ordered = sorted(groups.values(), key=lambda ops: ops[0].index)
         return Layers({ops[0].label: _in_order(ops) for ops in ordered})
-
-
-def _first_index(ops: list[Any]) -> int:
-    return ops[0].index
 
 
 def _in_order(ops: list[Any]) -> tuple[Any, ...]:
@@ -240,19 +236,14 @@ def _bodies(
                 common -= 1
             for depth in range(common, len(stack)):  # the calls entered here
                 caller = stack[depth - 1] if depth else ()
-                outer = bodies.get(caller)
-                if outer is None:
-                    outer = bodies[caller] = ([], [])
+                outer = bodies.setdefault(caller, ([], []))
                 address = stack[depth][0]
                 entered = ("call", address, types.get(address, ""))
                 outer[0].append(None)
                 outer[1].append(ids.setdefault(entered, len(ids)))
             previous = stack
             call = stack[-1] if stack else ()  # one call of a module: one stack
-            body = bodies.get(call)
-            if body is None:
-                body = bodies[call] = ([], [])
-            items, numbers = body
+            items, numbers = bodies.setdefault(call, ([], []))
         parents = op.parents
         reads = () if held.isdisjoint(parents) else tuple([p for p in parents if p in held])
         token = ("op", op.func_name, op.output_index, reads)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from torchlens.backends.protocol import BackendProtocol
+from torchlens.backends.torch_backend import TorchBackend
 from torchlens.errors import InvalidArgumentError, UnknownBackendError
 
 __all__ = [
@@ -184,17 +185,11 @@ def backend_specs() -> tuple[BackendSpec, ...]:
     return tuple(sorted(_SPECS.values(), key=lambda s: s.name != REFERENCE_BACKEND))
 
 
-def _torch_backend() -> BackendProtocol:
-    from torchlens.backends.torch_backend import TorchBackend  # import on first use
-
-    return TorchBackend()
-
-
 register_backend_spec(
     BackendSpec(
         name=REFERENCE_BACKEND,
         maturity="stable",
-        factory=_torch_backend,
+        factory=TorchBackend,
         description="PyTorch eager capture: the reference backend",
     )
 )

@@ -216,7 +216,7 @@ def diff(
         >>> tl.diff(tl.trace(model, x), tl.trace(model, x + 1)).first_divergence.label_a
         'linear_1'
     """
-    trace_a, trace_b = _as_trace(a), _as_trace(b)
+    trace_a, trace_b = (t if isinstance(t, Trace) else load(t) for t in (a, b))
     pairs, only_a, only_b = match_ops(trace_a.ops, trace_b.ops)
     judged = _judging_dtypes(trace_a, trace_b, pairs)
     rows = [
@@ -239,10 +239,6 @@ def _judging_dtypes(trace_a: Trace, trace_b: Trace, pairs: list) -> dict[str, to
             dtypes += [sources[p] for p in (*x.parents, *y.parents) if p in sources]
         judged[x.label] = max(dtypes, key=lambda d: TOLERANCES.get(d, (0.0, 0.0)))
     return judged
-
-
-def _as_trace(obj: Any) -> Trace:
-    return obj if isinstance(obj, Trace) else load(obj)
 
 
 def match_ops(

@@ -12,7 +12,7 @@ formula has an unknown cost (``None``), never zero; ops that only move or reshap
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from torch.utils import flop_counter as _fc
@@ -63,9 +63,7 @@ def op_flops(op: Any, shape_of: ShapeOf) -> int | None:
 
 
 def _arg(shapes: dict[str, Shape], index: int, name: str) -> Shape:
-    if str(index) in shapes:
-        return shapes[str(index)]
-    return shapes[name]
+    return shapes[str(index)] if str(index) in shapes else shapes[name]
 
 
 def _matmul(a: Shape, b: Shape, out: Shape) -> int:
@@ -131,10 +129,8 @@ def _multi_head_attention(shapes: dict[str, Shape], out: Shape, op: Any) -> int:
 
 
 def _plain_arg(op: Any, index: int, name: str) -> Any:
-    args: Sequence[Any] = op.args_template
-    if len(args) > index:
-        return args[index]
-    return op.kwargs_template[name]
+    args = op.args_template
+    return args[index] if len(args) > index else op.kwargs_template[name]
 
 
 _FORMULAS: dict[str, Callable[[dict[str, Shape], Shape, Any], int]] = {

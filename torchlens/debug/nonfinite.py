@@ -117,10 +117,7 @@ class NonFiniteReport:
         if parent_values is None:  # a trace's op: its parents' saved values
             parent_values = {}
             if isinstance(op, Op) and isinstance(trace, Trace):
-                for label in op.parents:
-                    record = trace[label]
-                    if record.has_out:
-                        parent_values[label] = record.out
+                parent_values = {p: trace[p].out for p in op.parents if trace[p].has_out}
         self.parent_values: dict[str, torch.Tensor] = parent_values
         self.parents = {k: value_stats(k, v) for k, v in self.parent_values.items()}
         self.module_call = op.address if op is not None else ""
@@ -241,8 +238,6 @@ def _scan(trace: Trace, inf: bool) -> NonFiniteReport:
 
 
 def _source(op: Op | CulpritOp | None) -> SourceLine | None:
-    if isinstance(op, CulpritOp):
-        return op.source
-    if op is None or "source" not in op.meta:
+    if op is None or (isinstance(op, Op) and "source" not in op.meta):
         return None
     return op.source

@@ -168,17 +168,13 @@ Weight = tuple[str, str, int, bool]  # address, "parameter" | "buffer", elements
 def module_summary(trace: Trace, weights: list[Weight] | None = None) -> ModuleSummary:
     """The :class:`ModuleSummary` of a finished trace (see :func:`summary`); ``weights``
     replaces the parameters and buffers the trace read (a model's full list)."""
-
-    def shape_of(label: str) -> tuple[int, ...]:
-        return tuple(trace[label].shape)
-
     if weights is None:
         weights = [
             (s.label, s.kind, math.prod(s.shape), s.requires_grad)
             for s in trace.sources
             if s.kind in ("parameter", "buffer")
         ]
-    costs = {op.label: op_flops(op, shape_of) for op in trace.ops}
+    costs = {op.label: op_flops(op, lambda label: trace[label].shape) for op in trace.ops}
     called = set(trace.modules.addresses())
     rows = [
         _row(trace, call, costs, weights, _depth(call.address, called)) for call in trace.modules

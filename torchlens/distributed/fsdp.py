@@ -9,10 +9,6 @@ are the views it returns.
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
-
 from torchlens.capture import FUNC_INFOS, SPECIAL_OUTPUTS, FuncInfo, flatten
 
 __all__ = ["register_fsdp"]
@@ -20,14 +16,10 @@ __all__ = ["register_fsdp"]
 _COPY_IN = "all_gather_copy_in"
 
 
-def _returned(args: tuple, result: Any) -> list[tuple[str, torch.Tensor]]:
-    return flatten(result)[0]
-
-
 def register_fsdp() -> None:
     """Describe FSDP2's copy-in op to capture (a build without it: nothing to do)."""
     try:
-        import torch.distributed.fsdp  # noqa: F401 - defines torch.ops.fsdp
+        import torch.distributed.fsdp  # defines torch.ops.fsdp
     except Exception:  # noqa: BLE001 - no FSDP in this build
         return
     packet = getattr(torch.ops.fsdp, _COPY_IN, None)
@@ -37,4 +29,4 @@ def register_fsdp() -> None:
     FUNC_INFOS[packet] = info
     for overload in packet.overloads():
         FUNC_INFOS[getattr(packet, overload)] = info
-    SPECIAL_OUTPUTS[_COPY_IN] = _returned
+    SPECIAL_OUTPUTS[_COPY_IN] = lambda args, result: flatten(result)[0]  # the views returned

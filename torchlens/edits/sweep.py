@@ -49,10 +49,6 @@ def logit_diff(correct: int, wrong: int, *, position: int = -1, batch: int = 0) 
     return metric
 
 
-def _listed(picks: Sequence[int] | None) -> list[int] | None:
-    return None if picks is None else list(picks)
-
-
 def _number(value: Any) -> float:
     """A metric's value as a float (a 0-d tensor is detached first)."""
     return float(value.detach()) if isinstance(value, torch.Tensor) else float(value)
@@ -153,7 +149,8 @@ def sweep(
             code="bad_edit",
         )
     found = _sites(trace, sites)
-    positions, heads = _listed(positions), _listed(heads)  # a generator is read once
+    # lists: a generator is read once
+    positions, heads = (None if p is None else list(p) for p in (positions, heads))
     cells = list(itertools.product(*([None] if p is None else p for p in (positions, heads))))
     values = torch.empty(len(found) * len(cells), dtype=torch.float64)
     flat = flatten(trace.output)
@@ -223,7 +220,7 @@ def attribution(
     """
     check_comparable(trace, source)
     found = _sites(trace, sites)
-    positions, heads = _listed(positions), _listed(heads)
+    positions, heads = (None if p is None else list(p) for p in (positions, heads))
     meta = {}
     if metric is not None:
         meta["baseline"] = _number(trace.backward(metric))

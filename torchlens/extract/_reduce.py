@@ -21,18 +21,11 @@ __all__ = ["REDUCTIONS", "Reducer"]
 Tensor = torch.Tensor
 
 
-def _spatial_mean(t: Tensor) -> Tensor:
-    return t.mean(dim=tuple(range(2, t.dim()))) if t.dim() > 2 else t
-
-
-def _token_mean(t: Tensor) -> Tensor:
-    return t.mean(dim=1) if t.dim() > 2 else t
-
-
 REDUCTIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "flatten": lambda t: t.flatten(1),  # (N, ...) -> (N, prod(...))
-    "spatial_mean": _spatial_mean,  # (N, C, *spatial) -> (N, C)
-    "token_mean": _token_mean,  # (N, T, ...) -> (N, ...)
+    # (N, C, *spatial) -> (N, C)
+    "spatial_mean": lambda t: t.mean(dim=tuple(range(2, t.dim()))) if t.dim() > 2 else t,
+    "token_mean": lambda t: t.mean(dim=1) if t.dim() > 2 else t,  # (N, T, ...) -> (N, ...)
     "token_last": lambda t: t[:, -1] if t.dim() > 2 else t,  # (N, T, ...) -> (N, ...)
 }
 

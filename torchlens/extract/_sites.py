@@ -253,7 +253,7 @@ class BatchRunner:
         if self.schema is None:
             self.schema, self.first = schema, batch.index
             return
-        where = "the shards on disk" if self.first is None else f"batch {self.first}"
+        where = self._where
         if set(schema) != set(self.schema):
             missing = [k for k in self.schema if k not in schema]
             extra = [k for k in schema if k not in self.schema]

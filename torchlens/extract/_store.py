@@ -165,16 +165,16 @@ def _shard_paths(root: Path) -> list[Path]:
     return sorted((root / SHARDS).glob("shard-*.safetensors"))
 
 
-def _shard_header(path: Path) -> tuple[list[list[int]], dict[str, tuple[list[int], str]]]:
-    """A shard's ``[batch, start, size]`` list and ``{key: (shape, dtype)}``, the keys in the
-    order the model computed them (safetensors itself lists them sorted)."""
+def _shard_header(path: Path) -> tuple[list[list[int]], dict[str, tuple[tuple[int, ...], str]]]:
+    """A shard's ``[batch, start, size]`` list and ``{key: (per-example shape, dtype)}``, the
+    keys in the order the model computed them (safetensors itself lists them sorted)."""
     try:
         with safe_open(str(path), framework="pt") as f:
             metadata = f.metadata()
             batches = json.loads(metadata["batches"])
             names = sorted(f.keys())
             order = [k for k in json.loads(metadata.get("order", "[]")) if k in names]
-            keys = {k: (list(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype())
+            keys = {k: (tuple(f.get_slice(k).get_shape()[1:]), f.get_slice(k).get_dtype())
                     for k in order + [k for k in names if k not in order]}  # fmt: skip
     except Exception as err:  # safetensors raises its own error types for bad headers
         raise ExtractionError(
@@ -220,11 +220,7 @@ def done_sizes(root: Path) -> dict[int, int]:
 def disk_schema(root: Path) -> dict[str, tuple[tuple[int, ...], str]] | None:
     """``{key: (per-example shape, dtype)}`` of the first shard on disk, if any."""
     paths = _shard_paths(root)
-    if not paths:
-        return None
-    return {
-        k: (tuple(shape[1:]), dtype) for k, (shape, dtype) in _shard_header(paths[0])[1].items()
-    }
+    return _shard_header(paths[0])[1] if paths else None
 
 
 class ShardWriter:
@@ -290,8 +286,7 @@ def finalize(root: Path, n_batches: int, n_examples: int, meta: dict[str, Any]) 
     manifest that marks the run finished."""
     shards, seen, schema, first = [], {}, None, None
     for path in _shard_paths(root):
-        batches, keys = _shard_header(path)
-        here = {k: (tuple(shape[1:]), dtype) for k, (shape, dtype) in keys.items()}
+        batches, here = _shard_header(path)
         if schema is None:
             schema, first = here, (path, batches)
         elif here != schema:

@@ -176,8 +176,7 @@ def _torch_attr(kind: type) -> Callable[[Any], Any]:
 
 
 def _slice(body: Any) -> slice:
-    start, stop, step = (_scalar(decode(item)) for item in _list(body, 3))
-    return slice(start, stop, step)
+    return slice(*(_scalar(decode(item)) for item in _list(body, 3)))
 
 
 def _scalar(value: Any) -> Any:
@@ -209,8 +208,7 @@ def _float(body: Any) -> float:
 
 
 def _complex(body: Any) -> complex:
-    real, imag = (_number(decode(part)) for part in _list(body, 2))
-    return complex(real, imag)
+    return complex(*(_number(decode(part)) for part in _list(body, 2)))
 
 
 def _number(value: Any) -> float:

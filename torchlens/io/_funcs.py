@@ -10,6 +10,7 @@ operator (a generated ATen binding, a ``Tensor`` method or property, or a functi
 
 from __future__ import annotations
 
+import contextlib
 import re
 import types
 from collections.abc import Callable
@@ -63,15 +64,11 @@ def func_ref(func: Callable[..., Any]) -> dict[str, str]:
         >>> func_ref(torch.nn.functional.relu)
         {'name': 'relu', 'ns': 'torch.nn.functional'}
     """
-    try:
+    with contextlib.suppress(KeyError, TypeError):
         return dict(_REFS[func])
-    except (KeyError, TypeError):
-        pass
     ref = _find_ref(func)
-    try:
+    with contextlib.suppress(TypeError):  # unhashable callables are looked up afresh
         _REFS[func] = ref
-    except TypeError:  # unhashable callables are looked up afresh
-        pass
     return dict(ref)
 
 

@@ -9,6 +9,7 @@ with code ``incomplete`` instead of reading a partial trace.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -112,12 +113,10 @@ def write_tensors(
 def _umask() -> int:
     """The process umask, read without changing it where Linux allows (threads may be
     creating files meanwhile); elsewhere set and restored at once."""
-    try:
+    with contextlib.suppress(OSError, ValueError, IndexError):
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("Umask:"):
                 return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
     mask = os.umask(0o022)
     os.umask(mask)
     return mask

@@ -166,18 +166,13 @@ def _check_header(root: Path, file: str, keys: dict[str, dict]) -> None:
             for key, entry in keys.items():
                 if key not in present:
                     raise _corrupt_payload(file, f"{key!r} is not in it")
-                shape = list(handle.get_slice(key).get_shape())
-                if shape != _stored_shape(entry):
+                shape = list(handle.get_slice(key).get_shape())  # complex: a real view (..., 2)
+                if shape != ([*entry["shape"], 2] if entry["complex"] else entry["shape"]):
                     raise _corrupt_payload(file, f"{key!r} has shape {shape}")
     except TraceFileError:
         raise
     except (SafetensorError, OSError) as err:
         raise _corrupt_payload(file, str(err)) from None
-
-
-def _stored_shape(entry: dict) -> list:
-    shape = entry["shape"]
-    return [*shape, 2] if entry["complex"] else shape
 
 
 def _read_rng(root: Path) -> dict[str, torch.Tensor]:

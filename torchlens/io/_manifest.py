@@ -53,7 +53,7 @@ def trace_to_manifest(trace: Trace, payloads: dict[str, dict], missing: dict) ->
         "input_labels": list(trace.input_labels),
         "meta": meta,
         "missing": {label: list(reason) for label, reason in sorted(missing.items())},
-        "modules": [_module_to_json(m) for m in trace.modules],
+        "modules": [dataclasses.asdict(m) for m in trace.modules],
         "ops": [_op_to_json(op) for op in trace.ops],
         "output": _output_template(trace.output),
         "output_labels": list(trace.output_labels),
@@ -99,14 +99,13 @@ def _op_to_json(op: Op) -> dict:
     if dropped:
         data["dropped_meta"] = dropped
     if op.func is not None:
-        try:
-            data["args_template"] = encode(op.args_template)
-            data["kwargs_template"] = encode(op.kwargs_template)
-            data["func"] = func_ref(op.func)
+        try:  # all three or none: "func" stays None
+            data.update(
+                args_template=encode(op.args_template),
+                kwargs_template=encode(op.kwargs_template),
+                func=func_ref(op.func),
+            )
         except (Unencodable, UnresolvableFunc) as err:
-            data.pop("args_template", None)
-            data.pop("kwargs_template", None)
-            data["func"] = None
             data[REPLAY_UNAVAILABLE] = f"{op.func_name}: {err}"
     return data
 
@@ -123,11 +122,9 @@ def _encode_meta(meta: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 
 
 def _located_to_json(record: Escape | HiddenEdge) -> dict:
-    return {**dataclasses.asdict(record), "source": _where(record.source)}
-
-
-def _where(source: tuple | None) -> list | None:
-    return None if source is None else [str(source[0]), int(source[1]), str(source[2])]
+    source = record.source
+    where = None if source is None else [str(source[0]), int(source[1]), str(source[2])]
+    return {**dataclasses.asdict(record), "source": where}
 
 
 def _line(value: Any) -> tuple[str, int, str] | None:
@@ -163,17 +160,6 @@ def _source_to_json(source: Source) -> dict:
         "path": source.path,
         "requires_grad": source.requires_grad,
         "shape": list(source.shape),
-    }
-
-
-def _module_to_json(call: ModuleCall) -> dict:
-    return {
-        "address": call.address,
-        "call_index": call.call_index,
-        "inputs": list(call.inputs),
-        "module_type": call.module_type,
-        "ops": list(call.ops),
-        "outputs": list(call.outputs),
     }
 
 

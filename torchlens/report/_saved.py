@@ -38,7 +38,9 @@ def trace_info(path: str | os.PathLike) -> str:
     trace = load(root)
     manifest = json.loads((root / "manifest.json").read_text(encoding="utf-8"))
     meta = trace.meta
-    saved = sum(1 for op in trace.ops if op.has_out)
+    saved = f"{sum(op.has_out for op in trace.ops)} of {len(trace.ops)} ops"
+    if trace.structure_only:
+        saved = "none (structure_only=True)"
     files = [p for p in root.rglob("*") if p.is_file()]
     rows = [
         ("directory", str(root)),
@@ -51,18 +53,12 @@ def trace_info(path: str | os.PathLike) -> str:
         ("sources", f"{len(trace.sources)} ({len(trace.inputs)} inputs)"),
         ("module calls", str(len(trace.modules))),
         ("outputs", ", ".join(trace.output_labels) or "-"),
-        ("values saved", _saved_text(saved, len(trace.ops), trace.structure_only)),
+        ("values saved", saved),
         ("gradients", "saved" if (root / "grads.safetensors").exists() else "none"),
         ("halted", f"after {meta.get('halted_at')}" if trace.halted else "no"),
         ("on disk", f"{len(files)} files, {_bytes_text(sum(p.stat().st_size for p in files))}"),
     ]
     return format_table(("field", "value"), rows)
-
-
-def _saved_text(saved: int, total: int, structure_only: bool) -> str:
-    if structure_only:
-        return "none (structure_only=True)"
-    return f"{saved} of {total} ops"
 
 
 def _bytes_text(size: int) -> str:

@@ -70,17 +70,11 @@ def viewer_data(
         "groups": groups,
         "edges": edges,
         "status": getattr(status, "state", None),
-        "counts": _verdict_counts(trace, status, verdicts),
+        "counts": {} if status is None else dict(Counter(verdicts.values())),  # the legend
         "hidden": hidden,
         "layout": "graphviz" if hints else "page",
         "repeated": repeated,  # layers run more than once: the page offers a rolled view
     }
-
-
-def _verdict_counts(trace: Trace, status: Any, verdicts: dict[str, str]) -> dict[str, int]:
-    """The legend's counts: ops by verdict, as ``status.verdicts`` says (the status the
-    page shows, so its numbers are the status's)."""
-    return {} if status is None else dict(Counter(verdicts.values()))
 
 
 def _note_passes(trace: Trace, nodes: list[dict[str, Any]], index: dict[str, int]) -> int:
@@ -119,20 +113,12 @@ def op_verdicts(trace: Trace, status: Any) -> tuple[dict[str, str], dict[str, li
                 reasons[op.label] = list(verdict.reasons)
         return verdicts, reasons
     reasons: dict[str, list[str]] = {}
-    verdicts: dict[str, str] = {}
-    default = "unverified" if status.state == "unavailable" else "passed"
-    failed = {f.label for f in status.failures}
-    unchecked = {f.label for f in status.unchecked}
     for finding in [*status.failures, *status.unchecked]:
         reasons.setdefault(finding.label, []).append(f"[{finding.arm}] {finding.reason}")
-    for op in trace.ops:
-        if op.label in failed:
-            verdicts[op.label] = "failed"
-        elif op.label in unchecked:
-            verdicts[op.label] = "unverified"
-        else:
-            verdicts[op.label] = default
-    return verdicts, reasons
+    default = "unverified" if status.state == "unavailable" else "passed"
+    found = {f.label: "unverified" for f in status.unchecked}
+    found.update({f.label: "failed" for f in status.failures})  # a failure outranks a gap
+    return {op.label: found.get(op.label, default) for op in trace.ops}, reasons
 
 
 def _groups(trace: Trace) -> tuple[list[dict[str, Any]], dict[str, int]]:
@@ -280,9 +266,7 @@ def _histogram(finite: torch.Tensor, lo: float, hi: float) -> list[int]:
 
 
 def _num(x: float) -> float | str:
-    if math.isnan(x) or math.isinf(x):
-        return str(x)
-    return float(f"{x:.5g}")
+    return float(f"{x:.5g}") if math.isfinite(x) else str(x)
 
 
 def _call_text(op: Op) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from html import escape
 
+from torchlens.errors import InvalidArgumentError
 from torchlens.trace import Trace
 from torchlens.viz.graph import Cluster, Node, View, build_view
 
@@ -91,8 +92,6 @@ def to_dot(
         (True, True)
     """
     if rankdir not in ("TB", "LR", "BT", "RL"):
-        from torchlens.errors import InvalidArgumentError
-
         raise InvalidArgumentError(
             f"rankdir must be TB, LR, BT or RL, got {rankdir!r}", code="bad_option"
         )
@@ -104,7 +103,7 @@ def view_to_dot(view: View, rankdir: str = "TB") -> str:
     """DOT text for an already built view."""
     lines = ["digraph torchlens {"]
     graph = {**_GRAPH, "rankdir": rankdir}
-    lines.append(f"  graph [{_attrs(graph)}, label={_html_text(view.title, bold=True)}];")
+    lines.append(f"  graph [{_attrs(graph)}, label=<<B>{escape(view.title)}</B>>];")
     lines.append(f"  node [{_attrs(_NODE)}];")
     lines.append(f"  edge [{_attrs(_EDGE)}];")
     _write_cluster(view, view.root, lines, "  ")
@@ -191,11 +190,6 @@ def _cluster_label(cluster: Cluster) -> str:
 
 def _font(text: str, size: int, color: str) -> str:
     return f'<FONT POINT-SIZE="{size}" COLOR="{color}">{escape(text)}</FONT>'
-
-
-def _html_text(text: str, bold: bool = False) -> str:
-    inner = f"<B>{escape(text)}</B>" if bold else escape(text)
-    return f"<{inner}>"
 
 
 def _attrs(attrs: dict[str, str]) -> str:

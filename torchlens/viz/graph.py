@@ -12,8 +12,6 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-import torch
-
 from torchlens._views import dtype_text, shape_text
 from torchlens.errors import InvalidArgumentError
 from torchlens.trace import ModuleCall, Op, Source, Trace
@@ -82,7 +80,15 @@ def build_view(
     rolled: bool = False,
 ) -> View:
     """Turn ``trace`` into nodes, edges and clusters; see :func:`torchlens.viz.to_dot`."""
-    _check_options(depth, params)
+    if depth is not None and (not isinstance(depth, int) or depth < 0):
+        raise InvalidArgumentError(
+            f"depth must be None (draw every module call) or an int >= 0, got {depth!r}",
+            code="bad_depth",
+        )
+    if params not in PARAM_MODES:
+        raise InvalidArgumentError(
+            f"params must be one of {', '.join(PARAM_MODES)}, got {params!r}", code="bad_option"
+        )
     if rolled and collapse_repeats:
         raise InvalidArgumentError(
             "rolled=True draws each layer once already; leave collapse_repeats off with it",
@@ -95,18 +101,6 @@ def build_view(
     else:
         fold = Fold([], {}, {}, set())
     return _ViewBuilder(trace, depth, fold, params, rolled).build()
-
-
-def _check_options(depth: int | None, params: str) -> None:
-    if depth is not None and (not isinstance(depth, int) or depth < 0):
-        raise InvalidArgumentError(
-            f"depth must be None (draw every module call) or an int >= 0, got {depth!r}",
-            code="bad_depth",
-        )
-    if params not in PARAM_MODES:
-        raise InvalidArgumentError(
-            f"params must be one of {', '.join(PARAM_MODES)}, got {params!r}", code="bad_option"
-        )
 
 
 class _ViewBuilder:
@@ -123,7 +117,8 @@ class _ViewBuilder:
         self.calls = {(m.address, m.call_index): m for m in trace.modules[1:]}
         self.call_counts = Counter(m.address for m in self.calls.values())
         self.repeat_of = {r.calls[0]: r for r in fold.repeats}
-        self.dtype = _common_dtype(trace)
+        dtypes = Counter(op.dtype for op in trace.ops).most_common(1)
+        self.dtype = dtypes[0][0] if dtypes else None  # the common one is not printed
         self.nodes: dict[str, Node] = {}
         self.edges: dict[tuple[str, str], None] = {}
         self.root = Cluster("", trace.meta.get("model_type", "model"), 0)
@@ -346,15 +341,11 @@ def _relative(label: str, module: str) -> str:
 def _source_counts(sources: Iterable[Source]) -> list[str]:
     """``["6 parameters, 1.2K values", "4 buffers, 64 values"]``: each kind on its own line."""
     lines = []
-    for kind, plural in (
-        ("parameter", "parameters"),
-        ("buffer", "buffers"),
-        ("constant", "constants"),
-    ):
+    for kind in _FOLDED_KINDS:
         of_kind = [s for s in sources if s.kind == kind]
         if of_kind:
             numel = sum(math.prod(s.shape) for s in of_kind)
-            name = kind if len(of_kind) == 1 else plural
+            name = kind if len(of_kind) == 1 else kind + "s"
             lines.append(f"{len(of_kind)} {name}, {_count_text(numel)}")
     return lines
 
@@ -365,8 +356,3 @@ def _count_text(numel: int) -> str:
         if numel >= scale:
             return f"{numel / scale:.1f}{unit} values"
     return f"{numel} values"
-
-
-def _common_dtype(trace: Trace) -> torch.dtype | None:
-    counts = Counter(op.dtype for op in trace.ops)
-    return counts.most_common(1)[0][0] if counts else None

@@ -9,6 +9,7 @@ blocks 2..N onto block 1 loses no edge of the parent.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -58,12 +59,10 @@ def find_repeats(trace: Trace) -> list[Repeat]:
         [('Linear', 3)]
     """
     by_key = {(m.address, m.call_index): m for m in trace.modules[1:]}
-    signatures: dict[CallKey, tuple] = {}
 
+    @functools.cache
     def signature(key: CallKey) -> tuple:
-        if key not in signatures:
-            signatures[key] = _signature(trace, by_key[key])
-        return signatures[key]
+        return _signature(trace, by_key[key])
 
     repeats: list[Repeat] = []
     for items in _children_by_parent(trace).values():

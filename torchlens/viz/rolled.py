@@ -54,8 +54,4 @@ def pass_text(pairs: Iterable[tuple[int, int]], parent_passes: int, child_passes
 def _passes(passes: list[int]) -> str:
     if len(passes) == 1:
         return f"pass {passes[0]}"
-    return (
-        f"passes {passes[0]}–{passes[-1]}"
-        if len(passes) > 2
-        else f"passes {passes[0]}, {passes[1]}"
-    )
+    return f"passes {passes[0]}{'–' if len(passes) > 2 else ', '}{passes[-1]}"

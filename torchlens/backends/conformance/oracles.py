@@ -42,10 +42,6 @@ class OracleResult:
     detail: str = ""
 
 
-def _passed() -> OracleResult:
-    return OracleResult("passed")
-
-
 def _failed(detail: str) -> OracleResult:
     return OracleResult("failed", detail)
 
@@ -62,7 +58,7 @@ def output_close(protocol: BackendProtocol, run: CaseRun) -> OracleResult:
         except AssertionError as err:
             first_line = str(err).strip().splitlines()[0]
             return _failed(f"output tensor {i}: {first_line}")
-    return _passed()
+    return OracleResult("passed")
 
 
 def op_inventory(protocol: BackendProtocol, run: CaseRun) -> OracleResult:
@@ -70,7 +66,7 @@ def op_inventory(protocol: BackendProtocol, run: CaseRun) -> OracleResult:
     got = Counter(op.func_name for op in run.captured)
     want = run.case.inventory()
     if got == want:
-        return _passed()
+        return OracleResult("passed")
     missing, extra = want - got, got - want
     parts = []
     if missing:
@@ -91,7 +87,7 @@ def graph_integrity(protocol: BackendProtocol, run: CaseRun) -> OracleResult:
     if problems:
         more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
         return _failed("; ".join(problems[:3]) + more)
-    return _passed()
+    return OracleResult("passed")
 
 
 def replay_status(protocol: BackendProtocol, run: CaseRun) -> OracleResult:
@@ -101,13 +97,9 @@ def replay_status(protocol: BackendProtocol, run: CaseRun) -> OracleResult:
     if state is None:
         return _failed(f"validate returned {type(status).__name__}, not a ReplayStatus")
     if state != "passed":
-        return _failed(f"replay {state}: {_first_line(status)}")
-    return _passed()
-
-
-def _first_line(obj: object) -> str:
-    lines = str(obj).strip().splitlines()
-    return lines[0] if lines else ""
+        first = (str(status).strip().splitlines() or [""])[0]
+        return _failed(f"replay {state}: {first}")
+    return OracleResult("passed")
 
 
 Oracle = Callable[[BackendProtocol, CaseRun], OracleResult]

@@ -100,7 +100,7 @@ def run_conformance(
         'passed'
     """
     chosen = [spec.name for spec in backend_specs()] if backends is None else list(backends)
-    protocols = [_protocol(b) for b in chosen]
+    protocols = [get_backend_spec(b).protocol() if isinstance(b, str) else b for b in chosen]
     torch_backend = next((p for p in protocols if p.name == REFERENCE_BACKEND), None)
     if torch_backend is None:
         torch_backend = get_backend_spec(REFERENCE_BACKEND).protocol()
@@ -167,9 +167,3 @@ def _judge(name: str, protocol: BackendProtocol, run: CaseRun) -> OracleResult:
         return ORACLES[name](protocol, run)
     except Exception as err:  # an oracle that crashes on a run is a failed check
         return OracleResult("failed", f"{type(err).__name__}: {err}")
-
-
-def _protocol(backend: str | BackendProtocol) -> BackendProtocol:
-    if isinstance(backend, str):
-        return get_backend_spec(backend).protocol()
-    return backend
