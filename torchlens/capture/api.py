@@ -304,7 +304,12 @@ def _capture(
         meta = _meta(walked, controls, structure_only)
         keep = [t for _, t in arg_leaves + kwarg_leaves] + out_tensors if keep_caller_safe else []
         result = builder.finish(
-            walked.type_name, output, out_tensors, rng_state, meta, keep + builder.model_buffers
+            walked.type_name,
+            output,
+            out_tensors,
+            rng_state,
+            meta,
+            keep + builder.sources.model_buffers,
         )
         if grads is not None:
             grads.attach(result)

@@ -39,9 +39,8 @@ from torchlens.capture.naming import SET_DATA, UNSHARING
 from torchlens.capture.payloads import ASK, PayloadKeeper
 from torchlens.capture.sinks import PayloadSink
 from torchlens.capture.source import caller_line
+from torchlens.capture.sources import TRANSFORM_RESULT, UNSEEN_COMPUTATION, Sources
 from torchlens.capture.tree import _POSITIONS, _SLOTS, ATOMS, flatten_call, plain_slice
-from torchlens.capture.unseen import record_unseen
-from torchlens.capture.walk import owned_tensors
 from torchlens.capture.wrappers import Wrappers
 from torchlens.trace import (
     ArgRef,
@@ -63,14 +62,11 @@ __all__ = [
 
 Tensor = torch.Tensor
 REFRESH_FUNC_NAME = "refresh"  # a value changed by a write the capture could not attribute
-UNSEEN_COMPUTATION = "unseen computation"  # the path of a constant with autograd history
-# the path of a constant first seen after calls inside a torch.func transform
-TRANSFORM_RESULT = "after a torch.func transform"
 WITHOUT_GRAD = "constants_seen_without_grad"  # trace.meta key: their labels
 _ASK = ASK  # an argument the callee reads itself (a version counter not read yet)
 # the version noted for an op's output (not in place) that is an nn.Parameter the capture
 # did not know (an offloading hook making a module's weight): its next read asks label_of,
-# which finds whether it sits in an open module's _parameters by then (_current_weight)
+# which finds whether it sits in an open module's _parameters by then (Sources.current_weight)
 _FRESH_WEIGHT: Any = object()
 _Parameter = nn.Parameter
 _arg_ref = tuple.__new__  # ArgRef(label, position) without the Python-level __new__
@@ -94,13 +90,7 @@ class TraceBuilder:
     # would take the builder past the size at which CPython shares attribute keys, and
     # every attribute read of the per-op path would get slower (+2.6% instructions per op)
     escapes: Sequence[Escape] = ()
-    # constants first seen while grad was off: without autograd history, a value computed
-    # out of sight cannot be told from one the forward closes over (capture/unseen.py)
-    without_grad: tuple[str, ...] = ()
     escape_hook: EscapeHook | None = None
-    # whether calls ran inside a torch.func transform (vmap, grad), unrecorded: the
-    # constants first seen after that may be what it returned (note_transform_call)
-    _transformed = False
 
     def __init__(
         self,
@@ -110,7 +100,8 @@ class TraceBuilder:
         sink: PayloadSink | None = None,
     ) -> None:
         self.ops: list[Op] = []
-        self.sources: list[Source] = []
+        self.sources = Sources()  # inputs, weights, constants (sources.py)
+        self.input_labels = self.sources.input_labels
         # the values kept: to a sink as produced, when one is given, instead of memory
         store = MemoryPayloadStore(default_missing=None if save_payloads else STRUCTURE_ONLY)
         self.payloads = PayloadKeeper(store, sink)
@@ -118,8 +109,6 @@ class TraceBuilder:
         self._values, self._versions = self.payloads.values, self.payloads.versions
         self.save_payloads = save_payloads
         self.payload_filter = payload_filter
-        self.named_modules: list[tuple[str, nn.Module]] = []  # filled by add_modules
-        self.model_buffers: list[Tensor] = []  # updated in place by forwards; see finish
         # called as observe(record, live tensor, alias_of) each time a record takes a tensor;
         # alias_of is the label the tensor held with the same value (an op returned its input)
         self.observers: list[Callable[[Op | Source, Tensor, str | None], None]] = []
@@ -134,12 +123,10 @@ class TraceBuilder:
         # halted on end first and count as returning it (as tl.record's)
         self.halt_pending: type[BaseException] | None = None
         self.stack = ModuleStack()  # the module calls
-        self.input_labels: list[str] = []
         self._records: dict[str, Op | Source] = {}
         # which live tensor holds which value, and the writes into each storage (live.py)
         self.live = LiveVersions()
         self._live, self._writers = self.live.entries, self.live.writers
-        self._owned: dict[int, tuple[str, str, Tensor]] = {}  # id -> (kind, address, tensor)
         self._wrappers = Wrappers()  # recorded wrapper subclass values (wrappers.py)
         self.labeler = Labeler(self._records)  # op labels, as every capture counts them
 
@@ -148,45 +135,28 @@ class TraceBuilder:
         """The open module calls as ``(address, call number)``, outermost first."""
         return self.stack.frames
 
-    # -- sources --------------------------------------------------------------------------
+    # -- sources (sources.py) ----------------------------------------------------------
+    @property
+    def named_modules(self) -> list[tuple[str, nn.Module]]:
+        """The modules known so far, as ``(address, module)``: see :meth:`add_modules`."""
+        return self.sources.named_modules
+
     def add_modules(self, modules: list[tuple[str, nn.Module]]) -> None:
         """Know modules (``(address, module)``), so their parameters and buffers are named
         by address: the walk of the capture's root (``capture/roots.py``), which serves the
-        hooks too (``self.named_modules``), then each module first seen during the forward.
-        Their addresses are those ``named_parameters``/``named_buffers`` give (the first)."""
-        self.named_modules = [*self.named_modules, *modules]
+        hooks too (``self.named_modules``), then each module first seen during the forward."""
+        self.sources.add_modules(modules)
         self.labeler.reserve(modules)
-        new = {
-            key: entry for key, entry in owned_tensors(modules).items() if key not in self._owned
-        }
-        self._owned.update(new)
-        self.model_buffers += [t for kind, _, t in new.values() if kind == "buffer"]
 
     def add_input(self, path: str, tensor: Tensor) -> str:
         """Record a tensor passed to the traced callable; returns its label."""
-        known = self._current_label(tensor)
-        if known is not None:  # the same tensor passed twice is one source
-            return known
-        label = self.labeler.new("input")
-        self._add_source(label, "input", path, tensor)
-        self.input_labels.append(label)
-        return label
+        return self.sources.add_input(self, path, tensor)
 
-    def _add_source(
-        self, label: str, kind: str, path: str, tensor: Tensor, copy: bool = False
-    ) -> Source:
-        source = Source(  # positional, in field order, as Op below
-            label, kind, path, tuple(tensor.shape), tensor.dtype, tensor.device,
-            tensor.requires_grad, [], self.store,
-        )  # fmt: skip
-        self.sources.append(source)
-        self._records[label] = source
-        if self.save_payloads:
-            # buffers are often updated in place by C++ kernels (batch norm statistics),
-            # out of the capture's sight: copy them now rather than alias them
-            self.payloads.save(label, tensor, copy=copy or kind == "buffer")
-        self._remember(tensor, label)
-        return source
+    def note_transform_call(self) -> None:
+        """A call ran inside a ``torch.func`` transform, unrecorded (its values are
+        per-sample views): a constant first seen from now on may be what the transform
+        returned, with its dependencies out of the record."""
+        self.sources.transformed = True
 
     # -- identity -------------------------------------------------------------------------
     def _remember(self, tensor: Tensor, label: str, version: Any = _ASK) -> None:
@@ -216,105 +186,19 @@ class TraceBuilder:
             if entry.version is _FRESH_WEIGHT:
                 return self._fresh_weight(tensor, entry)
             return self._refresh(tensor, entry.label, entry.calls, entry.version)
-        owned = self._owned.get(id(tensor))
-        if owned is not None and owned[2] is tensor:
-            kind, address, _ = owned
-            label = address if address not in self._records else self.labeler.new(address)
-            self._add_source(label, kind, address, tensor)
-            return label
-        weight = self._current_weight(tensor)
-        if weight is not None:
-            return weight
-        same = self.payloads.same_memory(tensor)
-        if same is not None:  # a recorded value under another object (as_subclass)
-            self._remember(tensor, same)
-            return same
-        linked = self._wrappers.link(self, tensor)
-        if linked is not None:  # what a recorded DTensor holds, or a DTensor holding one
-            return linked
-        label = self.labeler.new("constant")
-        unseen = tensor.grad_fn is not None and self._made_during_forward(tensor)
-        if unseen:  # made out of sight: an opaque op linked to what it came from
-            made = record_unseen(self, tensor)
-            if made is not None:
-                return made
-            path = UNSEEN_COMPUTATION
-        else:
-            path = TRANSFORM_RESULT if self._transformed else "closure"
-            if not torch.is_grad_enabled():  # no history: cannot be told from unseen
-                self.without_grad = (*self.without_grad, label)
-        self._add_source(label, "constant", path, tensor)
-        return label
-
-    def note_transform_call(self) -> None:
-        """A call ran inside a ``torch.func`` transform, unrecorded (its values are
-        per-sample views): a constant first seen from now on may be what the transform
-        returned, with its dependencies out of the record."""
-        self._transformed = True
-
-    def _current_weight(self, tensor: Tensor) -> str | None:
-        """The label of ``tensor`` as a parameter or buffer of a module whose call is open,
-        read from that module's ``_parameters``/``_buffers`` now: weights a hook puts in
-        place during the forward (accelerate's offloading moves them in from the ``meta``
-        device at each call) are not the tensors the module held when the capture began.
-
-        A weight put in place again (the next call, the next decoding step) is the source
-        already recorded at that address while it holds the same value.
-        """
-        for call_address, module in self.stack.open_modules():
-            for kind, members in (("parameter", module._parameters), ("buffer", module._buffers)):
-                for name, member in members.items():
-                    if member is tensor:
-                        address = f"{call_address}.{name}" if call_address else name
-                        return self._weight_source(kind, address, tensor)
-        return None
+        return self.sources.first_seen(self, tensor)
 
     def _fresh_weight(self, tensor: Tensor, entry: LiveEntry) -> str:
         """:meth:`label_of` of a parameter an op made (``_FRESH_WEIGHT``): a parameter
         source when a module whose call is open holds it now, else the op's value, or a
         refresh of it if it was written since."""
-        weight = self._current_weight(tensor)
+        weight = self.sources.current_weight(self, tensor)
         if weight is not None:
             return weight
         label = entry.label
         if self._versions.get(label, version_of(tensor)) == version_of(tensor):
             return label
         return self._refresh(tensor, label, entry.calls)
-
-    def _weight_source(self, kind: str, address: str, tensor: Tensor) -> str:
-        """The source of a weight found at ``address`` during the forward: the one recorded
-        there before when it holds the same value, else a new one."""
-        self._owned[id(tensor)] = (kind, address, tensor)  # its later reads: the fast path
-        earlier = self._records.get(address)
-        if earlier is not None and getattr(earlier, "kind", None) == kind:
-            value = self._values.get(address)
-            if not self.save_payloads or (
-                value is not None
-                and value.shape == tensor.shape
-                and value.dtype == tensor.dtype
-                and value.device == tensor.device
-                and torch.equal(value, tensor)
-            ):
-                self._remember(tensor, address)
-                return address
-        label = address if address not in self._records else self.labeler.new(address)
-        # copied now: the hook that put it in place may release its memory after the call
-        # (FSDP frees the parameters it gathered when the module's forward ends)
-        self._add_source(label, kind, address, tensor, copy=True)
-        return label
-
-    def _made_during_forward(self, tensor: Tensor) -> bool:
-        """Whether ``tensor`` (with autograd history, and no recorded op that made it) got
-        its history after this forward's first recorded op did: it was computed out of the
-        capture's sight (a TorchScript function, a C++ extension), not kept from an earlier
-        call (a cache). Autograd numbers its nodes in the order they are made."""
-        made = tensor.grad_fn._sequence_nr()
-        for op in self.ops:
-            value = self._values.get(op.label)
-            first = getattr(value, "grad_fn", None)
-            if first is not None:
-                return first._sequence_nr() < made
-        return False
 
     def arguments(self, args: tuple, kwargs: dict) -> tuple[list[ArgRef], tuple, dict]:
         """A call's tensor arguments as :class:`ArgRef` (each labelled as :meth:`label_of`
@@ -534,7 +418,7 @@ class TraceBuilder:
         asks :meth:`label_of`, which names it as the parameter of the open module holding
         it by then (``_FRESH_WEIGHT``). One written in place (an init) keeps its edges."""
         entry = self._live.get(id(tensor))
-        if id(tensor) not in self._owned and entry is not None and entry.label == op.label:
+        if id(tensor) not in self.sources.owned and entry is not None and entry.label == op.label:
             self._live[id(tensor)] = live_entry(tensor, entry.label, _FRESH_WEIGHT, entry.calls)
 
     def live_entry(self, tensors: list[Tensor]) -> list[LiveEntry | None]:
@@ -649,8 +533,8 @@ class TraceBuilder:
         """
         root = self.root_call(root_type, output_tensors)
         output_labels = list(root.outputs)
-        if self.without_grad:
-            meta = {**meta, WITHOUT_GRAD: list(self.without_grad)}
+        if self.sources.without_grad:
+            meta = {**meta, WITHOUT_GRAD: list(self.sources.without_grad)}
         for tensor in keep_safe:
             self.payloads.protect(tensor)
         calls = [root, *self.stack.calls]
@@ -658,7 +542,7 @@ class TraceBuilder:
         self.stack.close(root.ops)
         trace = Trace(
             ops=self.ops,
-            sources=self.sources,
+            sources=self.sources.records,
             modules=calls,
             input_labels=list(self.input_labels),
             output_labels=output_labels,
@@ -669,7 +553,13 @@ class TraceBuilder:
             escapes=list(self.escapes),
         )
         payloads = self.payloads
-        for held in (self._live, self._owned, payloads.aliases, self._writers, payloads.recipes):
+        for held in (
+            self._live,
+            self.sources.owned,
+            payloads.aliases,
+            self._writers,
+            payloads.recipes,
+        ):
             held.clear()
         self.__dict__.pop("label_of", None)  # set by _note_unshared: a cycle through self
         self.__dict__.pop("arguments", None)
