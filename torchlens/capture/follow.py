@@ -52,7 +52,7 @@ class Follower:
 
     Args:
         names: the capture's :class:`~torchlens.capture.roots.ModuleNames`.
-        factory: makes the recording call of a module (as ``hooks.wrap_forwards``'s).
+        factory: makes the recording call of a module (as ``hooks.ForwardWrap``'s).
         skip: ids of the modules not to follow (wrapped already, or the traced module).
         owner: the capture's :class:`~torchlens.capture.hooks.ModuleTracker`: calls pass
             straight through while it is not on.

@@ -19,7 +19,7 @@ from torch.overrides import _get_current_function_mode_stack
 from torchlens._gc import collector_paused
 from torchlens.capture.builder import TraceBuilder
 from torchlens.capture.failures import trim_torchlens_frames
-from torchlens.capture.hooks import ModuleTracker, install_module_hooks
+from torchlens.capture.hooks import ModuleCalls, ModuleTracker
 from torchlens.capture.mode import CaptureMode, OpHook
 from torchlens.capture.roots import Root
 from torchlens.errors import ReentrantCaptureError
@@ -65,7 +65,8 @@ class CaptureSession:
             _local.session = self
             stack.callback(_clear_session)
             stack.callback(self.tracker.exit)
-            install_module_hooks(self.builder, self.tracker, self.root)
+            calls = ModuleCalls(self.builder, self.tracker)
+            self.tracker.enter(self.root, calls, self.builder.add_modules)
             stack.enter_context(self.mode)
             self._stack = stack.pop_all()
         return self
