@@ -279,7 +279,6 @@ class Controls:
                         selected(op, tensors[k])
                 for i, selector, edit in edits:
                     if selector.matches(op):
-                        self.edit_hits[i] += 1
                         tensors[k] = self._edit_traced(builder, op, tensors[k], edit, i)
                 if stop is not None and self.halted_at is None and stop.matches(op):
                     self.halted_at = label  # halts once the calls returning it end
@@ -331,7 +330,6 @@ class Controls:
                 op.module_type = type_of(op.module)
             for i, (selector, edit) in enumerate(self.edits):
                 if selector.matches(op):
-                    self.edit_hits[i] += 1
                     # the ops so far, for the edit to read (tl.attention_pattern asks
                     # whether the query was packed)
                     with lookup_while(op, builder.record):
@@ -361,6 +359,7 @@ class Controls:
     def _edit_traced(
         self, builder: Any, op: Any, tensor: Tensor, edit: Intervention, i: int
     ) -> Tensor:
+        self.edit_hits[i] += 1
         if not self.first_edit(i, op.label):
             return tensor
         self.note_shape(i, op.label, tuple(tensor.shape))
@@ -392,13 +391,11 @@ class Controls:
         buffers = snapshot_buffers(module for _, module in modules)
         try:
             yield
-        except Halt:
+        except Halt:  # (raised only once halted_at is set)
+            pass
+        if self.halted_at is not None:  # or tl.record halted after the forward's last op
             rng.restore(state)
             restore_buffers(buffers)
-        else:
-            if self.halted_at is not None:  # tl.record halted after the forward's last op
-                rng.restore(state)
-                restore_buffers(buffers)
 
     def check(self, seen: Callable[[], Candidates]) -> None:
         """Raise :class:`~torchlens.errors.SelectorMatchError` for a selector that matched
