@@ -78,11 +78,9 @@ def check_traceable(model: Any, modules: list[tuple[str, nn.Module]] | None = No
 def check_root(model: Any, root: Root) -> None:
     """:func:`check_traceable` for ``model`` and the modules of its ``root``
     (``capture/roots.py``): the owner of a traced method, the modules of ``root=``."""
-    if root.itself is not None:
-        check_traceable(model, root.modules)
-        return
-    check_traceable(model)
-    _check_modules(root.modules)
+    check_traceable(model, root.modules)  # (which checks them when model is a module)
+    if root.itself is None:
+        _check_modules(root.modules)
 
 
 def _check_modules(modules: list[tuple[str, nn.Module]]) -> None:
