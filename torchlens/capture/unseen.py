@@ -33,13 +33,12 @@ from __future__ import annotations
 import itertools
 import linecache
 import re
-import sys
 from typing import Any
 
 import torch
 
 from torchlens.capture import rng
-from torchlens.capture.source import is_library_file
+from torchlens.capture.source import caller_frame
 from torchlens.capture.tree import ArgSlot
 from torchlens.trace import ArgRef
 
@@ -69,7 +68,7 @@ def record_unseen(builder: Any, tensor: Tensor) -> str | None:
     is not part of the forward: the capture mode does not see it, wherever it is asked
     from (a module's exit hook runs with the mode on)."""
     with torch._C.DisableTorchFunction():
-        frame = _caller_frame()
+        frame = caller_frame()
         parents = _parents(builder, tensor, _held(builder, frame, tensor))
         if not parents:
             return None
@@ -231,14 +230,6 @@ def _gives(script: Any, values: list[Tensor], tensor: Tensor) -> bool:
         and result.dtype == tensor.dtype
         and bool(torch.equal(result, tensor.detach()))
     )
-
-
-def _caller_frame() -> Any:
-    """The innermost frame of the model's code (outside torch and torchlens)."""
-    frame = sys._getframe(1)
-    while frame is not None and is_library_file(frame.f_code.co_filename):
-        frame = frame.f_back
-    return frame
 
 
 def _scripts_in_frame(frame: Any) -> tuple[list[Any], list[Any]]:
