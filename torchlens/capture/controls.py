@@ -210,7 +210,7 @@ class Controls:
         self.intervened: list[str] = []  # labels of edited ops, in order
         self._edited: set[tuple[int, str]] = set()  # (edit index, label) applied
         self.halted_at: str | None = None
-        self._types: dict[str, str] = {}  # module address -> class name, set by hooks()
+        self._types: dict[str, str] = {}  # module address -> class name (_module_type)
         self._builder: Any = None  # whose named_modules grow during the forward
 
     @property
@@ -252,7 +252,6 @@ class Controls:
         if not self.active:
             return ()  # nothing to ask per op: the module types are not needed either
         self._builder = builder
-        self._types.update((a, type(m).__name__) for a, m in builder.named_modules)
         if self.at_exit:
             builder.exit_hooks.append(self.exit_hook(builder))
         return (self.trace_hook(builder),) if self.edits or self.stop is not None else ()
@@ -288,13 +287,12 @@ class Controls:
         return hook
 
     def _module_type(self, address: str) -> str:
-        """The class name of the module at ``address``; modules first called during the
-        forward (``capture/roots.py``) are learnt from the builder at their first op."""
+        """The class name of the module at ``address``, learnt from the builder's modules
+        (which grow during the forward: ``capture/roots.py``) when it is not known yet."""
         name = self._types.get(address)
         if name is None:
-            if self._builder is not None:
-                for known, module in self._builder.named_modules:
-                    self._types.setdefault(known, type(module).__name__)
+            for known, module in self._builder.named_modules:
+                self._types.setdefault(known, type(module).__name__)
             name = self._types.setdefault(address, "")  # (a group's address: none)
         return name
 
