@@ -20,7 +20,7 @@ from torchlens.capture.grads import GradCapture
 from torchlens.capture.hooks import run_exit_hooks
 from torchlens.capture.refusals import check_root
 from torchlens.capture.roots import Root, resolve_root
-from torchlens.capture.session import CaptureSession, collector_paused
+from torchlens.capture.session import capture_session, collector_paused
 from torchlens.capture.sinks import open_stream_sink
 from torchlens.capture.source import make_source_hook
 from torchlens.capture.special import RELEASES
@@ -286,7 +286,7 @@ def _capture(
         hooks = ((make_source_hook(),) if source else ()) + controls.hooks(builder)
         try:
             with controls.halting(model, walked.modules):
-                with CaptureSession(builder, hooks, walked):
+                with capture_session(builder, hooks, walked):
                     output = model(*args, **kwargs)
                 if builder.exit_hooks and builder.halt_pending is None:  # the root's call
                     out = [t for _, t in flatten(output)[0]]  # ends: tl.module("").output

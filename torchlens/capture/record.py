@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from typing import Any
 
 from torch import nn
@@ -128,14 +128,6 @@ def _protect_kept(
         payloads.protect(tensor)
 
 
-class _RecordSession:
-    """What ``capture.session`` sees of a running record: its mode and module tracker."""
-
-    def __init__(self, mode: RecordMode) -> None:
-        self.mode = mode
-        self.tracker = mode.tracker
-
-
 @contextmanager
 def recording_session(
     model: Any,
@@ -151,18 +143,11 @@ def recording_session(
             "tl.record was called from inside a forward that is already being captured; "
             "capture the outer model once, or record after the outer capture ends",
         )
-    with ExitStack() as stack:
-        _session._local.session = _RecordSession(mode)
-        stack.callback(_session._clear_session)
-        stack.enter_context(_session.collector_paused())
-        stack.callback(mode.tracker.exit)  # its wrappers pass calls through after
-        mode.install_hooks(model, modules, root)
-        stack.enter_context(mode)
-        try:
-            yield
-        except Exception as err:
-            trim_torchlens_frames(err)  # a model's error then ends at the model's line
-            raise
+    with _session.running(_session.CaptureSession(mode, mode.tracker)):
+        with _session.collector_paused():
+            mode.install_hooks(model, modules, root)
+            with mode:
+                yield
 
 
 def _candidates(model: Any, mode: RecordMode) -> Candidates:
