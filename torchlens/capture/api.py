@@ -291,8 +291,7 @@ def _capture(
                 if builder.exit_hooks and builder.halt_pending is None:  # the root's call
                     out = [t for _, t in flatten(output)[0]]  # ends: tl.module("").output
                     root = builder.root_call(walked.type_name, out)
-                    new = run_exit_hooks(builder, root, output, out)
-                    output = output if new is None else new
+                    output = run_exit_hooks(builder, root, output, out)
             if builder.halt_pending is not None:  # halted on the forward's last op
                 output = None  # (the forward returned it; a halted trace has no output)
         except Exception as err:  # the model's own error: it carries what ran before it

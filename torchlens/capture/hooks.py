@@ -195,8 +195,7 @@ class ModuleCalls:
                 with _no_torch_function():
                     builder.exit_module(())
                 raise
-            new = self._exit(output)
-            return output if new is None else new
+            return self._exit(output)
 
         return forward_traced
 
@@ -219,17 +218,17 @@ class ModuleCalls:
             call = builder.exit_module(tensors)
             if call is not None and builder.exit_hooks:
                 return run_exit_hooks(builder, call, output, tensors)
-        return None
+        return output
 
 
 def run_exit_hooks(builder: TraceBuilder, call: Any, output: Any, tensors: list) -> Any:
     """Hand a finished call's outputs to ``builder.exit_hooks``; the output with any
-    replaced tensors put back in place, or None when none was replaced."""
+    replaced tensors put back in place (``output`` itself when none was replaced)."""
     new = tensors
     for hook in builder.exit_hooks:
         new = hook(call, new) or new
     if all(a is b for a, b in zip(new, tensors)):
-        return None
+        return output
     if isinstance(output, torch.Tensor):
         return new[0]
     return fill(flatten(output)[1], new)
