@@ -300,14 +300,13 @@ def _capture(
             )
             raise
         out_tensors = [t for _, t in flatten(output)[0]]
-        meta = _meta(walked, controls, structure_only)
         keep = [t for _, t in arg_leaves + kwarg_leaves] + out_tensors if keep_caller_safe else []
         result = builder.finish(
             walked.type_name,
             output,
             out_tensors,
             rng_state,
-            meta,
+            _meta(walked, controls, structure_only),
             keep + builder.sources.model_buffers,
         )
         if grads is not None:
