@@ -35,7 +35,7 @@ _lock = threading.Lock()
 _count = 0  # captures following now
 _torch_call: Callable[..., Any] = nn.Module.__call__  # torch's, taken again at each install
 
-# (module, address, the call to make) -> the call that records it (hooks.ForwardFactory)
+# (module, address, the call or forward to make) -> the one that records it (hooks.py's too)
 CallFactory = Callable[[nn.Module, str, Callable[..., Any]], Callable[..., Any]]
 
 

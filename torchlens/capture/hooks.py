@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from torchlens.capture.follow import Follower
+from torchlens.capture.follow import CallFactory, Follower
 from torchlens.capture.roots import ModuleNames, Root
 from torchlens.capture.tree import fill, flatten
 
@@ -50,9 +50,6 @@ __all__ = [
 _thread_id = threading.get_ident
 _no_torch_function = torch._C.DisableTorchFunction
 
-# (module, address, the forward to call) -> the forward that wraps it
-ForwardFactory = Callable[[nn.Module, str, Callable[..., Any]], Callable[..., Any]]
-
 
 class ForwardWrap:
     """A module's ``forward`` wrapped for one capture; :meth:`remove` puts it back.
@@ -64,7 +61,7 @@ class ForwardWrap:
 
     __slots__ = ("module", "wrapper", "before")
 
-    def __init__(self, module: nn.Module, factory: ForwardFactory, address: str) -> None:
+    def __init__(self, module: nn.Module, factory: CallFactory, address: str) -> None:
         self.module = module
         self.before = module.__dict__.get("forward")  # an instance forward of its own, if any
         forward = module.forward
