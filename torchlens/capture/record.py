@@ -95,7 +95,7 @@ def record(
         mode.read([t for _, t in flatten(output)[0]])
     _protect_kept(mode, mode.modules, args, kwargs, output)
     meta = {"n_ops": mode.n_ops, **controls.meta()}
-    controls.check(lambda: _candidates(model, mode))
+    controls.check(lambda: _candidates(mode))
     # module outputs are kept when the call returns, possibly out of execution order
     kept = sorted(mode.kept, key=lambda view: view.index)
     return Recording(kept, mode.store, output, meta)
@@ -150,7 +150,7 @@ def recording_session(
                 yield
 
 
-def _candidates(model: Any, mode: RecordMode) -> Candidates:
+def _candidates(mode: RecordMode) -> Candidates:
     modules = [address for address, _ in mode.modules]
     labels = [f"{name}_{i}" for name, n in mode.counts.items() for i in range(1, n + 1)]
     return Candidates(func_names=list(mode.counts), modules=modules, labels=labels)
