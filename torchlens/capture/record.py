@@ -143,8 +143,8 @@ def recording_session(
             "tl.record was called from inside a forward that is already being captured; "
             "capture the outer model once, or record after the outer capture ends",
         )
-    with _session.running(_session.CaptureSession(mode, mode.tracker)):
-        with _session.collector_paused():
+    with _session.collector_paused():
+        with _session.running(_session.CaptureSession(mode, mode.tracker)):
             mode.install_hooks(model, modules, root)
             with mode:
                 yield
