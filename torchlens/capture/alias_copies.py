@@ -37,7 +37,7 @@ def copies_before_write(aliases: list[tuple[str, Tensor]]) -> Iterator[tuple[str
         yield label, _copy(value)
         return
     copied: list[tuple[Tensor, Tensor, bool]] = []  # (value, its copy, whether it holds)
-    for label, value in sorted(aliases, key=_numel, reverse=True):
+    for label, value in sorted(aliases, key=lambda alias: alias[1].numel(), reverse=True):
         copy = None
         for container, made, holds in copied:
             copy = _view_inside(value, container, made, holds)
@@ -55,10 +55,6 @@ def _copy(value: Tensor) -> Tensor | None:
         return copy_keeping_layout(value.detach())
     except (RuntimeError, NotImplementedError):  # quint4x2 cannot be copied
         return None
-
-
-def _numel(item: tuple[str, Tensor]) -> int:
-    return item[1].numel()
 
 
 def _holds(value: Tensor, copy: Tensor) -> bool:

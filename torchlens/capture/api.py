@@ -20,7 +20,7 @@ from torchlens.capture.grads import GradCapture
 from torchlens.capture.hooks import run_exit_hooks
 from torchlens.capture.refusals import check_root
 from torchlens.capture.roots import Root, resolve_root
-from torchlens.capture.session import CaptureSession, collector_paused
+from torchlens.capture.session import capture_session, collector_paused
 from torchlens.capture.sinks import open_stream_sink
 from torchlens.capture.source import make_source_hook
 from torchlens.capture.special import RELEASES
@@ -286,13 +286,12 @@ def _capture(
         hooks = ((make_source_hook(),) if source else ()) + controls.hooks(builder)
         try:
             with controls.halting(model, walked.modules):
-                with CaptureSession(builder, hooks, walked):
+                with capture_session(builder, hooks, walked):
                     output = model(*args, **kwargs)
                 if builder.exit_hooks and builder.halt_pending is None:  # the root's call
                     out = [t for _, t in flatten(output)[0]]  # ends: tl.module("").output
                     root = builder.root_call(walked.type_name, out)
-                    new = run_exit_hooks(builder, root, output, out)
-                    output = output if new is None else new
+                    output = run_exit_hooks(builder, root, output, out)
             if builder.halt_pending is not None:  # halted on the forward's last op
                 output = None  # (the forward returned it; a halted trace has no output)
         except Exception as err:  # the model's own error: it carries what ran before it
@@ -301,14 +300,13 @@ def _capture(
             )
             raise
         out_tensors = [t for _, t in flatten(output)[0]]
-        meta = _meta(walked, controls, structure_only)
         keep = [t for _, t in arg_leaves + kwarg_leaves] + out_tensors if keep_caller_safe else []
         result = builder.finish(
             walked.type_name,
             output,
             out_tensors,
             rng_state,
-            meta,
+            _meta(walked, controls, structure_only),
             keep + builder.sources.model_buffers,
         )
         if grads is not None:

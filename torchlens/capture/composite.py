@@ -134,6 +134,5 @@ def close_function(func: Callable[..., Any]) -> None:
     naming.forget(func)
 
 
-for _func in DEFAULT_OPENED:
-    naming.OPENED.add(_func)
+naming.OPENED.update(DEFAULT_OPENED)
 naming.OPENED_WHEN.update(OPENED_WHEN)

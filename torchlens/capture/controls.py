@@ -210,7 +210,7 @@ class Controls:
         self.intervened: list[str] = []  # labels of edited ops, in order
         self._edited: set[tuple[int, str]] = set()  # (edit index, label) applied
         self.halted_at: str | None = None
-        self._types: dict[str, str] = {}  # module address -> class name, set by hooks()
+        self._types: dict[str, str] = {}  # module address -> class name (_module_type)
         self._builder: Any = None  # whose named_modules grow during the forward
 
     @property
@@ -252,7 +252,6 @@ class Controls:
         if not self.active:
             return ()  # nothing to ask per op: the module types are not needed either
         self._builder = builder
-        self._types.update((a, type(m).__name__) for a, m in builder.named_modules)
         if self.at_exit:
             builder.exit_hooks.append(self.exit_hook(builder))
         return (self.trace_hook(builder),) if self.edits or self.stop is not None else ()
@@ -279,7 +278,6 @@ class Controls:
                         selected(op, tensors[k])
                 for i, selector, edit in edits:
                     if selector.matches(op):
-                        self.edit_hits[i] += 1
                         tensors[k] = self._edit_traced(builder, op, tensors[k], edit, i)
                 if stop is not None and self.halted_at is None and stop.matches(op):
                     self.halted_at = label  # halts once the calls returning it end
@@ -289,13 +287,12 @@ class Controls:
         return hook
 
     def _module_type(self, address: str) -> str:
-        """The class name of the module at ``address``; modules first called during the
-        forward (``capture/roots.py``) are learnt from the builder at their first op."""
+        """The class name of the module at ``address``, learnt from the builder's modules
+        (which grow during the forward: ``capture/roots.py``) when it is not known yet."""
         name = self._types.get(address)
         if name is None:
-            if self._builder is not None:
-                for known, module in self._builder.named_modules:
-                    self._types.setdefault(known, type(module).__name__)
+            for known, module in self._builder.named_modules:
+                self._types.setdefault(known, type(module).__name__)
             name = self._types.setdefault(address, "")  # (a group's address: none)
         return name
 
@@ -331,7 +328,6 @@ class Controls:
                 op.module_type = type_of(op.module)
             for i, (selector, edit) in enumerate(self.edits):
                 if selector.matches(op):
-                    self.edit_hits[i] += 1
                     # the ops so far, for the edit to read (tl.attention_pattern asks
                     # whether the query was packed)
                     with lookup_while(op, builder.record):
@@ -361,6 +357,7 @@ class Controls:
     def _edit_traced(
         self, builder: Any, op: Any, tensor: Tensor, edit: Intervention, i: int
     ) -> Tensor:
+        self.edit_hits[i] += 1
         if not self.first_edit(i, op.label):
             return tensor
         self.note_shape(i, op.label, tuple(tensor.shape))
@@ -392,13 +389,11 @@ class Controls:
         buffers = snapshot_buffers(module for _, module in modules)
         try:
             yield
-        except Halt:
+        except Halt:  # (raised only once halted_at is set)
+            pass
+        if self.halted_at is not None:  # or tl.record halted after the forward's last op
             rng.restore(state)
             restore_buffers(buffers)
-        else:
-            if self.halted_at is not None:  # tl.record halted after the forward's last op
-                rng.restore(state)
-                restore_buffers(buffers)
 
     def check(self, seen: Callable[[], Candidates]) -> None:
         """Raise :class:`~torchlens.errors.SelectorMatchError` for a selector that matched

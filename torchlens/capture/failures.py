@@ -60,13 +60,11 @@ def note_model_error(err: BaseException, builder: Any, func_name: str) -> None:
         err.__notes__ = [*getattr(err, "__notes__", []), note]
 
 
-def trim_torchlens_frames(err: BaseException | None) -> None:
+def trim_torchlens_frames(err: BaseException) -> None:
     """Drop torchlens's frames from a model error's traceback (the first frame stays: it is
     where the exception is passing through now, and Python re-adds it anyway)."""
-    if err is None or getattr(err, _MARK, None) is None:
-        return
     head = err.__traceback__
-    if head is None:
+    if head is None or getattr(err, _MARK, None) is None:
         return
     kept: list[TracebackType] = [head]
     tb = head.tb_next

@@ -35,7 +35,7 @@ _lock = threading.Lock()
 _count = 0  # captures following now
 _torch_call: Callable[..., Any] = nn.Module.__call__  # torch's, taken again at each install
 
-# (module, address, the call to make) -> the call that records it (hooks.ForwardFactory)
+# (module, address, the call or forward to make) -> the one that records it (hooks.py's too)
 CallFactory = Callable[[nn.Module, str, Callable[..., Any]], Callable[..., Any]]
 
 
@@ -52,7 +52,7 @@ class Follower:
 
     Args:
         names: the capture's :class:`~torchlens.capture.roots.ModuleNames`.
-        factory: makes the recording call of a module (as ``hooks.wrap_forwards``'s).
+        factory: makes the recording call of a module (as ``hooks.ForwardWrap``'s).
         skip: ids of the modules not to follow (wrapped already, or the traced module).
         owner: the capture's :class:`~torchlens.capture.hooks.ModuleTracker`: calls pass
             straight through while it is not on.

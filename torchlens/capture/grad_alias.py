@@ -49,9 +49,8 @@ class AliasTracker:
         label = op.label
         if alias_of is not None and not op.is_inplace:
             self.passthrough[label] = alias_of
-        is_view = tensor._base is not None
         self.storage[label] = (storage_key(tensor), version_of(tensor))
-        if is_view:
+        if tensor._base is not None:
             self.views.add(label)
             if op.is_inplace or op.func_name == "setitem":
                 self.view_writes.append(label)

@@ -216,11 +216,13 @@ class GradCapture:
             self.store.untracked.discard(label)
         with torch._C.DisableTorchFunction():
             node = tensor.grad_fn
-            if node is None or isinstance(record, Source):
-                handle = _hook_tensor_or_node(tensor, partial(_passive_grad, self, label))
-            else:
-                hook = partial(_node_grad, self, label, tensor.output_nr)
-                handle = node.register_prehook(hook)
+            if node is None:
+                handle = tensor.register_hook(partial(_passive_grad, self, label))
+            else:  # (a source's node is not this forward's own: it records passively)
+                own = not isinstance(record, Source)
+                handle = node.register_prehook(
+                    partial(_node_grad, self, label, tensor.output_nr, own)
+                )
             if isinstance(record, Op):
                 self.aliases.note(record, tensor, alias_of, node)
         self.handles[label] = handle
@@ -296,9 +298,13 @@ class GradCapture:
             self.store.values[label] = grad.detach().clone()
 
 
-def _node_grad(capture: GradCapture, label: str, index: int, grad_outputs: tuple) -> None:
-    """Pre-hook on this forward's own node: ``grad_outputs[index]`` is the op's gradient."""
-    capture.activate()
+def _node_grad(
+    capture: GradCapture, label: str, index: int, own: bool, grad_outputs: tuple
+) -> None:
+    """Pre-hook on the node holding a value: ``grad_outputs[index]`` is its gradient. A
+    hook on this forward's ``own`` node marks the backward as one through this trace."""
+    if own:
+        capture.activate()
     if capture.active:
         capture.put(label, grad_outputs[index] if index < len(grad_outputs) else None)
 
@@ -307,17 +313,6 @@ def _passive_grad(capture: GradCapture, label: str, grad: Tensor) -> None:
     """Hook on a tensor the user may share with other graphs: record only during our pass."""
     if capture.active:
         capture.put(label, grad)
-
-
-def _hook_tensor_or_node(tensor: Tensor, hook: Callable[[Tensor], None]) -> RemovableHandle:
-    """A hook receiving ``tensor``'s gradient: on the leaf itself, or on its current node."""
-    node = tensor.grad_fn
-    if node is None:
-        return tensor.register_hook(hook)
-    index = tensor.output_nr
-    return node.register_prehook(
-        lambda grads: hook(grads[index]) if grads[index] is not None else None
-    )
 
 
 def _remove_all(handles: dict[str, RemovableHandle]) -> None:

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from torchlens.capture.follow import Follower
+from torchlens.capture.follow import CallFactory, Follower
 from torchlens.capture.roots import ModuleNames, Root
 from torchlens.capture.tree import fill, flatten
 
@@ -42,17 +42,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ForwardWrap",
+    "ModuleCalls",
     "ModuleTracker",
-    "install_module_hooks",
     "run_exit_hooks",
-    "wrap_forwards",
 ]
 
 _thread_id = threading.get_ident
 _no_torch_function = torch._C.DisableTorchFunction
-
-# (module, address, the forward to call) -> the forward that wraps it
-ForwardFactory = Callable[[nn.Module, str, Callable[..., Any]], Callable[..., Any]]
 
 
 class ForwardWrap:
@@ -65,7 +61,7 @@ class ForwardWrap:
 
     __slots__ = ("module", "wrapper", "before")
 
-    def __init__(self, module: nn.Module, factory: ForwardFactory, address: str) -> None:
+    def __init__(self, module: nn.Module, factory: CallFactory, address: str) -> None:
         self.module = module
         self.before = module.__dict__.get("forward")  # an instance forward of its own, if any
         forward = module.forward
@@ -91,42 +87,6 @@ class ForwardWrap:
             attributes["forward"] = below
 
 
-def wrap_forwards(
-    modules: list[tuple[str, nn.Module]],
-    factory: ForwardFactory,
-    enter_own: Callable[..., Any],
-    exit_own: Callable[..., Any],
-    *,
-    with_kwargs: bool,
-    wrap_root: bool = False,
-) -> list[ForwardWrap | RemovableHandle]:
-    """Follow the calls of ``modules`` (a walk, the root first and skipped unless
-    ``wrap_root``: a traced module's own call is the capture itself, but the owner of a
-    traced method is called inside it); returns what to remove. A module with hooks of
-    its own gets ``enter_own`` (called with its address first) and ``exit_own`` as hooks
-    (see the module docstring); every other one a forward made by ``factory``."""
-    done: list[ForwardWrap | RemovableHandle] = []
-    try:
-        for address, module in modules:
-            if not address and not wrap_root:
-                continue
-            if module._forward_pre_hooks or module._forward_hooks:
-                enter = partial(enter_own, address)
-                done.append(module.register_forward_pre_hook(enter, with_kwargs=with_kwargs))
-                done.append(
-                    module.register_forward_hook(
-                        exit_own, with_kwargs=with_kwargs, always_call=True
-                    )
-                )
-            else:
-                done.append(ForwardWrap(module, factory, address))
-    except BaseException:
-        for item in reversed(done):
-            item.remove()
-        raise
-    return done
-
-
 class ModuleTracker:
     """Follows the module calls of one capture, whatever its policy (``tl.trace``,
     ``tl.record``, ``tl.extract``, ``find_nonfinite``): :meth:`enter` installs every
@@ -148,16 +108,34 @@ class ModuleTracker:
         calls: Any,
         on_new: Callable[[list[tuple[str, nn.Module]]], None] | None,
     ) -> None:
-        """Follow the calls of ``root`` (its walk made once, for the whole capture):
-        ``calls`` gives ``traced_forward``, ``enter_own`` and ``exit_own`` as
-        :func:`wrap_forwards` takes them, and, unless the traced callable is a module
-        itself, every other module call on this thread goes to the same factory (a
-        :class:`~torchlens.capture.follow.Follower`); ``on_new`` is told the modules first
-        named during the forward."""
-        self._done = wrap_forwards(
-            root.modules, calls.traced_forward, calls.enter_own, calls.exit_own,
-            with_kwargs=True, wrap_root=root.itself is None,
-        )  # fmt: skip
+        """Follow the calls of ``root`` (its walk made once, for the whole capture; a
+        traced module's own call is the capture itself, but the owner of a traced method
+        is called inside it): ``calls.traced_forward`` makes each wrapped forward, and a
+        module with hooks of its own gets ``calls.enter_own`` (called with its address
+        first) and ``calls.exit_own`` as hooks (see the module docstring). Unless the
+        traced callable is a module itself, every other module call on this thread goes
+        to the same factory (a :class:`~torchlens.capture.follow.Follower`); ``on_new`` is
+        told the modules first named during the forward."""
+        done: list[ForwardWrap | RemovableHandle | Follower] = []
+        try:
+            for address, module in root.modules:
+                if not address and root.itself is not None:
+                    continue
+                if module._forward_pre_hooks or module._forward_hooks:
+                    enter = partial(calls.enter_own, address)
+                    done.append(module.register_forward_pre_hook(enter, with_kwargs=True))
+                    done.append(
+                        module.register_forward_hook(
+                            calls.exit_own, with_kwargs=True, always_call=True
+                        )
+                    )
+                else:
+                    done.append(ForwardWrap(module, calls.traced_forward, address))
+        except BaseException:
+            for item in reversed(done):
+                item.remove()
+            raise
+        self._done = done
         if root.itself is None:
             # (a traced module: its tree is wrapped, and nothing else is followed.
             # Following costs every module call of the forward about 5 us inside a capture,
@@ -184,16 +162,9 @@ class ModuleTracker:
             self.on = was
 
 
-def install_module_hooks(builder: TraceBuilder, tracker: ModuleTracker, root: Root) -> None:
-    """Follow every module call of the capture into ``builder`` with ``tracker``: the
-    modules of ``root`` (the walk ``add_modules`` was given first, ``builder.named_modules``)
-    by wrappers, any other module called on this thread by a
-    :class:`~torchlens.capture.follow.Follower`."""
-    tracker.enter(root, _ModuleCalls(builder, tracker), builder.add_modules)
-
-
-class _ModuleCalls:
-    """The wrapped forwards and hooks of one capture, bound to its builder."""
+class ModuleCalls:
+    """The wrapped forwards and hooks of one capture, bound to its builder (what
+    :meth:`ModuleTracker.enter` is given for ``tl.trace``)."""
 
     def __init__(self, builder: TraceBuilder, tracker: ModuleTracker) -> None:
         self.builder = builder
@@ -221,8 +192,7 @@ class _ModuleCalls:
                 with _no_torch_function():
                     builder.exit_module(())
                 raise
-            new = self._exit(output)
-            return output if new is None else new
+            return self._exit(output)
 
         return forward_traced
 
@@ -245,17 +215,17 @@ class _ModuleCalls:
             call = builder.exit_module(tensors)
             if call is not None and builder.exit_hooks:
                 return run_exit_hooks(builder, call, output, tensors)
-        return None
+        return output
 
 
 def run_exit_hooks(builder: TraceBuilder, call: Any, output: Any, tensors: list) -> Any:
     """Hand a finished call's outputs to ``builder.exit_hooks``; the output with any
-    replaced tensors put back in place, or None when none was replaced."""
+    replaced tensors put back in place (``output`` itself when none was replaced)."""
     new = tensors
     for hook in builder.exit_hooks:
         new = hook(call, new) or new
     if all(a is b for a, b in zip(new, tensors)):
-        return None
+        return output
     if isinstance(output, torch.Tensor):
         return new[0]
     return fill(flatten(output)[1], new)

@@ -141,8 +141,7 @@ class CaptureMode(TorchFunctionMode):
             torch._C._pop_torch_function_stack()
             call = builder.exit_module(outputs)  # (or raised: none)
         if call is not None and builder.exit_hooks:
-            new = run_exit_hooks(builder, call, result, outputs)
-            return result if new is None else new
+            return run_exit_hooks(builder, call, result, outputs)
         return result
 
     def _run_hooks(

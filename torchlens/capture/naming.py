@@ -82,7 +82,7 @@ _NEVER_TENSOR_DUNDERS = frozenset({
 })  # fmt: skip
 
 # Calls through which a tensor's value leaves torch as a Python value (an escape, see
-# torchlens/_escapes.py): Tensor methods and dunders by name, and torch functions that
+# capture/escapes.py): Tensor methods and dunders by name, and torch functions that
 # compare values and answer with a bool (``x in t`` too). ``format`` and ``repr`` (so
 # ``str(t)``, ``print(t)``) give text, ``dlpack`` a capsule; they are recorded too.
 ESCAPES = frozenset({

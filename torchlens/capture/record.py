@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from typing import Any
 
 from torch import nn
@@ -95,7 +95,7 @@ def record(
         mode.read([t for _, t in flatten(output)[0]])
     _protect_kept(mode, mode.modules, args, kwargs, output)
     meta = {"n_ops": mode.n_ops, **controls.meta()}
-    controls.check(lambda: _candidates(model, mode))
+    controls.check(lambda: _candidates(mode))
     # module outputs are kept when the call returns, possibly out of execution order
     kept = sorted(mode.kept, key=lambda view: view.index)
     return Recording(kept, mode.store, output, meta)
@@ -128,14 +128,6 @@ def _protect_kept(
         payloads.protect(tensor)
 
 
-class _RecordSession:
-    """What ``capture.session`` sees of a running record: its mode and module tracker."""
-
-    def __init__(self, mode: RecordMode) -> None:
-        self.mode = mode
-        self.tracker = mode.tracker
-
-
 @contextmanager
 def recording_session(
     model: Any,
@@ -151,21 +143,14 @@ def recording_session(
             "tl.record was called from inside a forward that is already being captured; "
             "capture the outer model once, or record after the outer capture ends",
         )
-    with ExitStack() as stack:
-        _session._local.session = _RecordSession(mode)
-        stack.callback(_session._clear_session)
-        stack.enter_context(_session.collector_paused())
-        stack.callback(mode.tracker.exit)  # its wrappers pass calls through after
-        mode.install_hooks(model, modules, root)
-        stack.enter_context(mode)
-        try:
-            yield
-        except Exception as err:
-            trim_torchlens_frames(err)  # a model's error then ends at the model's line
-            raise
+    with _session.collector_paused():
+        with _session.running(_session.CaptureSession(mode, mode.tracker)):
+            mode.install_hooks(model, modules, root)
+            with mode:
+                yield
 
 
-def _candidates(model: Any, mode: RecordMode) -> Candidates:
+def _candidates(mode: RecordMode) -> Candidates:
     modules = [address for address, _ in mode.modules]
     labels = [f"{name}_{i}" for name, n in mode.counts.items() for i in range(1, n + 1)]
     return Candidates(func_names=list(mode.counts), modules=modules, labels=labels)

@@ -58,10 +58,8 @@ class ExitTracker:
             entry[6] = (*entry[6], (frame[0], frame[1], type_name))
             view = OpView(entry[0], entry[1], entry[2], entry[3], entry[4], tensor, entry[5])
             view.returned_by = entry[6]
-            keep = False
-            if self.save is not None and self.save.matches(view):
-                c.saved += 1
-                keep = True
+            keep = self.save is not None and self.save.matches(view)
+            c.saved += keep
             for i, selector, _ in self.edits:
                 if selector.matches(view):
                     new[k] = mode._edit(view, new[k], i, False)

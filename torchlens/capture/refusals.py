@@ -14,6 +14,7 @@ from torchlens.errors import UnsupportedModelError
 __all__ = ["check_traceable", "check_root"]
 
 _ADVICE = "trace the eager source module instead"
+_OPTIMIZED = "torch._dynamo.eval_frame.OptimizedModule"  # torch.compile's module wrapper
 
 
 def check_traceable(model: Any, modules: list[tuple[str, nn.Module]] | None = None) -> None:
@@ -49,7 +50,7 @@ def check_traceable(model: Any, modules: list[tuple[str, nn.Module]] | None = No
             code="pipeline_parallel",
         )
     if (
-        "torch._dynamo.eval_frame.OptimizedModule" in names
+        _OPTIMIZED in names
         or hasattr(model, "_torchdynamo_orig_callable")
         or getattr(model, "_compiled_call_impl", None) is not None  # model.compile()
     ):
@@ -78,11 +79,9 @@ def check_traceable(model: Any, modules: list[tuple[str, nn.Module]] | None = No
 def check_root(model: Any, root: Root) -> None:
     """:func:`check_traceable` for ``model`` and the modules of its ``root``
     (``capture/roots.py``): the owner of a traced method, the modules of ``root=``."""
-    if root.itself is not None:
-        check_traceable(model, root.modules)
-        return
-    check_traceable(model)
-    _check_modules(root.modules)
+    check_traceable(model, root.modules)  # (which checks them when model is a module)
+    if root.itself is None:
+        _check_modules(root.modules)
 
 
 def _check_modules(modules: list[tuple[str, nn.Module]]) -> None:
@@ -96,7 +95,7 @@ def _check_modules(modules: list[tuple[str, nn.Module]]) -> None:
                     f"cannot be recorded; {_ADVICE} (the eager version of {address!r})",
                     code="torchscript_module",
                 )
-            if not _optimized(kind):
+            if f"{kind.__module__}.{kind.__qualname__}" != _OPTIMIZED:
                 _EAGER_CLASSES.add(kind)
         if kind not in _EAGER_CLASSES or sub.__dict__.get("_compiled_call_impl") is not None:
             raise UnsupportedModelError(
@@ -111,8 +110,3 @@ def _check_modules(modules: list[tuple[str, nn.Module]]) -> None:
 # module classes that are neither TorchScript nor torch.compile wrappers (a module of one
 # may still be compiled in place: its _compiled_call_impl is asked every time)
 _EAGER_CLASSES: set[type] = set()
-
-
-def _optimized(kind: type) -> bool:
-    """Whether ``kind`` is torch.compile's wrapper class (OptimizedModule)."""
-    return kind.__name__ == "OptimizedModule" and kind.__module__ == "torch._dynamo.eval_frame"

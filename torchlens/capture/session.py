@@ -1,25 +1,24 @@
 """A capture session: the function mode plus module followers, alive only inside ``with``.
 
-Everything a session installs is removed in ``__exit__``, whatever the forward did. A
-thread-local marker refuses a second capture started from inside a running one, and
-:func:`suspended` lets code (such as ``reference_output``) run the model on pristine torch
-in the middle of a capture.
+Everything a session installs is removed at the end of its block, whatever the forward
+did. A thread-local marker refuses a second capture started from inside a running one
+(``tl.trace``'s and ``tl.record``'s alike: :func:`running`), and :func:`suspended` lets code
+(such as ``reference_output``) run the model on pristine torch in the middle of a capture.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
-from typing import Any
+from contextlib import contextmanager
 
 import torch
-from torch.overrides import _get_current_function_mode_stack
+from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 
 from torchlens._gc import collector_paused
 from torchlens.capture.builder import TraceBuilder
 from torchlens.capture.failures import trim_torchlens_frames
-from torchlens.capture.hooks import ModuleTracker, install_module_hooks
+from torchlens.capture.hooks import ModuleCalls, ModuleTracker
 from torchlens.capture.mode import CaptureMode, OpHook
 from torchlens.capture.roots import Root
 from torchlens.errors import ReentrantCaptureError
@@ -27,8 +26,10 @@ from torchlens.errors import ReentrantCaptureError
 __all__ = [
     "CaptureSession",
     "active_session",
+    "capture_session",
     "collector_paused",
     "refuse_reentry",
+    "running",
     "suspended",
 ]
 
@@ -50,33 +51,41 @@ def refuse_reentry() -> None:
 
 
 class CaptureSession:
-    """Install capture on the modules of ``root`` for the duration of a ``with`` block."""
+    """This thread's running capture as :func:`suspended` sees it: its function mode and
+    the tracker of its module calls."""
 
-    def __init__(self, builder: TraceBuilder, op_hooks: tuple[OpHook, ...], root: Root) -> None:
-        self.root = root  # (capture/roots.py)
-        self.builder = builder
-        self.mode = CaptureMode(builder, op_hooks)
-        self.tracker = ModuleTracker()  # its module calls
-        self._stack = ExitStack()
-
-    def __enter__(self) -> CaptureSession:
-        refuse_reentry()
-        with ExitStack() as stack:
-            _local.session = self
-            stack.callback(_clear_session)
-            stack.callback(self.tracker.exit)
-            install_module_hooks(self.builder, self.tracker, self.root)
-            stack.enter_context(self.mode)
-            self._stack = stack.pop_all()
-        return self
-
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        trim_torchlens_frames(exc)  # a model's error then ends at the model's line
-        self._stack.close()  # (a wrapper still called after, below another thread's, passes)
+    def __init__(self, mode: TorchFunctionMode, tracker: ModuleTracker) -> None:
+        self.mode = mode
+        self.tracker = tracker
 
 
-def _clear_session() -> None:
-    _local.session = None
+@contextmanager
+def capture_session(
+    builder: TraceBuilder, op_hooks: tuple[OpHook, ...], root: Root
+) -> Iterator[None]:
+    """Install capture on the modules of ``root`` (``capture/roots.py``) for the block."""
+    refuse_reentry()
+    mode, tracker = CaptureMode(builder, op_hooks), ModuleTracker()
+    with running(CaptureSession(mode, tracker)):
+        tracker.enter(root, ModuleCalls(builder, tracker), builder.add_modules)
+        with mode:
+            yield
+
+
+@contextmanager
+def running(session: CaptureSession) -> Iterator[None]:
+    """Run a block as this thread's capture ``session``. At its end, on every path, the
+    tracker removes all it installed (a wrapper still called after, below another
+    thread's, passes), and a model's error then ends at the model's line."""
+    _local.session = session
+    try:
+        yield
+    except BaseException as err:
+        trim_torchlens_frames(err)
+        raise
+    finally:
+        session.tracker.exit()
+        _local.session = None
 
 
 @contextmanager

@@ -13,11 +13,12 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import torch
 
-__all__ = ["make_source_hook", "caller_line", "is_library_file"]
+__all__ = ["make_source_hook", "caller_frame", "caller_line", "is_library_file"]
 
 _SKIPPED = tuple(
     dict.fromkeys(
@@ -33,17 +34,22 @@ def is_library_file(filename: str) -> bool:
     return filename.startswith(_SKIPPED)
 
 
-def caller_line(depth: int = 1) -> tuple[str, int, str] | None:
-    """``(file, line, function)`` of the first frame above this one, ``depth`` frames up
-    or more, that is outside torch and torchlens; ``None`` when there is none."""
+def caller_frame(depth: int = 1) -> FrameType | None:
+    """The first frame above this one, ``depth`` frames up or more, that is outside torch
+    and torchlens (the model's code); ``None`` when there is none."""
     frame = sys._getframe(depth)
-    skipped = _SKIPPED
-    while frame is not None:
-        code = frame.f_code
-        if not code.co_filename.startswith(skipped):
-            return code.co_filename, frame.f_lineno, code.co_name
+    while frame is not None and frame.f_code.co_filename.startswith(_SKIPPED):
         frame = frame.f_back
-    return None
+    return frame
+
+
+def caller_line(depth: int = 1) -> tuple[str, int, str] | None:
+    """``(file, line, function)`` of :func:`caller_frame` (``depth`` counted from here)."""
+    frame = caller_frame(depth + 1)
+    if frame is None:
+        return None
+    code = frame.f_code
+    return code.co_filename, frame.f_lineno, code.co_name
 
 
 def make_source_hook() -> Any:

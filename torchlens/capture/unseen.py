@@ -33,13 +33,12 @@ from __future__ import annotations
 import itertools
 import linecache
 import re
-import sys
 from typing import Any
 
 import torch
 
 from torchlens.capture import rng
-from torchlens.capture.source import is_library_file
+from torchlens.capture.source import caller_frame
 from torchlens.capture.tree import ArgSlot
 from torchlens.trace import ArgRef
 
@@ -69,31 +68,27 @@ def record_unseen(builder: Any, tensor: Tensor) -> str | None:
     is not part of the forward: the capture mode does not see it, wherever it is asked
     from (a module's exit hook runs with the mode on)."""
     with torch._C.DisableTorchFunction():
-        return _record(builder, tensor)
-
-
-def _record(builder: Any, tensor: Tensor) -> str | None:
-    frame = _caller_frame()
-    parents = _parents(builder, tensor, _held(builder, frame, tensor))
-    if not parents:
-        return None
-    order = {label: i for i, label in enumerate(builder._records)}
-    labels = sorted(parents, key=order.__getitem__)  # in the order they were recorded
-    values = [parents[label] for label in labels]
-    script, chosen = _scripted_maker(frame, tensor, list(zip(labels, values)), builder)
-    if script is not None:
-        labels, values = [label for label, _ in chosen], [value for _, value in chosen]
-        name, func = f"script_{script.name}", script
-    else:  # the one TorchScript function the line names, else what autograd calls it
-        on_line = _scripts_in_frame(frame)[0]
-        name = f"script_{on_line[0].name}" if len(on_line) == 1 else None
-        name, func = name or type(tensor.grad_fn).__name__, None
-    refs = [ArgRef(label, str(i)) for i, label in enumerate(labels)]
-    slots = tuple(ArgSlot(i) for i in range(len(refs)))
-    (op,) = builder.record_call(name, func, slots, {}, refs, [tensor], inplace=False)
-    edges = {} if func is not None else _proven_edges(tensor, labels, values)
-    op.meta[UNSEEN_META] = {"made_by": name, "edges": edges, "rerun": func is not None}
-    return op.label
+        frame = caller_frame()
+        parents = _parents(builder, tensor, _held(builder, frame, tensor))
+        if not parents:
+            return None
+        order = {label: i for i, label in enumerate(builder._records)}
+        labels = sorted(parents, key=order.__getitem__)  # in the order they were recorded
+        values = [parents[label] for label in labels]
+        script, chosen = _scripted_maker(frame, tensor, list(zip(labels, values)), builder)
+        if script is not None:
+            labels, values = [label for label, _ in chosen], [value for _, value in chosen]
+            name, func = f"script_{script.name}", script
+        else:  # the one TorchScript function the line names, else what autograd calls it
+            on_line = _scripts_in_frame(frame)[0]
+            name = f"script_{on_line[0].name}" if len(on_line) == 1 else None
+            name, func = name or type(tensor.grad_fn).__name__, None
+        refs = [ArgRef(label, str(i)) for i, label in enumerate(labels)]
+        slots = tuple(ArgSlot(i) for i in range(len(refs)))
+        (op,) = builder.record_call(name, func, slots, {}, refs, [tensor], inplace=False)
+        edges = {} if func is not None else _proven_edges(tensor, labels, values)
+        op.meta[UNSEEN_META] = {"made_by": name, "edges": edges, "rerun": func is not None}
+        return op.label
 
 
 def _held(builder: Any, frame: Any, tensor: Tensor) -> dict[tuple[Any, int], Tensor]:
@@ -235,14 +230,6 @@ def _gives(script: Any, values: list[Tensor], tensor: Tensor) -> bool:
         and result.dtype == tensor.dtype
         and bool(torch.equal(result, tensor.detach()))
     )
-
-
-def _caller_frame() -> Any:
-    """The innermost frame of the model's code (outside torch and torchlens)."""
-    frame = sys._getframe(1)
-    while frame is not None and is_library_file(frame.f_code.co_filename):
-        frame = frame.f_back
-    return frame
 
 
 def _scripts_in_frame(frame: Any) -> tuple[list[Any], list[Any]]:
