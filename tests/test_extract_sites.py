@@ -217,7 +217,17 @@ def _handlers() -> tuple:
     return signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
 
 
-def test_the_handlers_are_the_runs_only_while_it_runs(tmp_path):
+@pytest.fixture
+def interactive_sigint():
+    """SIGINT as an interactive Python has it (``KeyboardInterrupt``): a process started in
+    the background of a shell without job control (``cmd &``, as CI may run the tests)
+    starts with SIGINT ignored, which ``tl.extract`` keeps as it is."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_the_handlers_are_the_runs_only_while_it_runs(tmp_path, interactive_sigint):
     before, seen = _handlers(), []
     model = nn.Sequential(nn.Linear(4, 3), nn.ReLU()).eval()
     model[1].register_forward_pre_hook(lambda m, a: seen.append(_handlers()))
@@ -230,10 +240,8 @@ def test_the_handlers_are_the_runs_only_while_it_runs(tmp_path):
 
     def ctrl_c(module, args):
         n[0] += 1
-        if n[0] == 2:  # in the second batch, Ctrl-C: the handler the run installed is called
-            handler = signal.getsignal(signal.SIGINT)  # (called directly: raise_signal's
-            assert handler not in (before[1], signal.default_int_handler)  # delivery flaked)
-            handler(signal.SIGINT, None)
+        if n[0] == 2:  # in the second batch
+            signal.raise_signal(signal.SIGINT)
 
     model[0].register_forward_pre_hook(ctrl_c)
     with pytest.raises(KeyboardInterrupt):
@@ -247,6 +255,24 @@ def test_the_handlers_are_the_runs_only_while_it_runs(tmp_path):
     thread.start()
     thread.join()
     assert result and result[0].n_examples == 15 and _handlers() == before
+
+
+def test_an_ignored_sigint_stays_ignored_through_a_run(tmp_path):
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as under nohup or `cmd &`
+    try:
+        model = nn.Sequential(nn.Linear(4, 3), nn.ReLU()).eval()
+        seen = []
+
+        def ctrl_c(module, args):  # in every batch
+            seen.append(signal.getsignal(signal.SIGINT))
+            signal.raise_signal(signal.SIGINT)
+
+        model[0].register_forward_pre_hook(ctrl_c)
+        run = tl.extract(model, X, save=tl.func("relu"), to=tmp_path / "run", progress=False)
+        assert seen == [signal.SIG_IGN] * 3 and run.n_examples == 15  # Ctrl-C did not stop it
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_a_handler_of_the_scripts_own_runs_after_the_rows_are_written(tmp_path):
