@@ -101,7 +101,6 @@ class TraceBuilder:
     ) -> None:
         self.ops: list[Op] = []
         self.sources = Sources()  # inputs, weights, constants (sources.py)
-        self.input_labels = self.sources.input_labels
         # the values kept: to a sink as produced, when one is given, instead of memory
         store = MemoryPayloadStore(default_missing=None if save_payloads else STRUCTURE_ONLY)
         self.payloads = PayloadKeeper(store, sink)
@@ -140,6 +139,11 @@ class TraceBuilder:
     def named_modules(self) -> list[tuple[str, nn.Module]]:
         """The modules known so far, as ``(address, module)``: see :meth:`add_modules`."""
         return self.sources.named_modules
+
+    @property
+    def input_labels(self) -> list[str]:
+        """The labels of the forward's inputs, in order: see :meth:`add_input`."""
+        return self.sources.input_labels
 
     def add_modules(self, modules: list[tuple[str, nn.Module]]) -> None:
         """Know modules (``(address, module)``), so their parameters and buffers are named

@@ -307,15 +307,11 @@ class SeenByRecord:
 
     @property
     def _live(self) -> dict[int, LiveEntry]:
-        return {
-            key: live_entry(tensor, (entry.calls, key), entry.version, entry.calls)
-            for key, entry in self.live.entries.items()
-            if (tensor := entry()) is not None
-        }
+        return self.live.entries  # (their labels are None: _current_label names them)
 
     @property
     def _records(self) -> list[tuple[int, int]]:
-        return sorted(entry.label for entry in self._live.values())
+        return sorted((entry.calls, key) for key, entry in self.live.entries.items())
 
     def _current_label(self, tensor: Tensor) -> tuple[int, int] | None:
         entry = self.live.entries.get(id(tensor))

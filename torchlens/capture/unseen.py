@@ -183,7 +183,8 @@ def _untracked(builder: Any, frame: Any, parents: set[str]) -> list[tuple[str, T
     found: dict[str, Tensor] = {}
     inputs = set(builder.input_labels)
     held = list(frame.f_locals.values()) if frame is not None else []
-    held += [entry() for entry in builder._live.values() if entry.label in inputs]
+    live = [value for entry in list(builder._live.values()) if (value := entry()) is not None]
+    held += [value for value in live if builder._current_label(value) in inputs]
     for value in held:
         if isinstance(value, Tensor) and not value.requires_grad:
             label = builder._current_label(value)
