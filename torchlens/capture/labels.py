@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Container, Iterable
+from itertools import compress
+from operator import itemgetter, not_
 
 from torch import nn
 
 __all__ = ["Labeler"]
 
 _LABEL_LIKE = re.compile(r".+_[1-9][0-9]*")  # what f"{name}_{count}" can give (count >= 1)
+_address, _module = itemgetter(0), itemgetter(1)
 
 
 class Labeler:
@@ -39,12 +42,13 @@ class Labeler:
         addresses without a dot, so the only ones an op label can look like. Only names
         shaped like a label (``name_k``) are kept: no other can clash, and an empty set
         keeps every count on the per-op fast path."""
-        for address, module in modules:
-            if not address:
-                for members in (module._parameters, module._buffers):
-                    self.reserved.update(
-                        k for k, v in members.items() if v is not None and _LABEL_LIKE.fullmatch(k)
-                    )
+        modules = modules if isinstance(modules, list) else list(modules)
+        # those at address "" (picked in C: this runs over every module of every capture)
+        for module in compress(map(_module, modules), map(not_, map(_address, modules))):
+            for members in (module._parameters, module._buffers):
+                self.reserved.update(
+                    k for k, v in members.items() if v is not None and _LABEL_LIKE.fullmatch(k)
+                )
 
     def count(self, name: str) -> int:
         """The next count of ``name``: its label is ``f"{name}_{count}"``."""

@@ -169,13 +169,15 @@ class RecordMode(TorchFunctionMode):
                     if entry is not None and entry() is arg:  # a value counted
                         if entry.version != arg._version:
                             break  # written behind the capture's back
-                    elif (kind := type(arg)) is Tensor or kind is _Parameter:
+                    elif (kind := type(arg)) in ATOMS:
+                        continue  # (before the tensors seen first: most calls have more)
+                    elif kind is Tensor or kind is _Parameter:
                         if kind is Tensor and arg.grad_fn is not None:
                             break  # maybe made out of sight: LiveVersions.stale asks
                         version = arg._version  # (first: an inference tensor raises)
                         entry = entries[id(arg)] = LiveEntry(arg)
                         entry.label, entry.version, entry.calls = None, version, live.calls
-                    elif kind not in ATOMS and not (kind is tuple and _all_atoms(map(type, arg))):
+                    elif not (kind is tuple and _all_atoms(map(type, arg))):
                         break  # (a tuple of atoms: a shape, conv2d's stride)
                 else:
                     fast = not kwargs or "out" not in kwargs and kwargs.get("inplace") is not True
