@@ -87,6 +87,25 @@ def test_values_aliasing_buffers_survive_the_next_forward():
     assert rec["add__1"].out.item() == 1
 
 
+class TransposesItsWeight(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3, 4))
+        self.head = nn.Linear(3, 2, bias=False)  # (a None among the parameters)
+
+    def forward(self, x):
+        return self.head(x @ self.w.t())
+
+
+def test_values_aliasing_parameters_survive_an_optimizer_step():
+    model = TransposesItsWeight()
+    rec = tl.record(model, torch.randn(2, 4), save=tl.func("t"))
+    before = model.w.detach().t().clone()
+    with torch.no_grad():
+        model.w.add_(1)  # an optimizer step writes the weight in place
+    assert torch.equal(rec["t_1"].out, before)
+
+
 def test_recording_api():
     model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
     x = torch.randn(2, 4)

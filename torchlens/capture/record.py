@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from itertools import chain
+from operator import attrgetter, itemgetter, methodcaller
 from typing import Any
 
 from torch import nn
@@ -22,6 +24,9 @@ from torchlens.recording import Recording
 from torchlens.selectors import Candidates
 
 __all__ = ["record"]
+
+_module, _values = itemgetter(1), methodcaller("values")  # (of a walk's pairs; of a dict)
+_parameters, _buffers = attrgetter("_parameters"), attrgetter("_buffers")
 
 
 def record(
@@ -123,8 +128,9 @@ def _protect_kept(
         payloads.protect(tensor)
     if not payloads.aliases:
         return
-    weights = [t for _, m in modules for d in (m._parameters, m._buffers) for t in d.values()]
-    for tensor in sharing(weights, payloads.aliases):
+    owners = list(map(_module, modules))  # (map, chain: in C, not a bytecode per module)
+    members = chain(map(_parameters, owners), map(_buffers, owners))
+    for tensor in sharing(chain.from_iterable(map(_values, members)), payloads.aliases):
         payloads.protect(tensor)
 
 

@@ -146,6 +146,8 @@ class RecordMode(TorchFunctionMode):
         self.halt_pending = False
         self._level = functorch_level()  # as CaptureMode: torch.func transforms unrecorded
         self.modules: list[tuple[str, nn.Module]] = []  # every module named, as they come
+        # what every wrapped forward reads (traced_forward): looked up once, not per module
+        self._forward_context = (self.tracker, self.live, self.tracker.thread, self.exits is None)
 
     # -- the per-op path ------------------------------------------------------------------
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -477,9 +479,8 @@ class RecordMode(TorchFunctionMode):
         self, module: nn.Module, address: str, forward: Callable[..., Any]
     ) -> Callable[..., Any]:
         """The recording ``forward`` of ``module`` at ``address`` (the tracker's wrapper)."""
-        tracker, type_name, live = self.tracker, type(module).__name__, self.live
-        thread = tracker.thread
-        key, quiet = id(module), self.exits is None  # (exits: every output is named)
+        tracker, live, thread, quiet = self._forward_context  # (quiet: no output named)
+        key, type_name = id(module), type(module).__name__
 
         def forward_recorded(*args: Any, **kwargs: Any) -> Any:
             if not tracker.on or _thread_id() != thread:
