@@ -75,14 +75,11 @@ def storage_key(tensor: torch.Tensor) -> int | None:
 def sharing(tensors: Iterable[torch.Tensor | None], keys: Container[int]) -> list[torch.Tensor]:
     """Those of ``tensors`` (``None`` skipped) whose :func:`storage_key` is in ``keys``,
     picked in C, without a bytecode per tensor (a model's every weight, after each record)."""
-    present = list(filter(_not_none, tensors))
+    present = list(filter(partial(is_not, None), tensors))
     try:
         return list(compress(present, map(keys.__contains__, map(storage_address, present))))
     except (RuntimeError, NotImplementedError):  # a tensor without a plain storage
         return [t for t in present if storage_key(t) in keys]
-
-
-_not_none = partial(is_not, None)
 
 
 def _untyped_storage_address(tensor: torch.Tensor) -> int:

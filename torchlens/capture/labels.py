@@ -18,7 +18,6 @@ from torch import nn
 __all__ = ["Labeler"]
 
 _LABEL_LIKE = re.compile(r".+_[1-9][0-9]*")  # what f"{name}_{count}" can give (count >= 1)
-_address, _module = itemgetter(0), itemgetter(1)
 
 
 class Labeler:
@@ -42,9 +41,8 @@ class Labeler:
         addresses without a dot, so the only ones an op label can look like. Only names
         shaped like a label (``name_k``) are kept: no other can clash, and an empty set
         keeps every count on the per-op fast path."""
-        modules = modules if isinstance(modules, list) else list(modules)
-        # those at address "" (picked in C: this runs over every module of every capture)
-        for module in compress(map(_module, modules), map(not_, map(_address, modules))):
+        modules = list(modules)  # those at address "", picked in C: this runs on every module
+        for module in compress(map(itemgetter(1), modules), map(not_, map(itemgetter(0), modules))):
             for members in (module._parameters, module._buffers):
                 self.reserved.update(
                     k for k, v in members.items() if v is not None and _LABEL_LIKE.fullmatch(k)

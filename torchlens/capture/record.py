@@ -25,9 +25,6 @@ from torchlens.selectors import Candidates
 
 __all__ = ["record"]
 
-_module, _values = itemgetter(1), methodcaller("values")  # (of a walk's pairs; of a dict)
-_parameters, _buffers = attrgetter("_parameters"), attrgetter("_buffers")
-
 
 def record(
     model: Any,
@@ -128,9 +125,10 @@ def _protect_kept(
         payloads.protect(tensor)
     if not payloads.aliases:
         return
-    owners = list(map(_module, modules))  # (map, chain: in C, not a bytecode per module)
-    members = chain(map(_parameters, owners), map(_buffers, owners))
-    for tensor in sharing(chain.from_iterable(map(_values, members)), payloads.aliases):
+    owners = list(map(itemgetter(1), modules))  # (map, chain: in C, not a bytecode per module)
+    members = chain(map(attrgetter("_parameters"), owners), map(attrgetter("_buffers"), owners))
+    weights = chain.from_iterable(map(methodcaller("values"), members))
+    for tensor in sharing(weights, payloads.aliases):
         payloads.protect(tensor)
 
 

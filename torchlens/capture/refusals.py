@@ -90,9 +90,9 @@ def _check_modules(modules: list[tuple[str, nn.Module]]) -> None:
     """Refuse TorchScript and torch.compile'd modules among ``modules`` (a walk). Asked in C
     first (every capture asks it of every module); the loop runs for a class not seen yet,
     and to name the module refused."""
-    owners = list(map(_module, modules))
-    compiled = map(_compiled_call, map(_attributes, owners))
-    if set(map(type, owners)) <= _EAGER_CLASSES and not any(map(_is_set, compiled)):
+    owners = list(map(itemgetter(1), modules))
+    compiled = map(methodcaller("get", "_compiled_call_impl"), map(attrgetter("__dict__"), owners))
+    if set(map(type, owners)) <= _EAGER_CLASSES and not any(map(partial(is_not, None), compiled)):
         return
     for address, sub in modules:
         kind = type(sub)  # (every trace walks every module: the class is asked once)
@@ -118,6 +118,3 @@ def _check_modules(modules: list[tuple[str, nn.Module]]) -> None:
 # module classes that are neither TorchScript nor torch.compile wrappers (a module of one
 # may still be compiled in place: its _compiled_call_impl is asked every time)
 _EAGER_CLASSES: set[type] = set()
-_module, _attributes = itemgetter(1), attrgetter("__dict__")
-_compiled_call = methodcaller("get", "_compiled_call_impl")  # (set by module.compile())
-_is_set = partial(is_not, None)
