@@ -3,10 +3,7 @@ grads all need, in one place."""
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable
-from functools import partial
-from itertools import compress
-from operator import is_not
+from collections.abc import Container
 
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
@@ -72,14 +69,13 @@ def storage_key(tensor: torch.Tensor) -> int | None:
         return None
 
 
-def sharing(tensors: Iterable[torch.Tensor | None], keys: Container[int]) -> list[torch.Tensor]:
-    """Those of ``tensors`` (``None`` skipped) whose :func:`storage_key` is in ``keys``,
-    picked in C, without a bytecode per tensor (a model's every weight, after each record)."""
-    present = list(filter(partial(is_not, None), tensors))
+def sharing(tensors: list[torch.Tensor | None], keys: Container[int]) -> list[torch.Tensor]:
+    """Those of ``tensors`` (``None`` skipped) whose :func:`storage_key` is in ``keys``: one
+    pass without a Python call per tensor (a model's every weight, at the end of a record)."""
     try:
-        return list(compress(present, map(keys.__contains__, map(storage_address, present))))
+        return [t for t in tensors if t is not None and storage_address(t) in keys]
     except (RuntimeError, NotImplementedError):  # a tensor without a plain storage
-        return [t for t in present if storage_key(t) in keys]
+        return [t for t in tensors if t is not None and storage_key(t) in keys]
 
 
 def _untyped_storage_address(tensor: torch.Tensor) -> int:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Container, Iterable
-from itertools import compress
-from operator import itemgetter, not_
 
 from torch import nn
 
@@ -41,12 +39,12 @@ class Labeler:
         addresses without a dot, so the only ones an op label can look like. Only names
         shaped like a label (``name_k``) are kept: no other can clash, and an empty set
         keeps every count on the per-op fast path."""
-        modules = list(modules)  # those at address "", picked in C: this runs on every module
-        for module in compress(map(itemgetter(1), modules), map(not_, map(itemgetter(0), modules))):
-            for members in (module._parameters, module._buffers):
-                self.reserved.update(
-                    k for k, v in members.items() if v is not None and _LABEL_LIKE.fullmatch(k)
-                )
+        for address, module in modules:
+            if not address:
+                for members in (module._parameters, module._buffers):
+                    self.reserved.update(
+                        k for k, v in members.items() if v is not None and _LABEL_LIKE.fullmatch(k)
+                    )
 
     def count(self, name: str) -> int:
         """The next count of ``name``: its label is ``f"{name}_{count}"``."""

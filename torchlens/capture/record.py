@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from itertools import chain
-from operator import attrgetter, itemgetter, methodcaller
 from typing import Any
 
 from torch import nn
@@ -125,9 +123,7 @@ def _protect_kept(
         payloads.protect(tensor)
     if not payloads.aliases:
         return
-    owners = list(map(itemgetter(1), modules))  # (map, chain: in C, not a bytecode per module)
-    members = chain(map(attrgetter("_parameters"), owners), map(attrgetter("_buffers"), owners))
-    weights = chain.from_iterable(map(methodcaller("values"), members))
+    weights = [t for _, m in modules for d in (m._parameters, m._buffers) for t in d.values()]
     for tensor in sharing(weights, payloads.aliases):
         payloads.protect(tensor)
 

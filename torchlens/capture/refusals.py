@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from functools import partial
-from operator import attrgetter, is_not, itemgetter, methodcaller
 from typing import Any
 
 import torch
@@ -87,13 +85,7 @@ def check_root(model: Any, root: Root) -> None:
 
 
 def _check_modules(modules: list[tuple[str, nn.Module]]) -> None:
-    """Refuse TorchScript and torch.compile'd modules among ``modules`` (a walk). Asked in C
-    first (every capture asks it of every module); the loop runs for a class not seen yet,
-    and to name the module refused."""
-    owners = list(map(itemgetter(1), modules))
-    compiled = map(methodcaller("get", "_compiled_call_impl"), map(attrgetter("__dict__"), owners))
-    if set(map(type, owners)) <= _EAGER_CLASSES and not any(map(partial(is_not, None), compiled)):
-        return
+    """Refuse TorchScript and torch.compile'd modules among ``modules`` (a walk)."""
     for address, sub in modules:
         kind = type(sub)  # (every trace walks every module: the class is asked once)
         if kind not in _EAGER_CLASSES:
