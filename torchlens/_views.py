@@ -189,8 +189,7 @@ def summary_text(
 ) -> str:
     """The trace's heading, a table of ``ops`` (head and tail past ``max_rows``), outputs;
     ``more_hint`` says how to see the rows left out."""
-    layers = getattr(trace, "layers", None)  # (none for a recording)
-    repeated = layers.repeated if layers is not None else {}  # layer -> passes, if several
+    repeated = trace.layers.repeated  # layer -> passes, of the layers run more than once
     rows = [_row(op) + (_pass_cell(op, repeated),) * bool(repeated) for op in ops]
     hidden = 0
     if max_rows is not None and len(rows) > max_rows:
