@@ -58,12 +58,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except BrokenPipeError:
         return _closed_pipe()
-    except UsageError as err:
+    except (UsageError, _ModelError) as err:
         print(f"torchlens: error: {err}", file=sys.stderr)
-        return EXIT_USAGE
-    except _ModelError as err:
-        print(f"torchlens: error: {err}", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_USAGE if isinstance(err, UsageError) else EXIT_FAILED
     except TorchLensError as err:
         if opts.traceback:
             raise
