@@ -161,14 +161,12 @@ def filter_ops(ops: Sequence[Any], select: Any, module: str | None) -> tuple[lis
     from torchlens.selectors import module as module_selector
 
     shown, notes = list(ops), []
-    if select is not None:
-        matches = as_selector(select).matches
-        shown = [op for op in shown if matches(op)]
-        notes.append(f"select={select!r}")
-    if module is not None:
-        matches = module_selector(module).matches
-        shown = [op for op in shown if matches(op)]
-        notes.append(f"module={module!r}")
+    filters = (("select", select, as_selector), ("module", module, module_selector))
+    for name, value, to_selector in filters:
+        if value is not None:
+            matches = to_selector(value).matches
+            shown = [op for op in shown if matches(op)]
+            notes.append(f"{name}={value!r}")
     return shown, notes
 
 
