@@ -161,14 +161,12 @@ def filter_ops(ops: Sequence[Any], select: Any, module: str | None) -> tuple[lis
     from torchlens.selectors import module as module_selector
 
     shown, notes = list(ops), []
-    if select is not None:
-        matches = as_selector(select).matches
-        shown = [op for op in shown if matches(op)]
-        notes.append(f"select={select!r}")
-    if module is not None:
-        matches = module_selector(module).matches
-        shown = [op for op in shown if matches(op)]
-        notes.append(f"module={module!r}")
+    filters = (("select", select, as_selector), ("module", module, module_selector))
+    for name, value, to_selector in filters:
+        if value is not None:
+            matches = to_selector(value).matches
+            shown = [op for op in shown if matches(op)]
+            notes.append(f"{name}={value!r}")
     return shown, notes
 
 
@@ -189,8 +187,7 @@ def summary_text(
 ) -> str:
     """The trace's heading, a table of ``ops`` (head and tail past ``max_rows``), outputs;
     ``more_hint`` says how to see the rows left out."""
-    layers = getattr(trace, "layers", None)  # (none for a recording)
-    repeated = layers.repeated if layers is not None else {}  # layer -> passes, if several
+    repeated = trace.layers.repeated  # layer -> passes, of the layers run more than once
     rows = [_row(op) + (_pass_cell(op, repeated),) * bool(repeated) for op in ops]
     hidden = 0
     if max_rows is not None and len(rows) > max_rows:

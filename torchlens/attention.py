@@ -197,16 +197,9 @@ def packed_query(op: Any, inputs: AttentionInputs) -> bool:
     return source is not None and tuple(getattr(source, "shape", ())) == unpacked
 
 
-def _unpack(pattern: Tensor) -> Tensor:
-    """``(..., kv_heads, n_rep, keys)`` -> ``(..., heads, 1, keys)``: query head
-    ``g * n_rep + r`` from ``[..., g, r]``."""
-    *lead, groups, n_rep, keys = pattern.shape
-    return pattern.reshape(*lead, groups * n_rep, 1, keys)
-
-
 def pack_pattern(pattern: Tensor, inputs: AttentionInputs) -> Tensor:
-    """The inverse of :func:`_unpack`, to the query's packed shape: an edited pattern goes
-    back into the op's layout (``trace.rerun``'s attention edits, in ``edits``).
+    """Undo :func:`attention_pattern`'s unpacking, to the query's packed shape: an edited
+    pattern goes back into the op's layout (``trace.rerun``'s attention edits, in ``edits``).
 
     Args:
         pattern: a pattern in ``(..., heads, 1, keys)`` form.
@@ -258,7 +251,11 @@ def attention_pattern(op: Any) -> Tensor:
     """
     inputs = attention_inputs(op)
     pattern = _pattern(inputs)
-    return _unpack(pattern) if packed_query(op, inputs) else pattern
+    if not packed_query(op, inputs):
+        return pattern
+    # (..., kv_heads, n_rep, keys) -> (..., heads, 1, keys): query head g * n_rep + r is [..., g, r]
+    *lead, groups, n_rep, keys = pattern.shape
+    return pattern.reshape(*lead, groups * n_rep, 1, keys)
 
 
 def attend(pattern: Tensor, inputs: AttentionInputs) -> Tensor:

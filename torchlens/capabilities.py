@@ -85,45 +85,42 @@ class Capability:
         )
 
 
-def _row(name: str, state: CapabilityState, notes: str, **extra: Any) -> tuple[str, Capability]:
-    return name, Capability(name, state, notes, **extra)
-
-
 TORCH_CAPABILITIES: Mapping[str, Capability] = MappingProxyType(
-    dict(
-        [
-            _row(
+    {
+        row.name: row
+        for row in (
+            Capability(
                 "backward_capture",
                 "supported",
                 "True backward capture through autograd hooks.",
                 option="save_grads",
             ),
-            _row("fastlog", "supported", "Sparse recording."),
-            _row(
+            Capability("fastlog", "supported", "Sparse recording."),
+            Capability(
                 "can_intervene",
                 "supported",
                 "Live `intervene=` and `stop_after=`.",
                 option="intervene",
             ),
-            _row("rng_replay", "supported", "Replay restores the captured RNG state."),
-            _row("has_streaming", "supported", "Streaming save.", option="stream_to"),
-            _row(
+            Capability("rng_replay", "supported", "Replay restores the captured RNG state."),
+            Capability("has_streaming", "supported", "Streaming save.", option="stream_to"),
+            Capability(
                 "structure_only_capture",
                 "supported",
                 "`structure_only=True`.",
                 option="structure_only",
             ),
-            _row(
+            Capability(
                 "has_validation_replay",
                 "supported",
                 "Ground-truth rerun plus per-op replay and perturbation.",
             ),
-            _row(
+            Capability(
                 "payload_materialization",
                 "supported",
                 "Loaded payloads materialize as tensors.",
             ),
-            _row(
+            Capability(
                 "intermediate_derived_grads",
                 "unsupported",
                 "Refuses with `intermediate_derived_grads_unsupported`: torch records true "
@@ -136,8 +133,8 @@ TORCH_CAPABILITIES: Mapping[str, Capability] = MappingProxyType(
                     "then trace.backward() and read op.grad"
                 ),
             ),
-        ]
-    )
+        )
+    }
 )
 
 

@@ -58,12 +58,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except BrokenPipeError:
         return _closed_pipe()
-    except UsageError as err:
+    except (UsageError, _ModelError) as err:
         print(f"torchlens: error: {err}", file=sys.stderr)
-        return EXIT_USAGE
-    except _ModelError as err:
-        print(f"torchlens: error: {err}", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_USAGE if isinstance(err, UsageError) else EXIT_FAILED
     except TorchLensError as err:
         if opts.traceback:
             raise
@@ -244,7 +241,7 @@ def _run_doctor(opts: argparse.Namespace) -> int:
 
 def _run_trace(opts: argparse.Namespace) -> int:
     import torchlens as tl
-    from torchlens.replay import before_trace
+    from torchlens.replay import attach_status, before_trace
 
     _check_outputs(opts)
     stages = ["import", "build", "trace"]
@@ -262,7 +259,12 @@ def _run_trace(opts: argparse.Namespace) -> int:
         verdict, passed = "skipped (--no-validate)", True
         if before is not None:
             step("validate")  # from where the capture started; its proof joins the trace
-            verdict, passed = _validate(trace, before, opts.traceback)
+            # tl.replay: the status behind tl.validate, with its counts; the status and the
+            # hidden edges it found are kept on the trace (saved and drawn)
+            status = _guard(
+                lambda: attach_status(trace, before, None, tl.replay), "validating", opts.traceback
+            )
+            verdict, passed = str(status), status.state == "passed"
         if opts.save:
             step("save")
             trace.save(opts.save)
@@ -333,19 +335,6 @@ def _call_factory(factory: Callable[[], Any], target: str) -> tuple[Any, Any, di
     if kwargs is not None and not isinstance(kwargs, dict):
         raise UsageError(f"{target}(): kwargs must be a dict, got {type(kwargs).__name__}")
     return model, args, kwargs or {}
-
-
-def _validate(trace: Any, before: tuple, show_traceback: bool) -> tuple[str, bool]:
-    """The replay status as text, and whether it passed (as ``tl.validate`` would say);
-    the status and the hidden edges it found are kept on ``trace`` (saved and drawn)."""
-    import torchlens as tl
-    from torchlens.replay import attach_status
-
-    # tl.replay: the status behind tl.validate, with its counts
-    status = _guard(
-        lambda: attach_status(trace, before, None, tl.replay), "validating", show_traceback
-    )
-    return str(status), status.state == "passed"
 
 
 def _guard(run: Callable[[], Any], doing: str, show_traceback: bool) -> Any:

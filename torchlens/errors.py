@@ -43,14 +43,9 @@ class TorchLensError(Exception):
         if code is not None:
             self.code = code
 
-    def __reduce__(self):  # keep code across pickling (multiprocessing, pytest-xdist)
-        return (_rebuild_error, (type(self), str(self), self.code))
-
-
-def _rebuild_error(cls: type[TorchLensError], message: str, code: str) -> TorchLensError:
-    err = cls.__new__(cls)
-    TorchLensError.__init__(err, message, code=code)
-    return err
+    def __reduce__(self):  # keep code across pickling (multiprocessing, pytest-xdist), and
+        # nothing else the error holds (a partial trace is not picklable)
+        return (type(self), (str(self),), {"code": self.code})
 
 
 class UnsupportedModelError(TorchLensError, TypeError):

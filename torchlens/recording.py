@@ -14,7 +14,7 @@ import torch
 from torchlens._store import Stored
 from torchlens._views import OpSequence, not_found_message
 from torchlens.errors import LookupFailedError, PayloadUnavailableError
-from torchlens.trace import MemoryPayloadStore
+from torchlens.trace import MemoryPayloadStore, Op
 
 __all__ = ["OpView", "Recording"]
 
@@ -57,13 +57,7 @@ class OpView(Stored):
         self.returned_by: tuple[tuple[str, int, str], ...] = ()  # set for module outputs
         self._store: MemoryPayloadStore | None = None
 
-    @property
-    def address(self) -> str:
-        """The innermost module call as ``"address:call"``, e.g. ``"layers.0:2"``."""
-        if not self.module_stack:
-            return ""
-        address, call = self.module_stack[-1]
-        return f"{address}:{call}"
+    address = Op.address  # the innermost module call as "address:call", as for an Op
 
     @property
     def out(self) -> torch.Tensor:

@@ -148,12 +148,15 @@ class _Module(Selector):
             return self.call is None or self._root_call(op)
         if self.pattern == "*" and self.type_name is not None:  # type only: any call
             return bool(op.module_stack)
-        regex, pattern, call = self._regex, self.pattern, self.call
-        for address, index in op.module_stack:
-            hit = regex.match(address) is not None if regex else address == pattern
-            if hit and (call is None or index in call):
-                return True
-        return False
+        return any(self._picks(address, index) for address, index in op.module_stack)
+
+    def _picks(self, address: str, index: int) -> bool:
+        """Whether the pattern and ``call=`` pick the module call ``address:index``."""
+        if self.pattern == "*" and self.type_name is not None:  # type only: any address
+            hit = True
+        else:
+            hit = self._regex.match(address) is not None if self._regex else address == self.pattern
+        return hit and (self.call is None or index in self.call)
 
     def _root_call(self, op: Any) -> bool:
         """Whether ``op`` ran in a picked call of the root, numbered as module calls print
@@ -205,36 +208,22 @@ class _ModuleOutput(Selector):
         object.__setattr__(self, "func_names", frozenset())  # nothing matches mid-call
 
     def matches(self, op: Any) -> bool:
-        sel = self.calls
-        for address, index, type_name in getattr(op, "returned_by", ()):
-            if sel.type_name is not None and type_name != sel.type_name:
-                continue
-            if sel.pattern == "*" and sel.type_name is not None:
-                hit = True
-            elif sel._regex is not None:
-                hit = sel._regex.match(address) is not None
-            else:
-                hit = address == sel.pattern
-            if hit and (sel.call is None or index in sel.call):
-                return True
-        return False
+        return any(map(self._picked, getattr(op, "returned_by", ())))
 
     def output_calls(self, op: Any) -> tuple[tuple[str, int, str], ...]:
-        returned = getattr(op, "returned_by", ())
-        return tuple(call for call in returned if self.matches(_Returned((call,))))
+        return tuple(filter(self._picked, getattr(op, "returned_by", ())))
+
+    def _picked(self, returned: tuple[str, int, str]) -> bool:
+        """Whether the module call ``(address, call, type)`` that returned an op is picked."""
+        address, index, type_name = returned
+        sel = self.calls
+        return (sel.type_name is None or type_name == sel.type_name) and sel._picks(address, index)
 
     def suggestions(self, seen: Candidates) -> list[str]:
         return self.calls.suggestions(seen)
 
     def __repr__(self) -> str:
         return f"{self.calls!r}.output"
-
-
-@dataclass(frozen=True)
-class _Returned:
-    """What :meth:`_ModuleOutput.matches` reads of an op: the calls that returned it."""
-
-    returned_by: tuple[tuple[str, int, str], ...]
 
 
 @dataclass(frozen=True, eq=False)

@@ -48,7 +48,6 @@ def torch_support(version: str) -> str:
         ('ok', 'newer than tested', 'unsupported')
     """
     numbers = tuple(int(n) for n in re.findall(r"\d+", version.split("+")[0])[:3])
-    numbers += (0,) * (3 - len(numbers))
     if numbers[:2] < MIN_TORCH:
         return "unsupported"
     if numbers > TESTED_THROUGH:
