@@ -148,7 +148,12 @@ class _Module(Selector):
             return self.call is None or self._root_call(op)
         if self.pattern == "*" and self.type_name is not None:  # type only: any call
             return bool(op.module_stack)
-        return any(self._picks(address, index) for address, index in op.module_stack)
+        regex, pattern, call = self._regex, self.pattern, self.call
+        for address, index in op.module_stack:  # (_picks inline: this runs per op)
+            hit = regex.match(address) is not None if regex else address == pattern
+            if hit and (call is None or index in call):
+                return True
+        return False
 
     def _picks(self, address: str, index: int) -> bool:
         """Whether the pattern and ``call=`` pick the module call ``address:index``."""
