@@ -187,3 +187,24 @@ def test_the_root_output_of_a_traced_method_in_trace_and_record():
             assert rec.labels == trace.output_labels
         else:  # and the logits each forward call (<root>:1...) returned
             assert len(rec.labels) == 4 and rec.labels[-1] == trace.output_labels[0]
+
+
+class CallsItsLinearTwice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+
+    def forward(self, x):
+        return self.lin(self.lin(x).relu())
+
+
+def test_module_by_type_keeps_to_the_call_asked_for():
+    # type= with call=: the ops of that call of the innermost module, as .output picks
+    # what that call returned (call= was ignored for type-only selectors)
+    model, x = CallsItsLinearTwice(), torch.randn(1, 2)
+    trace = tl.trace(model, x)
+    second = tl.module(type=nn.Linear, call=2)
+    assert [op.label for op in trace.ops if second.matches(op)] == ["linear_2"]
+    assert tl.record(model, x, save=second).labels == ["linear_2"]
+    assert tl.record(model, x, save=second.output).labels == ["linear_2"]
+    assert tl.record(model, x, save=tl.module(type=nn.Linear)).labels == ["linear_1", "linear_2"]

@@ -146,8 +146,9 @@ class _Module(Selector):
             return False
         if self.pattern == "":
             return self.call is None or self._root_call(op)
-        if self.pattern == "*" and self.type_name is not None:  # type only: any call
-            return bool(op.module_stack)
+        if self.pattern == "*" and self.type_name is not None:  # type only: the innermost
+            stack = op.module_stack  # call, at any address
+            return bool(stack) and (self.call is None or stack[-1][1] in self.call)
         regex, pattern, call = self._regex, self.pattern, self.call
         for address, index in op.module_stack:  # (_picks inline: this runs per op)
             hit = regex.match(address) is not None if regex else address == pattern
