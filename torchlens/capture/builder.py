@@ -425,7 +425,7 @@ class TraceBuilder:
         if id(tensor) not in self.sources.owned and entry is not None and entry.label == op.label:
             self._live[id(tensor)] = live_entry(tensor, entry.label, _FRESH_WEIGHT, entry.calls)
 
-    def live_entry(self, tensors: list[Tensor]) -> list[LiveEntry | None]:
+    def live_entries(self, tensors: list[Tensor]) -> list[LiveEntry | None]:
         """Per tensor, what the builder knows of it when it holds a recorded value still
         (an argument returned as it is), else None: see :meth:`restore_entry`."""
         entries: list[LiveEntry | None] = []
@@ -436,7 +436,7 @@ class TraceBuilder:
         return entries
 
     def restore_entry(self, tensor: Tensor, entry: LiveEntry) -> None:
-        """``tensor`` holds again the value ``entry`` (from :meth:`live_entry`) labelled:
+        """``tensor`` holds again the value ``entry`` (from :meth:`live_entries`) labelled:
         an op returned it as it was and an edit replaced that output, so its other
         readers (a residual kept aside) still read the earlier value."""
         self._live[id(tensor)] = entry

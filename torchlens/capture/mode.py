@@ -106,7 +106,7 @@ class CaptureMode(TorchFunctionMode):
             tensors = [t for _, t in outputs]
         # an op that returns an argument as it is (x.to(its own dtype), dropout in eval)
         # takes over its label; an edit that replaces that output must give it back
-        before = self.builder.live_entry(tensors) if self.op_hooks and not targets else None
+        before = self.builder.live_entries(tensors) if self.op_hooks and not targets else None
         try:
             ops = self.builder.record_call(
                 info.name, func, args_template, kwargs_template, parent_args, tensors,
